@@ -1,0 +1,32 @@
+# Three commands: `make lab` (the course, interactive), `make course` (the same, headless), `make test`.
+# Each one creates .venv and installs the pinned dependencies the first time (a few minutes).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+KERNEL := mgpu-course
+NPROC  ?= 4
+
+.PHONY: lab course test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet -e .
+	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "Python (mgpu-course)" >/dev/null
+	@touch $(STAMP)
+	@echo "environment ready: $(VENV) (Jupyter kernel '$(KERNEL)')"
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+course: $(STAMP)
+	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf build .pytest_cache

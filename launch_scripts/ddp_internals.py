@@ -1,0 +1,157 @@
+"""What DDP does to gradients, checked and measured (notebooks/03_ddp.ipynb).
+
+1. Equivalence: N ranks x batch b give the same gradients as 1 process x batch N*b (DDP averages).
+2. no_sync: accumulate K micro-batches locally, all-reduce once; gradients equal the reference.
+3. The classic mistake: loss * world_size gives world_size-times-too-large gradients.
+4. Buckets: DDP all-reduces gradients in buckets of --bucket-cap-mb while backward still runs;
+   a communication hook counts the buckets and bytes per step, and each step is timed.
+
+Every rank computes the single-process reference on the full global batch itself (a bare copy of
+the model) and the largest difference over all ranks is reported. `--dump FILE` saves rank 0's
+gradients for the tests.
+
+Run:
+    torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_internals.py
+"""
+import argparse
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.dist import distributed, emit_result
+
+
+def make_mlp(width, depth, d_in=64, d_out=10):
+    """(B, d_in) -> (B, d_out); depth hidden Linear+ReLU layers of size width."""
+    layers, d = [], d_in
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, d_out))
+
+
+def grads(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def max_diff(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def norm(gs):
+    return torch.sqrt(sum((g.double() ** 2).sum() for g in gs)).item()
+
+
+def wrap(model, cap_mb):
+    return DDP(model, bucket_cap_mb=cap_mb) if dist.is_initialized() else model
+
+
+def bucket_sweep(model, x, y, caps, steps, world):
+    """Time a DDP step for each bucket cap; a comm hook records each bucket's size (bytes)."""
+    rows = []
+    for cap in caps:
+        ddp = wrap(copy.deepcopy(model), cap)
+        sizes = []
+
+        def counting_hook(state, bucket):  # same all-reduce as DDP's default, plus bookkeeping
+            sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
+            return default_hooks.allreduce_hook(state, bucket)
+
+        if dist.is_initialized():
+            ddp.register_comm_hook(None, counting_hook)
+        for _ in range(2):  # warm-up; DDP re-orders its buckets after the first iteration
+            F.cross_entropy(ddp(x), y).backward()
+        sizes.clear()
+        times = []
+        for _ in range(steps):
+            if dist.is_initialized():
+                dist.barrier()
+            t0 = time.perf_counter()
+            F.cross_entropy(ddp(x), y).backward()
+            times.append(time.perf_counter() - t0)
+        rows.append({"bucket_cap_mb": cap, "buckets_per_step": len(sizes) // steps,
+                     "bucket_bytes": sizes[:len(sizes) // steps], "step_seconds": sorted(times)[steps // 2]})
+    bare = copy.deepcopy(model)  # same step without any communication
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        F.cross_entropy(bare(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    return rows, sorted(times)[steps // 2]
+
+
+def main():
+    p = argparse.ArgumentParser(description="DDP gradient checks and bucket sweep")
+    g = p.add_argument_group("checks")
+    g.add_argument("--global-batch", type=int, default=64, help="must be divisible by world size x accum steps")
+    g.add_argument("--accum-steps", type=int, default=2, help="micro-batches per rank for the no_sync check")
+    g.add_argument("--width", type=int, default=256)
+    g.add_argument("--depth", type=int, default=10)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dump", default="", help="rank 0 saves its gradients and the reference here (torch.save)")
+    g = p.add_argument_group("bucket sweep")
+    g.add_argument("--caps", default="0.1,0.5,2,25", help="comma-separated bucket_cap_mb values ('' to skip)")
+    g.add_argument("--steps", type=int, default=5, help="timed steps per bucket size (median reported)")
+    args = p.parse_args()
+
+    with distributed() as ctx:
+        world, rank = ctx.world_size, ctx.rank
+        if args.global_batch % (world * args.accum_steps):
+            raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "
+                             f"x --accum-steps {args.accum_steps}")
+        b = args.global_batch // world
+        torch.manual_seed(args.seed)
+        model = make_mlp(args.width, args.depth).to(ctx.device)
+        x = torch.randn(args.global_batch, 64, device=ctx.device)     # the same global batch on every rank
+        y = torch.randint(0, 10, (args.global_batch,), device=ctx.device)
+        xl, yl = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]  # this rank's shard
+
+        ref = copy.deepcopy(model)                                   # 1 process x the global batch
+        F.cross_entropy(ref(x), y).backward()
+        g_ref = grads(ref)
+
+        ddp = wrap(copy.deepcopy(model), 25)                         # 1. N ranks x batch b
+        F.cross_entropy(ddp(xl), yl).backward()
+        g_ddp = grads(ddp)
+
+        acc = wrap(copy.deepcopy(model), 25)                         # 2. no_sync accumulation
+        k, mb = args.accum_steps, b // args.accum_steps
+        for i in range(k):
+            loss = F.cross_entropy(acc(xl[i * mb:(i + 1) * mb]), yl[i * mb:(i + 1) * mb]) / k
+            if i < k - 1 and dist.is_initialized():
+                with acc.no_sync():                                  # local accumulation, no all-reduce
+                    loss.backward()
+            else:
+                loss.backward()                                      # the last one all-reduces the sum
+        g_acc = grads(acc)
+
+        bad = wrap(copy.deepcopy(model), 25)                         # 3. the mistake
+        (F.cross_entropy(bad(xl), yl) * world).backward()
+        g_bad = grads(bad)
+
+        diffs = torch.tensor([max_diff(g_ddp, g_ref), max_diff(g_acc, g_ref)], device=ctx.device)
+        if dist.is_initialized():
+            dist.all_reduce(diffs, op=dist.ReduceOp.MAX)            # worst rank
+        if args.dump and ctx.is_main:
+            torch.save({"ddp": g_ddp, "accum": g_acc, "ref": g_ref, "scaled": g_bad}, args.dump)
+
+        caps = [float(c) for c in args.caps.split(",") if c.strip()]
+        rows, compute_s = bucket_sweep(model, xl, yl, caps, args.steps, world) if caps else ([], 0.0)
+        n_params = sum(p.numel() for p in model.parameters())
+        ctx.log(f"max |grad_ddp - grad_ref| = {diffs[0]:.2e}, no_sync: {diffs[1]:.2e}, "
+                f"loss x world_size: grad norm ratio {norm(g_bad) / norm(g_ref):.3f}")
+        emit_result({"world_size": world, "global_batch": args.global_batch, "local_batch": b,
+                     "accum_steps": k, "params": n_params, "grad_bytes": n_params * 4,
+                     "max_diff_ddp": diffs[0].item(), "max_diff_no_sync": diffs[1].item(),
+                     "scaled_loss_grad_ratio": norm(g_bad) / norm(g_ref),
+                     "buckets": rows, "compute_only_seconds": compute_s})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""mgpu_utils: the helper package of the hands-on multi-GPU parallel training course.
+
+Small modules by concern, nothing runs at import time:
+
+* :mod:`mgpu_utils.dist`      - inside launch scripts: rank/world size, backend choice, setup/teardown, results.
+* :mod:`mgpu_utils.launcher`  - from notebooks: run a launch script under torchrun, get rank 0's result.
+* :mod:`mgpu_utils.env`       - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses.
+* :mod:`mgpu_utils.exercises` - check exercise answers (hint or confirmation), solutions for instructors.
+* :mod:`mgpu_utils.plots`     - the course's figures.
+* :mod:`mgpu_utils.course`    - run every notebook headless (``make course``).
+"""
+
+__version__ = "0.1.0"

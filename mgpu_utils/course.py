@@ -1,0 +1,77 @@
+"""Run every notebook of the course in order, headless, into ``build/`` (``make course``).
+
+Writes ``build/NAME.ipynb`` (executed, with outputs) and ``build/NAME.html``, then prints a table
+notebook / seconds / status. Exits with status 1 if any notebook failed.
+
+Usage::
+
+    python -m mgpu_utils.course --out build notebooks            # all notebooks
+    python -m mgpu_utils.course --out build notebooks/03_ddp.ipynb
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900) -> tuple[float, str]:
+    """Execute one notebook in a fresh kernel (the current Python environment).
+
+    Returns:
+        ``(seconds, status)``; status is "ok" or "FAILED: <first line of the error>".
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
+    t0 = time.perf_counter()
+    status = "ok"
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        status = "FAILED: " + (str(e).strip().splitlines() or ["?"])[-1][:120]
+    except Exception as e:  # kernel died, timeout
+        status = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
+    seconds = time.perf_counter() - t0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_dir / path.name)
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    (out_dir / path.with_suffix(".html").name).write_text(html)
+    return seconds, status
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Execute the course notebooks headless.")
+    parser.add_argument("paths", nargs="+", help="notebook files or folders")
+    parser.add_argument("--out", default="build", help="output folder for executed .ipynb and .html")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
+    args = parser.parse_args(argv)
+    notebooks = []
+    for p in map(Path, args.paths):
+        notebooks += sorted(p.glob("[0-9][0-9]_*.ipynb")) if p.is_dir() else [p]
+    if not notebooks:
+        print("no notebooks found in", args.paths, file=sys.stderr)
+        return 1
+    rows = []
+    for nb in notebooks:
+        print(f"running {nb} ...", flush=True)
+        rows.append((nb.name, *run_notebook(nb, Path(args.out), args.timeout)))
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'notebook':<{width}}  {'seconds':>8}  status")
+    for name, sec, status in rows:
+        print(f"{name:<{width}}  {sec:8.1f}  {status}")
+    total = sum(r[1] for r in rows)
+    print(f"{'total':<{width}}  {total:8.1f}")
+    print(f"executed notebooks and HTML in {Path(args.out).resolve()}")
+    return 0 if all(r[2] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

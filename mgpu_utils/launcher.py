@@ -1,0 +1,313 @@
+"""Run a launch script under torchrun from a notebook cell (or a test) and get rank 0's result.
+
+Introduced in ``notebooks/00_setup.ipynb``; every later lesson uses it::
+
+    from mgpu_utils.launcher import launch
+    result = launch("ddp_train.py", nproc=4, args=["--epochs", "8"])   # dict from rank 0
+
+Why not ``mp.spawn`` of a function from a cell: the child processes cannot unpickle functions
+defined in ``__main__`` (the notebook), so the launcher always runs a script file, exactly as an
+engineer would with ``torchrun --standalone --nproc-per-node N script.py``.
+
+What it adds over typing torchrun in a terminal:
+
+* a free rendezvous port (``--standalone`` binds port 0, so a process on 29500 does not matter);
+* each rank's output, prefixed ``[rank r]`` and grouped rank by rank (deterministic order);
+* when a rank fails, a :class:`LaunchError` naming that rank with its exception and message
+  (torchrun stops the other ranks within a fraction of a second: no 30-minute collective timeout);
+* on timeout or kernel interrupt every child process is killed (no orphans, the port is freed);
+* bad input is refused with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, RESULT_MARKER, parse_result
+
+#: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Where :func:`launch` looks for a script given by bare file name.
+SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
+
+# Errors that a surviving rank sees *because* another rank died: not the root cause.
+_SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|Socket Timeout|"
+                        r"connection refused|recvBytes|Connection was likely closed", re.IGNORECASE)
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Za-z_][\w.]*Error\w*)(?::\s?(.*))?$")
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed. ``rank``, ``exc_type``, ``message`` name the root cause.
+
+    Attributes:
+        rank: the rank that failed first (None if no rank could be blamed, e.g. a timeout).
+        exc_type: the Python exception type name in that rank ("ValueError"), or "exit code N".
+        message: the exception message.
+        logs: ``{rank: {"stdout": str, "stderr": str}}`` for every rank.
+    """
+
+    def __init__(self, text: str, rank=None, exc_type="", message="", logs=None):
+        super().__init__(text)
+        self.rank, self.exc_type, self.message, self.logs = rank, exc_type, message, logs or {}
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past ``timeout_s``; every child process was killed."""
+
+
+@dataclass
+class LaunchResult:
+    """Everything a launch produced.
+
+    Attributes:
+        result: rank 0's ``MGPU_RESULT`` JSON as a dict (None if it printed none).
+        logs: ``{rank: {"stdout": str, "stderr": str}}``.
+        seconds: wall-clock time of the whole launch, in seconds.
+        returncode: torchrun's exit status.
+        command: the torchrun command line that was run.
+    """
+
+    result: dict | None
+    logs: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    returncode: int = 0
+    command: list = field(default_factory=list)
+
+
+def resolve_script(script) -> Path:
+    """Return the path of ``script``: as given, or by file name inside ``launch_scripts/``.
+
+    Raises:
+        FileNotFoundError: with the list of available launch scripts.
+    """
+    p = Path(script)
+    for cand in (p, SCRIPTS_DIR / p, SCRIPTS_DIR / p.name):
+        if cand.is_file():
+            return cand.resolve()
+    avail = ", ".join(sorted(x.name for x in SCRIPTS_DIR.glob("*.py"))) or "none"
+    raise FileNotFoundError(f"launch script {str(script)!r} not found (looked in the current directory and "
+                            f"{SCRIPTS_DIR}). Available: {avail}")
+
+
+def _validate(nproc, backend) -> None:
+    if isinstance(nproc, bool) or not isinstance(nproc, int):
+        raise TypeError(f"nproc must be an int (number of processes), got {nproc!r}")
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1 (number of ranks to start), got {nproc}")
+    if backend not in (None, "gloo", "nccl"):
+        raise ValueError(f"backend must be None (automatic), 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < nproc:
+            raise ValueError(f"backend='nccl' needs one GPU per rank: nproc={nproc} but {gpus} GPU(s) visible "
+                             f"(two ranks on one GPU fail with 'Duplicate GPU detected'). Use backend='gloo' "
+                             f"(or None for automatic) or nproc<={gpus}.")
+
+
+def _kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
+    """SIGTERM torchrun and all its descendants, then SIGKILL whatever is left after ``grace_s``."""
+    import psutil
+
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read_logs(log_dir: str, nproc: int) -> dict:
+    logs = {}
+    for r in range(nproc):
+        entry = {}
+        for stream in ("stdout", "stderr"):
+            files = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(r), f"{stream}.log"))
+            entry[stream] = Path(sorted(files)[-1]).read_text(errors="replace") if files else ""
+            entry[stream + "_mtime"] = os.path.getmtime(files[-1]) if files else float("inf")
+        logs[r] = entry
+    return logs
+
+
+def _rank_failure(rank: int, entry: dict):
+    """(time, secondary, type, message) for a rank whose stderr shows an error, else None."""
+    err = entry["stderr"]
+    for line in reversed(err.splitlines()):
+        if line.startswith(ERROR_MARKER):
+            info = json.loads(line[len(ERROR_MARKER):])
+            msg = info["message"]
+            return (info["time"], bool(_SECONDARY.search(msg)), info["type"], msg)
+    if "Traceback (most recent call last)" in err:
+        tail = err[err.rfind("Traceback (most recent call last)"):].splitlines()
+        for line in reversed(tail):
+            m = _EXC_LINE.match(line.strip())
+            if m:
+                msg = m.group(2) or ""
+                return (entry["stderr_mtime"], bool(_SECONDARY.search(line)), m.group(1), msg)
+    return None
+
+
+def _exit_codes(torchrun_err: str) -> dict:
+    """``{rank: exitcode}`` from torchrun's failure summary."""
+    codes = {}
+    for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", torchrun_err):
+        codes[int(m.group(1))] = int(m.group(2))
+    return codes
+
+
+def _format_rank_output(rank: int, entry: dict, show_stderr: bool = True, max_lines: int | None = None) -> str:
+    out = []
+    for stream in ("stdout", "stderr") if show_stderr else ("stdout",):
+        for line in entry[stream].splitlines():
+            if line.startswith(RESULT_MARKER) or line.startswith(ERROR_MARKER):
+                continue
+            line = _TORCH_PREFIX.sub("", line)  # torch's own "[rank1]: " prefix on tracebacks
+            out.append(line if line.startswith(f"[rank {rank}]") else f"[rank {rank}] {line}")
+    if max_lines is not None and len(out) > max_lines:
+        out = [f"[rank {rank}] ... ({len(out) - max_lines} earlier lines omitted)"] + out[-max_lines:]
+    return "\n".join(out)
+
+
+def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
+    failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
+    if failures:
+        # root cause: a non-secondary error first, then the earliest
+        rank = min(failures, key=lambda r: (failures[r][1], failures[r][0], r))
+        _, _, exc_type, message = failures[rank]
+        others = sorted(set(failures) - {rank})
+        text = f"rank {rank} failed with {exc_type}: {message}"
+        if others:
+            text += f"\n(ranks {others} failed afterwards, as a consequence)"
+    else:
+        codes = _exit_codes(torchrun_err)
+        bad = {r: c for r, c in codes.items() if c != 0}
+        if bad:
+            rank = min(bad)
+            code = bad[rank]
+            how = f"killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exit code {code}"
+            exc_type, message = f"exit code {code}", f"rank {rank} {how} without a Python traceback"
+            text = f"rank {rank} failed: {how} (no Python traceback; out of memory or a crash in native code?)"
+        else:
+            rank, exc_type, message = None, f"exit code {returncode}", torchrun_err.strip()[-2000:]
+            text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
+    if rank is not None:
+        text += f"\n--- output of rank {rank} (last lines) ---\n" + _format_rank_output(rank, logs[rank], max_lines=40)
+    return LaunchError(text, rank=rank, exc_type=exc_type, message=message, logs=logs)
+
+
+def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, backend: str | None = None,
+                 env: dict | None = None, show: str = "all", threads_per_rank: int | None = None) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node nproc script args`` and collect everything.
+
+    Args:
+        script: path, or file name inside ``launch_scripts/``.
+        nproc: number of processes (ranks) on this machine, >= 1.
+        args: extra command-line arguments for the script (converted with ``str``).
+        timeout_s: wall-clock limit in seconds; past it every child is killed.
+        backend: None (automatic: NCCL with one GPU per rank, else gloo), "gloo" or "nccl".
+        env: extra environment variables for the ranks.
+        show: "all" prints every rank's output (rank 0 first), "rank0" only rank 0's, "none" nothing.
+        threads_per_rank: ``OMP_NUM_THREADS`` for each rank (default: CPU cores // nproc, at least 1).
+
+    Returns:
+        :class:`LaunchResult` (``.result`` is rank 0's JSON dict).
+
+    Raises:
+        ValueError / TypeError: bad ``nproc`` or ``backend`` (message names the fix).
+        FileNotFoundError: the script does not exist.
+        LaunchError: a rank failed; names the rank, its exception type and message.
+        LaunchTimeout: the job ran past ``timeout_s``.
+        KeyboardInterrupt: re-raised after every child has been killed.
+    """
+    _validate(nproc, backend)
+    if show not in ("all", "rank0", "none"):
+        raise ValueError(f"show must be 'all', 'rank0' or 'none', got {show!r}")
+    path = resolve_script(script)
+    child_env = dict(os.environ)
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [child_env.get("PYTHONPATH")] if p])
+    child_env["PYTHONUNBUFFERED"] = "1"
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
+    child_env.setdefault("OMP_NUM_THREADS", str(threads))
+    if backend:
+        child_env[BACKEND_ENV] = backend
+    log_dir = tempfile.mkdtemp(prefix="mgpu_launch_")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--log-dir={log_dir}", "--redirects=3", str(path), *map(str, args)]
+    t0 = time.perf_counter()
+    agent_out = open(os.path.join(log_dir, "torchrun.log"), "w+")
+    proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=child_env, cwd=os.getcwd(), start_new_session=True)
+    try:
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            logs = _read_logs(log_dir, nproc)
+            tails = "\n".join(_format_rank_output(r, logs[r], max_lines=10) for r in logs)
+            raise LaunchTimeout(f"{path.name} with {nproc} rank(s) ran past timeout_s={timeout_s:g} s; all processes "
+                                f"were killed. A rank waiting in a collective that another rank never called hangs "
+                                f"like this. Last output:\n{tails}", logs=logs) from None
+        except BaseException:  # KeyboardInterrupt from the notebook's stop button, or anything else
+            _kill_tree(proc)
+            raise
+        seconds = time.perf_counter() - t0
+        agent_out.seek(0)
+        torchrun_log = agent_out.read()
+        logs = _read_logs(log_dir, nproc)
+        if returncode != 0:
+            raise _diagnose(logs, torchrun_log, returncode)
+        if show != "none":
+            ranks = [0] if show == "rank0" else sorted(logs)
+            text = "\n".join(t for r in ranks if (t := _format_rank_output(r, logs[r])))
+            if text:
+                print(text, flush=True)
+        result = parse_result(logs[0]["stdout"]) if logs else None
+        return LaunchResult(result, {r: {"stdout": e["stdout"], "stderr": e["stderr"]} for r, e in logs.items()},
+                            seconds, returncode, cmd)
+    finally:
+        agent_out.close()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def launch(script, nproc: int = 4, args=(), **kwargs) -> dict | None:
+    """Run a launch script under torchrun with ``nproc`` ranks; print their output; return rank 0's result.
+
+    The notebook-facing form of :func:`run_torchrun` (same arguments). Example, from
+    ``notebooks/00_setup.ipynb``::
+
+        result = launch("hello_dist.py", nproc=4)
+        result["sum_of_ranks"]   # 6
+
+    Returns:
+        The dict rank 0 printed with :func:`mgpu_utils.dist.emit_result`, or None if it printed none.
+    """
+    return run_torchrun(script, nproc, args, **kwargs).result
