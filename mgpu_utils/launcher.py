@@ -43,7 +43,7 @@ SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
 
 # Errors that a surviving rank sees *because* another rank died: not the root cause.
 _SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|Socket Timeout|"
-                        r"connection refused|recvBytes|Connection was likely closed", re.IGNORECASE)
+                        r"connection refused|recvBytes|Connection was likely closed|remote worker", re.IGNORECASE)
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Za-z_][\w.]*Error\w*)(?::\s?(.*))?$")
 
@@ -158,7 +158,7 @@ def _read_logs(log_dir: str, nproc: int) -> dict:
 
 def _rank_failure(rank: int, entry: dict):
     """(time, secondary, type, message) for a rank whose stderr shows an error, else None."""
-    err = entry["stderr"]
+    err = "\n".join(_TORCH_PREFIX.sub("", line) for line in entry["stderr"].splitlines())
     for line in reversed(err.splitlines()):
         if line.startswith(ERROR_MARKER):
             info = json.loads(line[len(ERROR_MARKER):])
@@ -196,28 +196,31 @@ def _format_rank_output(rank: int, entry: dict, show_stderr: bool = True, max_li
 
 
 def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
+    """Blame the root-cause rank: a rank's own Python error first, then a rank that crashed without a
+    traceback (not the agent's SIGTERM), then errors that only say a peer went away."""
     failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
-    if failures:
-        # root cause: a non-secondary error first, then the earliest
-        rank = min(failures, key=lambda r: (failures[r][1], failures[r][0], r))
+    primary = {r: f for r, f in failures.items() if not f[1]}
+    codes = _exit_codes(torchrun_err)
+    crashed = {r: c for r, c in codes.items() if c not in (0, -signal.SIGTERM) and r not in failures}
+    if primary or (failures and not crashed):
+        pool = primary or failures
+        rank = min(pool, key=lambda r: (pool[r][0], r))          # the earliest report
         _, _, exc_type, message = failures[rank]
-        others = sorted(set(failures) - {rank})
         text = f"rank {rank} failed with {exc_type}: {message}"
-        if others:
-            text += f"\n(ranks {others} failed afterwards, as a consequence)"
+    elif crashed or codes:
+        bad = crashed or {r: c for r, c in codes.items() if c != 0} or codes
+        rank = min(bad)
+        code = bad[rank]
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+            else f"exit code {code}"
+        exc_type, message = f"exit code {code}", f"rank {rank} {how} without a Python traceback"
+        text = f"rank {rank} failed: {how} (no Python traceback: out of memory, os._exit or a native crash?)"
     else:
-        codes = _exit_codes(torchrun_err)
-        bad = {r: c for r, c in codes.items() if c != 0}
-        if bad:
-            rank = min(bad)
-            code = bad[rank]
-            how = f"killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
-                else f"exit code {code}"
-            exc_type, message = f"exit code {code}", f"rank {rank} {how} without a Python traceback"
-            text = f"rank {rank} failed: {how} (no Python traceback; out of memory or a crash in native code?)"
-        else:
-            rank, exc_type, message = None, f"exit code {returncode}", torchrun_err.strip()[-2000:]
-            text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
+        rank, exc_type, message = None, f"exit code {returncode}", torchrun_err.strip()[-2000:]
+        text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
+    others = sorted(set(failures) - {rank})
+    if others:
+        text += f"\n(ranks {others} failed afterwards, as a consequence)"
     if rank is not None:
         text += f"\n--- output of rank {rank} (last lines) ---\n" + _format_rank_output(rank, logs[rank], max_lines=40)
     return LaunchError(text, rank=rank, exc_type=exc_type, message=message, logs=logs)

@@ -1,0 +1,79 @@
+"""What this machine has, and which tier of the course it runs (notebooks/00_setup.ipynb).
+
+Three tiers, one code path:
+
+* ``cpu``        - no CUDA GPU: ranks are CPU processes talking over gloo ("simulated ranks").
+* ``single-gpu`` - one GPU (Colab): single-device lessons use it; multi-rank launches run on CPU/gloo.
+* ``multi-gpu``  - at least as many GPUs as ranks: one GPU per rank, NCCL.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+from mgpu_utils.dist import choose_backend
+
+
+def machine_report() -> dict:
+    """Describe this machine.
+
+    Returns:
+        dict with ``python``, ``torch``, ``cuda`` (CUDA version or None), ``cpu_cores_logical``,
+        ``cpu_cores_physical``, ``memory_gb`` (total RAM, GB = 1e9 bytes), ``cpu`` (model string) and
+        ``gpus``: a list of ``{"name", "memory_gb", "capability", "sms"}`` (empty without CUDA).
+    """
+    import psutil
+    import torch
+
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append({"name": p.name, "memory_gb": round(p.total_memory / 1e9, 1),
+                         "capability": f"{p.major}.{p.minor}", "sms": p.multi_processor_count})
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores_logical": os.cpu_count(),
+        "cpu_cores_physical": psutil.cpu_count(logical=False),
+        "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
+        "gpus": gpus,
+        "gloo_available": torch.distributed.is_gloo_available(),
+        "nccl_available": torch.distributed.is_nccl_available(),
+    }
+
+
+def course_tier(nproc: int = 4, num_gpus: int | None = None) -> dict:
+    """Which tier the course runs on for launches with ``nproc`` ranks, and why.
+
+    Args:
+        nproc: ranks per launch (the notebooks' ``NPROC``, default 4; ``make course`` sets ``MGPU_NPROC``).
+        num_gpus: visible GPUs (default: ask torch).
+
+    Returns:
+        ``{"tier": "cpu" | "single-gpu" | "multi-gpu", "backend": "gloo" | "nccl", "device": str,
+        "reason": str}``.
+
+    Raises:
+        ValueError: ``nproc < 1``.
+    """
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    if num_gpus is None:
+        import torch
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, reason = choose_backend(nproc, num_gpus=num_gpus, forced=None)
+    tier = "cpu" if num_gpus == 0 else ("single-gpu" if num_gpus == 1 else "multi-gpu")
+    device = "cuda:<local_rank>" if backend == "nccl" else "cpu"
+    return {"tier": tier, "backend": backend, "device": device, "reason": reason, "gpus": num_gpus}
+
+
+def default_nproc() -> int:
+    """Ranks per launch in the notebooks: ``$MGPU_NPROC`` if set, else 4 (the default CPU tier)."""
+    n = int(os.environ.get("MGPU_NPROC", "4"))
+    if n < 1:
+        raise ValueError(f"MGPU_NPROC must be at least 1, got {n}")
+    return n

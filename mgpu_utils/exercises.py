@@ -1,0 +1,135 @@
+"""Exercise checker: a wrong answer gets a hint, a right one a confirmation.
+
+Each lesson ends with exercises; a cell looks like::
+
+    from mgpu_utils.exercises import check
+    answer = None          # your answer here
+    check("03.1", answer)
+
+Instructors (or stuck students) see the worked solution with ``solution("03.1")``.
+Exercises are registered here, per lesson, so a new lesson adds its own entries to ``EXERCISES``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: the question, a checker returning (correct, feedback), and the solution text."""
+
+    question: str
+    checker: Callable[[Any], tuple[bool, str]]
+    solution: str
+
+
+def _int_answer(expected: int, hints: dict, explain: str):
+    def checker(answer):
+        try:
+            value = int(answer)
+            if value != answer:
+                raise ValueError
+        except (TypeError, ValueError):
+            return False, f"expected a whole number, got {answer!r}"
+        if value == expected:
+            return True, explain
+        return False, hints.get(value, hints.get("default", "not quite: re-read the cells above"))
+    return checker
+
+
+def _choice(expected: str, hints: dict, explain: str):
+    def checker(answer):
+        value = str(answer).strip().lower()
+        if value == expected:
+            return True, explain
+        return False, hints.get(value, hints.get("default", "not quite"))
+    return checker
+
+
+EXERCISES: dict[str, Exercise] = {
+    "00.1": Exercise(
+        "hello_dist.py all-reduces (sums) the rank ids. With 8 ranks, what is sum_of_ranks on rank 0?",
+        _int_answer(28, {36: "ranks are numbered from 0, not 1: 0 + 1 + ... + 7",
+                         7: "that is rank 7's own id; the all-reduce adds every rank's id",
+                         8: "that is the world size; the all-reduce adds the ids 0..7",
+                         "default": "add the rank ids 0 + 1 + ... + (n-1) = n(n-1)/2"},
+                    "0 + 1 + ... + 7 = 8*7/2 = 28, and every rank holds the same sum after an all-reduce"),
+        "n(n-1)/2 with n = 8 gives 28. Check: launch('hello_dist.py', nproc=8)['sum_of_ranks']."),
+    "00.2": Exercise(
+        "A Colab user has 1 GPU and launches 4 ranks. Which backend does the course choose: 'nccl' or 'gloo'?",
+        _choice("gloo", {"nccl": "NCCL needs one GPU per rank; 4 ranks on 1 GPU fail with 'Duplicate GPU detected'",
+                         "default": "answer 'nccl' or 'gloo'"},
+                "gloo: 4 ranks but 1 GPU, and NCCL needs one GPU per rank (choose_backend(4, num_gpus=1))"),
+        "gloo. choose_backend(4, num_gpus=1) returns ('gloo', ...): NCCL refuses two ranks on one GPU."),
+    "03.1": Exercise(
+        "The training set has 1,438 digits. With 4 ranks, how many samples does DistributedSampler give "
+        "each rank per epoch (drop_last=False)?",
+        _int_answer(360, {359: "1438/4 = 359.5: DistributedSampler rounds up and pads by repeating samples",
+                          1438: "that is the whole training set; each rank gets only its shard",
+                          "default": "ceil(1438 / 4)"},
+                    "ceil(1438/4) = 360: the sampler pads with 2 repeated samples so every rank takes the same "
+                    "number of steps (unequal step counts would deadlock the all-reduce)"),
+        "360 = ceil(1438 / 4); len(DistributedSampler(train, num_replicas=4, rank=0)) == 360."),
+    "03.2": Exercise(
+        "One GPU must reproduce the gradient of 4 ranks x 16 samples using micro-batches of 16. "
+        "How many micro-batches do you accumulate before optimizer.step()?",
+        _int_answer(4, {64: "64 is the global batch in samples; count micro-batches of 16",
+                        16: "16 is the micro-batch size",
+                        1: "one micro-batch of 16 gives a gradient of 16 samples, not 64",
+                        "default": "global batch / micro-batch size"},
+                    "4 micro-batches of 16 = 64 samples; divide each micro-batch loss by 4 so the sum is a mean"),
+        "4: accumulate 4 backward passes of loss/4 (under model.no_sync() for the first 3 with DDP), then step."),
+    "03.3": Exercise(
+        "With DDP on 8 ranks, a student writes (loss * 8).backward(). By what factor are the gradients "
+        "too large compared with 1 process on the global batch?",
+        _int_answer(8, {1: "DDP already averages over ranks (sum / world size); scaling the loss scales the result",
+                        64: "only the loss is scaled once; DDP's average does not add another factor",
+                        "default": "DDP's all-reduce averages: what does multiplying each rank's loss do?"},
+                    "8: DDP averages gradients over ranks, so multiplying the loss by the world size "
+                    "multiplies the averaged gradient by 8 (the ddp_internals run measured a ratio of the world size)"),
+        "8. Gradients are linear in the loss; DDP averages, so the result is world_size x too large."),
+}
+
+
+def question(exercise_id: str) -> str:
+    """The text of an exercise. Raises KeyError (listing the known ids) for an unknown id."""
+    return _get(exercise_id).question
+
+
+def _get(exercise_id: str) -> Exercise:
+    if exercise_id not in EXERCISES:
+        raise KeyError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(EXERCISES))}")
+    return EXERCISES[exercise_id]
+
+
+def check(exercise_id: str, answer: Any, quiet: bool = False) -> bool:
+    """Check an answer; print a confirmation or a hint.
+
+    Args:
+        exercise_id: e.g. "03.1" (lesson number, exercise number).
+        answer: your answer; None means "not answered yet" (no hint is spent).
+        quiet: do not print.
+
+    Returns:
+        True if the answer is right.
+
+    Raises:
+        KeyError: unknown exercise id.
+    """
+    ex = _get(exercise_id)
+    if answer is None:
+        ok, text = False, "not answered yet: replace None with your answer and run the cell again"
+    else:
+        ok, text = ex.checker(answer)
+    if not quiet:
+        print(f"[{exercise_id}] {'correct' if ok else 'not yet'}: {text}")
+    return ok
+
+
+def solution(exercise_id: str) -> str:
+    """The worked solution (for instructors, or after you tried). Prints it and returns it."""
+    text = _get(exercise_id).solution
+    print(f"[{exercise_id}] solution: {text}")
+    return text

@@ -1,0 +1,33 @@
+"""Test helper: one rank misbehaves in a chosen way; the others wait in an all-reduce.
+
+    torchrun --standalone --nproc-per-node 2 tests/scripts/misbehave.py --mode exit --rank 1
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--mode", choices=["raise", "exit", "sleep", "ok"], default="ok")
+p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
+p.add_argument("--tag", default="", help="ignored; lets a test find these processes by command line")
+args = p.parse_args()
+
+rank = int(os.environ.get("RANK", 0))
+dist.init_process_group("gloo")
+print(f"ready {rank}", flush=True)
+if rank == args.rank:
+    if args.mode == "raise":   # plain script, no mgpu_utils: the launcher must parse the traceback
+        raise RuntimeError("plain failure without helpers")
+    if args.mode == "exit":    # no traceback at all
+        sys.stdout.flush()
+        os._exit(3)
+if args.mode == "sleep":
+    time.sleep(600)
+t = torch.ones(1)
+dist.all_reduce(t)             # survivors wait here for the misbehaving rank
+print(f"sum {t.item()}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,68 @@
+"""mgpu_utils.env tiers and the exercise checker."""
+import pytest
+
+from mgpu_utils import exercises
+from mgpu_utils.env import course_tier, default_nproc, machine_report
+
+
+@pytest.mark.parametrize("gpus,tier,backend", [(0, "cpu", "gloo"), (1, "single-gpu", "gloo"),
+                                               (8, "multi-gpu", "nccl"), (2, "multi-gpu", "gloo")])
+def test_course_tier(gpus, tier, backend):
+    t = course_tier(4, num_gpus=gpus)
+    assert (t["tier"], t["backend"]) == (tier, backend) and t["reason"]
+
+
+def test_course_tier_refuses_zero():
+    with pytest.raises(ValueError):
+        course_tier(0, num_gpus=0)
+
+
+def test_default_nproc(monkeypatch):
+    monkeypatch.delenv("MGPU_NPROC", raising=False)
+    assert default_nproc() == 4
+    monkeypatch.setenv("MGPU_NPROC", "2")
+    assert default_nproc() == 2
+    monkeypatch.setenv("MGPU_NPROC", "0")
+    with pytest.raises(ValueError):
+        default_nproc()
+
+
+def test_machine_report_fields():
+    r = machine_report()
+    assert r["cpu_cores_logical"] >= 1 and r["memory_gb"] > 0 and isinstance(r["gpus"], list)
+
+
+RIGHT = {"00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8}
+WRONG = {"00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1}
+
+
+@pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
+def test_every_exercise_has_a_right_and_a_wrong_answer(ex_id, capsys):
+    assert ex_id in RIGHT, "add the new exercise to RIGHT and WRONG"
+    assert exercises.check(ex_id, RIGHT[ex_id]) is True
+    assert "correct" in capsys.readouterr().out
+    assert exercises.check(ex_id, WRONG[ex_id]) is False
+    hint = capsys.readouterr().out
+    assert "not yet" in hint and len(hint) > 30
+    assert exercises.check(ex_id, None) is False
+    assert exercises.solution(ex_id) and exercises.question(ex_id)
+
+
+def test_exercise_answers_match_the_facts():
+    import math
+    from torch.utils.data import DistributedSampler
+    from ddp_train import load_data
+
+    from mgpu_utils.dist import choose_backend
+
+    train, _ = load_data()
+    assert len(DistributedSampler(train, num_replicas=4, rank=0)) == RIGHT["03.1"] == math.ceil(len(train) / 4)
+    assert choose_backend(4, num_gpus=1, forced=None)[0] == RIGHT["00.2"]
+    assert sum(range(8)) == RIGHT["00.1"]
+
+
+def test_unknown_exercise_and_bad_types():
+    with pytest.raises(KeyError, match="known"):
+        exercises.check("99.9", 1)
+    assert exercises.check("03.1", "three hundred", quiet=True) is False
+    assert exercises.check("03.1", 360.5, quiet=True) is False

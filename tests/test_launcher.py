@@ -1,0 +1,123 @@
+"""The launcher under real torchrun: results, failures, timeouts, interrupts, ports, bad input."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mgpu_utils.launcher import LaunchError, LaunchTimeout, launch, run_torchrun
+
+ROOT = Path(__file__).resolve().parent.parent
+MISBEHAVE = str(ROOT / "tests" / "scripts" / "misbehave.py")
+
+
+def procs_with(tag):
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if tag in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_result_and_rank_output(capsys):
+    res = launch("hello_dist.py", nproc=2)
+    out = capsys.readouterr().out
+    assert res["world_size"] == 2 and res["sum_of_ranks"] == 1 and res["backend"] == "gloo"
+    assert out.index("[rank 0] pid") < out.index("[rank 1] pid"), "rank 0's lines come first"
+    assert "MGPU_RESULT" not in out
+
+
+def test_failing_rank_is_named_quickly():
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchError) as info:
+        launch("hello_dist.py", nproc=3, args=["--fail-rank", "1"], show="none")
+    assert time.perf_counter() - t0 < 30
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError" and err.message == "boom"
+    assert "rank 1" in str(err) and "boom" in str(err)
+
+
+def test_plain_script_traceback_and_silent_exit_are_diagnosed():
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1"], show="none")
+    assert info.value.rank == 1 and info.value.exc_type == "RuntimeError"
+    assert "plain failure without helpers" in str(info.value)
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(MISBEHAVE, 2, ["--mode", "exit", "--rank", "0"], show="none")
+    assert info.value.rank == 0 and "exit code 3" in str(info.value)
+
+
+def test_port_29500_taken_does_not_matter():
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", 29500))
+        except OSError:
+            pytest.skip("SKIPPED: port 29500 is already taken by someone else, which is the point anyway")
+        s.listen()
+        assert launch("hello_dist.py", nproc=2, show="none")["sum_of_ranks"] == 1
+
+
+def test_timeout_kills_everything_and_relaunch_works():
+    tag = uuid.uuid4().hex
+    t0 = time.perf_counter()
+    with pytest.raises(LaunchTimeout, match="timeout_s"):
+        run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag], timeout_s=15, show="none")
+    assert time.perf_counter() - t0 < 30
+    time.sleep(0.5)
+    assert procs_with(tag) == [], "orphaned processes after a timeout"
+    assert launch("hello_dist.py", nproc=2, show="none")["sum_of_ranks"] == 1
+
+
+def test_keyboard_interrupt_kills_everything():
+    """A notebook's stop button is a SIGINT (KeyboardInterrupt) in the kernel: simulate it."""
+    tag = uuid.uuid4().hex
+    code = ("from mgpu_utils.launcher import run_torchrun\n"
+            f"run_torchrun({MISBEHAVE!r}, 2, ['--mode', 'sleep', '--tag', {tag!r}], timeout_s=120)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while len(procs_with(tag)) < 3 and time.time() < deadline:   # torchrun + 2 ranks
+        time.sleep(0.5)
+    assert len(procs_with(tag)) >= 3, "the job did not start"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert b"KeyboardInterrupt" in err
+    time.sleep(0.5)
+    assert procs_with(tag) == [], "orphaned processes after an interrupt"
+
+
+@pytest.mark.parametrize("kwargs,exc,text", [
+    (dict(script="hello_dist.py", nproc=0), ValueError, "at least 1"),
+    (dict(script="hello_dist.py", nproc=-2), ValueError, "at least 1"),
+    (dict(script="hello_dist.py", nproc="2"), TypeError, "int"),
+    (dict(script="nope.py", nproc=2), FileNotFoundError, "Available: "),
+    (dict(script="hello_dist.py", nproc=2, backend="mpi"), ValueError, "gloo"),
+    (dict(script="hello_dist.py", nproc=2, show="some"), ValueError, "rank0"),
+])
+def test_bad_input_is_refused_with_the_fix(kwargs, exc, text):
+    with pytest.raises(exc, match=text):
+        launch(**kwargs)
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused():
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match="backend='gloo'"):
+        launch("hello_dist.py", nproc=gpus + 1, backend="nccl")
+
+
+def test_script_runs_without_torchrun():
+    out = subprocess.run([sys.executable, str(ROOT / "launch_scripts" / "hello_dist.py")], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120, check=True).stdout
+    assert '"world_size": 1' in out and "single process" in out
