@@ -29,10 +29,8 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900) -> tuple[float
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(path, as_version=4)
-    from jupyter_client.manager import KernelManager
-
-    km = KernelManager(kernel_name="python3", transport="ipc")  # local socket files: no TCP warning
-    client = NotebookClient(nb, km=km, timeout=timeout_s, resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}})
     t0 = time.perf_counter()
     status = "ok"
     try:

@@ -1,0 +1,70 @@
+"""Repository contracts: pins agree, launch scripts follow the style, notebooks follow the lesson shape."""
+import ast
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SCRIPTS = sorted((ROOT / "launch_scripts").glob("*.py"))
+
+
+def _pins(lines):
+    return {re.split(r"==", s)[0].lower(): s.split("==")[1] for s in lines if "==" in s}
+
+
+def test_environment_yml_and_pyproject_pin_the_same_packages():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _pins(deps) == _pins(pip_section)
+    assert _pins(deps)["torch"] == "2.14.1" and _pins(deps)["torchvision"] == "0.29.1"
+    assert all("==" in d for d in deps), "every dependency is pinned"
+
+
+def test_readme_shows_the_two_commands_and_every_notebook():
+    readme = (ROOT / "README.md").read_text()
+    assert "make lab" in readme and "make test" in readme and "make course" in readme
+    for nb in NOTEBOOKS:
+        assert nb.name in readme, f"{nb.name} missing from the README's notebook table"
+
+
+def test_ci_runs_make_test():
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_launch_script_style(script):
+    text = script.read_text()
+    doc = ast.get_docstring(ast.parse(text))
+    assert doc, "module docstring"
+    last = doc.strip().splitlines()[-1].strip()
+    assert last == f"torchrun --standalone --nproc-per-node 4 launch_scripts/{script.name}" or \
+        last.startswith(f"torchrun --standalone --nproc-per-node 4 launch_scripts/{script.name} "), last
+    assert len(text.splitlines()) <= 200
+    assert "emit_result(" in text and "distributed(" in text
+    assert "MASTER_PORT" not in text and "mp.spawn" not in text
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_shape_and_clean_outputs(nb_path):
+    nb = json.loads(nb_path.read_text())
+    md = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for part in ("Learning objectives", "Exercises", "Summary"):
+        assert part in md, f"{nb_path.name} lacks '{part}'"
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert sum('check("' in "".join(c["source"]) for c in code) >= 2, "at least two checked exercises"
+    assert any("assert" in "".join(c["source"]) for c in code)
+    assert any(c.get("outputs") for c in code), "commit notebooks with outputs from the CPU run"
+    for c in code:
+        for o in c.get("outputs", []):
+            assert o["output_type"] != "error", f"stored error in {nb_path.name}"
+            if o.get("name") == "stderr":
+                assert "Warning" not in "".join(o["text"]), f"stored warning in {nb_path.name}"
+        src = "".join(c["source"]).rstrip()
+        if re.search(r"plots\.\w+\(", src.splitlines()[-1] if src else ""):
+            assert src.endswith(";"), f"plot cells end with ';' ({nb_path.name})"
