@@ -1,4 +1,4 @@
-# Three commands: `make lab` (the course, interactive), `make course` (the same, headless), `make test`.
+# Two commands for a newcomer: `make lab` (the course; `make course` is its headless form) and `make test`.
 # Each one creates .venv and installs the pinned dependencies the first time (a few minutes).
 PYTHON ?= python3
 VENV   := .venv

@@ -1,7 +1,8 @@
 """What DDP does to gradients, checked and measured (notebooks/03_ddp.ipynb).
 
 1. Equivalence: N ranks x batch b give the same gradients as 1 process x batch N*b (DDP averages).
-2. no_sync: accumulate K micro-batches locally, all-reduce once; gradients equal the reference.
+2. no_sync: accumulate K micro-batches locally, all-reduce once; gradients equal the reference, and
+   a hook counts the all-reduce calls (the forward must run inside no_sync, or DDP syncs anyway).
 3. The classic mistake: loss * world_size gives world_size-times-too-large gradients.
 4. Buckets: DDP all-reduces gradients in buckets of --bucket-cap-mb while backward still runs;
    a communication hook counts the buckets and bytes per step, and each step is timed.
@@ -14,6 +15,7 @@ Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_internals.py
 """
 import argparse
+import contextlib
 import copy
 import time
 
@@ -48,26 +50,53 @@ def norm(gs):
     return torch.sqrt(sum((g.double() ** 2).sum() for g in gs)).item()
 
 
-def wrap(model, cap_mb):
-    return DDP(model, bucket_cap_mb=cap_mb) if dist.is_initialized() else model
+def wrap(model, cap_mb=None, warm=None):
+    """DDP around a model already on its device, with a hook that records every all-reduce.
+
+    Returns (model, sizes): sizes gets the byte size of each bucket DDP all-reduces. cap_mb=None
+    keeps DDP's default (25 MiB, and a small first bucket). warm=(x, y): one step first, then the
+    gradients and the record are cleared (DDP rebuilds its buckets after its first iteration).
+    Without a process group: the bare model.
+    """
+    sizes = []
+    if not dist.is_initialized():
+        return model, sizes
+    dev = next(model.parameters()).device
+    kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+
+    def counting_hook(state, bucket):  # the same all-reduce as DDP's default, plus bookkeeping
+        sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    if warm is not None:
+        F.cross_entropy(ddp(warm[0]), warm[1]).backward()
+        ddp.zero_grad(set_to_none=True)
+        sizes.clear()
+    return ddp, sizes
 
 
-def bucket_sweep(model, x, y, caps, steps, world):
-    """Time a DDP step for each bucket cap; a comm hook records each bucket's size (bytes)."""
+def accumulate(ddp, xl, yl, k, forward_inside):
+    """k micro-batches, all but the last under no_sync; forward_inside=False is the common bug."""
+    mb = len(xl) // k
+    for i in range(k):
+        quiet = ddp.no_sync() if i < k - 1 and dist.is_initialized() else contextlib.nullcontext()
+        if forward_inside:
+            with quiet:                   # right: DDP decides during forward whether to sync
+                loss = F.cross_entropy(ddp(xl[i * mb:(i + 1) * mb]), yl[i * mb:(i + 1) * mb]) / k
+                loss.backward()
+        else:
+            loss = F.cross_entropy(ddp(xl[i * mb:(i + 1) * mb]), yl[i * mb:(i + 1) * mb]) / k
+            with quiet:                   # wrong: forward already ran outside, backward still syncs
+                loss.backward()
+
+
+def bucket_sweep(model, x, y, caps, steps):
+    """Time a DDP step for each bucket cap; the hook records each bucket's size (bytes)."""
     rows = []
     for cap in caps:
-        ddp = wrap(copy.deepcopy(model), cap)
-        sizes = []
-
-        def counting_hook(state, bucket):  # same all-reduce as DDP's default, plus bookkeeping
-            sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
-            return default_hooks.allreduce_hook(state, bucket)
-
-        if dist.is_initialized():
-            ddp.register_comm_hook(None, counting_hook)
-        for _ in range(2):  # warm-up; DDP re-orders its buckets after the first iteration
-            F.cross_entropy(ddp(x), y).backward()
-        sizes.clear()
+        ddp, sizes = wrap(copy.deepcopy(model), cap, warm=(x, y))
         times = []
         for _ in range(steps):
             if dist.is_initialized():
@@ -75,7 +104,7 @@ def bucket_sweep(model, x, y, caps, steps, world):
             t0 = time.perf_counter()
             F.cross_entropy(ddp(x), y).backward()
             times.append(time.perf_counter() - t0)
-        rows.append({"bucket_cap_mb": cap, "buckets_per_step": len(sizes) // steps,
+        rows.append({"bucket_cap_mb": "default" if cap is None else cap, "buckets_per_step": len(sizes) // steps,
                      "bucket_bytes": sizes[:len(sizes) // steps], "step_seconds": sorted(times)[steps // 2]})
     bare = copy.deepcopy(model)  # same step without any communication
     times = []
@@ -96,7 +125,8 @@ def main():
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dump", default="", help="rank 0 saves its gradients and the reference here (torch.save)")
     g = p.add_argument_group("bucket sweep")
-    g.add_argument("--caps", default="0.1,0.5,2,25", help="comma-separated bucket_cap_mb values ('' to skip)")
+    g.add_argument("--caps", default="0.1,0.5,2,default",
+                   help="comma-separated bucket_cap_mb values (MiB), 'default' for DDP's own ('' to skip)")
     g.add_argument("--steps", type=int, default=5, help="timed steps per bucket size (median reported)")
     args = p.parse_args()
 
@@ -108,30 +138,25 @@ def main():
         b = args.global_batch // world
         torch.manual_seed(args.seed)
         model = make_mlp(args.width, args.depth).to(ctx.device)
-        x = torch.randn(args.global_batch, 64, device=ctx.device)     # the same global batch on every rank
-        y = torch.randint(0, 10, (args.global_batch,), device=ctx.device)
+        x = torch.randn(args.global_batch, 64).to(ctx.device)         # same global batch on every rank
+        y = torch.randint(0, 10, (args.global_batch,)).to(ctx.device)  # (drawn on CPU: same numbers on GPUs)
         xl, yl = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]  # this rank's shard
 
         ref = copy.deepcopy(model)                                   # 1 process x the global batch
         F.cross_entropy(ref(x), y).backward()
         g_ref = grads(ref)
 
-        ddp = wrap(copy.deepcopy(model), 25)                         # 1. N ranks x batch b
+        ddp, calls = wrap(copy.deepcopy(model), warm=(xl, yl))      # 1. N ranks x batch b
         F.cross_entropy(ddp(xl), yl).backward()
-        g_ddp = grads(ddp)
+        g_ddp, per_step = grads(ddp), len(calls)
 
-        acc = wrap(copy.deepcopy(model), 25)                         # 2. no_sync accumulation
-        k, mb = args.accum_steps, b // args.accum_steps
-        for i in range(k):
-            loss = F.cross_entropy(acc(xl[i * mb:(i + 1) * mb]), yl[i * mb:(i + 1) * mb]) / k
-            if i < k - 1 and dist.is_initialized():
-                with acc.no_sync():                                  # local accumulation, no all-reduce
-                    loss.backward()
-            else:
-                loss.backward()                                      # the last one all-reduces the sum
+        acc, acc_calls = wrap(copy.deepcopy(model), warm=(xl, yl))  # 2. no_sync accumulation
+        accumulate(acc, xl, yl, args.accum_steps, forward_inside=True)
         g_acc = grads(acc)
+        bug, bug_calls = wrap(copy.deepcopy(model), warm=(xl, yl))  # ... forward outside no_sync
+        accumulate(bug, xl, yl, args.accum_steps, forward_inside=False)
 
-        bad = wrap(copy.deepcopy(model), 25)                         # 3. the mistake
+        bad, _ = wrap(copy.deepcopy(model))                          # 3. the mistake
         (F.cross_entropy(bad(xl), yl) * world).backward()
         g_bad = grads(bad)
 
@@ -141,13 +166,15 @@ def main():
         if args.dump and ctx.is_main:
             torch.save({"ddp": g_ddp, "accum": g_acc, "ref": g_ref, "scaled": g_bad}, args.dump)
 
-        caps = [float(c) for c in args.caps.split(",") if c.strip()]
-        rows, compute_s = bucket_sweep(model, xl, yl, caps, args.steps, world) if caps else ([], 0.0)
+        caps = [None if c.strip() == "default" else float(c) for c in args.caps.split(",") if c.strip()]
+        rows, compute_s = bucket_sweep(model, xl, yl, caps, args.steps) if caps else ([], 0.0)
         n_params = sum(p.numel() for p in model.parameters())
         ctx.log(f"max |grad_ddp - grad_ref| = {diffs[0]:.2e}, no_sync: {diffs[1]:.2e}, "
                 f"loss x world_size: grad norm ratio {norm(g_bad) / norm(g_ref):.3f}")
         emit_result({"world_size": world, "global_batch": args.global_batch, "local_batch": b,
-                     "accum_steps": k, "params": n_params, "grad_bytes": n_params * 4,
+                     "accum_steps": args.accum_steps, "params": n_params,
+                     "allreduce_calls": {"one_step": per_step, "no_sync": len(acc_calls),
+                                         "no_sync_forward_outside": len(bug_calls)}, "grad_bytes": n_params * 4,
                      "max_diff_ddp": diffs[0].item(), "max_diff_no_sync": diffs[1].item(),
                      "scaled_loss_grad_ratio": norm(g_bad) / norm(g_ref),
                      "buckets": rows, "compute_only_seconds": compute_s})

@@ -108,7 +108,8 @@ def main():
         train, test = load_data()
         torch.manual_seed(args.seed)              # same init everywhere (DDP also broadcasts rank 0's)
         model = SmallCNN().to(device)             # move to the device first, then wrap
-        ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb) if dist.is_initialized() else model
+        ids = [ctx.local_rank] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_cap_mb) if dist.is_initialized() else model
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         hist = {"train_loss": [], "test_acc": [], "samples_per_s": [], "epoch_seconds": []}
         seen = 0
@@ -135,7 +136,8 @@ def main():
             hist["test_acc"].append(evaluate(ddp, test, rank, world, device))
             hist["samples_per_s"].append(stats[1].item() / sec)
             hist["epoch_seconds"].append(sec)
-            ctx.log(f"epoch {epoch}: loss {hist['train_loss'][-1]:.4f}  test acc {hist['test_acc'][-1]:.3f}")
+            ctx.log(f"epoch {epoch + 1}/{args.epochs}: loss {hist['train_loss'][-1]:.4f}  "
+                    f"test acc {hist['test_acc'][-1]:.3f}")
         counts = [seen] * world
         if dist.is_initialized():
             dist.all_gather_object(counts, seen)

@@ -31,6 +31,8 @@ RESULT_MARKER = "MGPU_RESULT "
 ERROR_MARKER = "MGPU_ERROR "
 #: Environment variable that forces a backend ("gloo" or "nccl"); set by the launcher.
 BACKEND_ENV = "MGPU_BACKEND"
+#: Environment variable with the collective timeout in seconds (default 120).
+TIMEOUT_ENV = "MGPU_COLLECTIVE_TIMEOUT_S"
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ class DistContext:
     env: DistEnv
     backend: str
     reason: str
-    device: "object"  # torch.device
+    device: "torch.device"  # cuda:local_rank with NCCL, else cpu
 
     @property
     def rank(self) -> int:
@@ -159,7 +161,7 @@ def _report_error(rank: int, exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def distributed(backend: str | None = None, timeout_s: float = 60.0, quiet: bool = False):
+def distributed(backend: str | None = None, timeout_s: float | None = None, quiet: bool = False):
     """Set up ``torch.distributed`` for a launch script, and always tear it down.
 
     Under torchrun: chooses the backend (:func:`choose_backend`), calls ``init_process_group``,
@@ -172,17 +174,24 @@ def distributed(backend: str | None = None, timeout_s: float = 60.0, quiet: bool
 
     Args:
         backend: force "gloo" or "nccl" (default: automatic, or ``$MGPU_BACKEND``).
-        timeout_s: collective timeout in seconds (short, so a mismatched collective fails
-            instead of hanging for torch's default 30 minutes).
+        timeout_s: collective timeout in seconds (default ``$MGPU_COLLECTIVE_TIMEOUT_S`` or 120):
+            short, so a rank waiting for a collective that another rank never calls fails instead of
+            waiting for torch's default (30 minutes for gloo, 10 for NCCL).
         quiet: do not print the backend line.
 
     Yields:
-        :class:`DistContext` with ``rank``, ``world_size``, ``device``, ``backend``, ``log``.
+        :class:`DistContext` with ``rank``, ``world_size``, ``device``, ``backend`` ("gloo", "nccl",
+        or "none" without torchrun), ``reason``, ``log``.
+
+    Raises:
+        ValueError: a forced backend that cannot work (see :func:`choose_backend`).
     """
     import torch
     import torch.distributed as dist
 
     env = get_dist_env()
+    if timeout_s is None:
+        timeout_s = float(os.environ.get(TIMEOUT_ENV, "120"))
     try:
         chosen, reason = choose_backend(env.local_world_size, forced=backend)
         if chosen == "nccl":
@@ -194,16 +203,16 @@ def distributed(backend: str | None = None, timeout_s: float = 60.0, quiet: bool
             kwargs = {"device_id": device} if chosen == "nccl" else {}
             dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
         else:
-            reason = "single process (not started by torchrun): world size 1, no process group"
+            chosen, reason = "none", "single process (not started by torchrun): world size 1, no process group"
         ctx = DistContext(env, chosen, reason, device)
         if not quiet:
             ctx.log(f"world size {env.world_size}, backend {reason}")
-    except BaseException as e:  # a setup error is reported like any other, then re-raised
+    except Exception as e:  # a setup error is reported like any other, then re-raised
         _report_error(env.rank, e)
         raise
     try:
         yield ctx
-    except BaseException as e:
+    except Exception as e:  # not SystemExit / KeyboardInterrupt: those are not the script's error
         _report_error(env.rank, e)
         raise
     finally:
@@ -217,6 +226,9 @@ def emit_result(result: dict, rank: int | None = None) -> None:
     Args:
         result: JSON-serialisable dict (numbers, strings, lists).
         rank: this process's rank (default: from the environment).
+
+    Raises:
+        TypeError: a value JSON cannot encode (convert tensors with ``.item()`` / ``.tolist()``).
     """
     rank = get_dist_env().rank if rank is None else rank
     if rank == 0:

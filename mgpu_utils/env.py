@@ -15,13 +15,27 @@ import platform
 from mgpu_utils.dist import choose_backend
 
 
+def _cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else the architecture (e.g. "x86_64")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_report() -> dict:
     """Describe this machine.
 
     Returns:
         dict with ``python``, ``torch``, ``cuda`` (CUDA version or None), ``cpu_cores_logical``,
         ``cpu_cores_physical``, ``memory_gb`` (total RAM, GB = 1e9 bytes), ``cpu`` (model string) and
-        ``gpus``: a list of ``{"name", "memory_gb", "capability", "sms"}`` (empty without CUDA).
+        ``gpus``: a list of ``{"name", "memory_gb", "capability", "sms"}`` (empty without CUDA),
+        ``gloo_available`` / ``nccl_available``: whether this PyTorch build includes the backend
+        (a CUDA build includes NCCL even on a machine without a GPU).
     """
     import psutil
     import torch
@@ -36,7 +50,7 @@ def machine_report() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_model(),
         "cpu_cores_logical": os.cpu_count(),
         "cpu_cores_physical": psutil.cpu_count(logical=False),
         "memory_gb": round(psutil.virtual_memory().total / 1e9, 1),
@@ -53,9 +67,13 @@ def course_tier(nproc: int = 4, num_gpus: int | None = None) -> dict:
         nproc: ranks per launch (the notebooks' ``NPROC``, default 4; ``make course`` sets ``MGPU_NPROC``).
         num_gpus: visible GPUs (default: ask torch).
 
+    The tier describes the machine (how many GPUs); backend and device describe what a launch with
+    ``nproc`` ranks uses: with 2 GPUs and 4 ranks the tier is "multi-gpu" but the ranks run on CPU
+    over gloo, and ``reason`` says so.
+
     Returns:
-        ``{"tier": "cpu" | "single-gpu" | "multi-gpu", "backend": "gloo" | "nccl", "device": str,
-        "reason": str}``.
+        ``{"tier": "cpu" | "single-gpu" | "multi-gpu", "backend": "gloo" | "nccl",
+        "device": "cpu" | "cuda:<local_rank>", "reason": str, "gpus": int}``.
 
     Raises:
         ValueError: ``nproc < 1``.
@@ -73,7 +91,11 @@ def course_tier(nproc: int = 4, num_gpus: int | None = None) -> dict:
 
 def default_nproc() -> int:
     """Ranks per launch in the notebooks: ``$MGPU_NPROC`` if set, else 4 (the default CPU tier)."""
-    n = int(os.environ.get("MGPU_NPROC", "4"))
+    raw = os.environ.get("MGPU_NPROC", "4")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"MGPU_NPROC must be a whole number of ranks (e.g. 4), got {raw!r}") from None
     if n < 1:
         raise ValueError(f"MGPU_NPROC must be at least 1, got {n}")
     return n

@@ -28,8 +28,8 @@ class Exercise:
 def _int_answer(expected: int, hints: dict, explain: str):
     def checker(answer):
         try:
-            value = int(answer)
-            if value != answer:
+            value = int(answer.strip()) if isinstance(answer, str) else int(answer)
+            if not isinstance(answer, str) and value != answer:
                 raise ValueError
         except (TypeError, ValueError):
             return False, f"expected a whole number, got {answer!r}"

@@ -45,7 +45,7 @@ SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
 _SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|Socket Timeout|"
                         r"connection refused|recvBytes|Connection was likely closed|remote worker", re.IGNORECASE)
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Za-z_][\w.]*Error\w*)(?::\s?(.*))?$")
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\w*)(?::\s?(.*))?$")
 
 
 class LaunchError(RuntimeError):
@@ -101,11 +101,12 @@ def resolve_script(script) -> Path:
                             f"{SCRIPTS_DIR}). Available: {avail}")
 
 
-def _validate(nproc, backend) -> None:
+def _validate(nproc, backend) -> str | None:
     if isinstance(nproc, bool) or not isinstance(nproc, int):
         raise TypeError(f"nproc must be an int (number of processes), got {nproc!r}")
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1 (number of ranks to start), got {nproc}")
+    backend = backend.lower() if isinstance(backend, str) else backend
     if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be None (automatic), 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
@@ -115,6 +116,7 @@ def _validate(nproc, backend) -> None:
             raise ValueError(f"backend='nccl' needs one GPU per rank: nproc={nproc} but {gpus} GPU(s) visible "
                              f"(two ranks on one GPU fail with 'Duplicate GPU detected'). Use backend='gloo' "
                              f"(or None for automatic) or nproc<={gpus}.")
+    return backend
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
@@ -150,8 +152,9 @@ def _read_logs(log_dir: str, nproc: int) -> dict:
         entry = {}
         for stream in ("stdout", "stderr"):
             files = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(r), f"{stream}.log"))
-            entry[stream] = Path(sorted(files)[-1]).read_text(errors="replace") if files else ""
-            entry[stream + "_mtime"] = os.path.getmtime(files[-1]) if files else float("inf")
+            last = sorted(files)[-1] if files else None
+            entry[stream] = Path(last).read_text(errors="replace") if last else ""
+            entry[stream + "_mtime"] = os.path.getmtime(last) if last else float("inf")
         logs[r] = entry
     return logs
 
@@ -238,7 +241,9 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         backend: None (automatic: NCCL with one GPU per rank, else gloo), "gloo" or "nccl".
         env: extra environment variables for the ranks.
         show: "all" prints every rank's output (rank 0 first), "rank0" only rank 0's, "none" nothing.
-        threads_per_rank: ``OMP_NUM_THREADS`` for each rank (default: CPU cores // nproc, at least 1).
+            The output is printed when the job ends (grouped by rank, so it reads the same every run).
+        threads_per_rank: ``OMP_NUM_THREADS`` for each rank (default: ``$OMP_NUM_THREADS`` if set, else
+            the CPU cores this process may use // nproc, at least 1).
 
     Returns:
         :class:`LaunchResult` (``.result`` is rank 0's JSON dict).
@@ -250,7 +255,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         LaunchTimeout: the job ran past ``timeout_s``.
         KeyboardInterrupt: re-raised after every child has been killed.
     """
-    _validate(nproc, backend)
+    backend = _validate(nproc, backend)
     if show not in ("all", "rank0", "none"):
         raise ValueError(f"show must be 'all', 'rank0' or 'none', got {show!r}")
     path = resolve_script(script)
@@ -258,8 +263,9 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
     child_env.update({k: str(v) for k, v in (env or {}).items()})
     child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [child_env.get("PYTHONPATH")] if p])
     child_env["PYTHONUNBUFFERED"] = "1"
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nproc)
-    child_env.setdefault("OMP_NUM_THREADS", str(threads))
+    if threads_per_rank or "OMP_NUM_THREADS" not in child_env:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        child_env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, cores // nproc))
     if backend:
         child_env[BACKEND_ENV] = backend
     log_dir = tempfile.mkdtemp(prefix="mgpu_launch_")

@@ -13,18 +13,18 @@ def _color(r: int) -> str:
     return _RANK_COLORS[r % len(_RANK_COLORS)]
 
 
-def draw_ranks(nproc: int = 4, tier: str = "cpu"):
-    """Picture of a job: ``nproc`` rank processes and what connects them, for this tier and for GPUs.
+def draw_ranks(nproc: int = 4, backend: str = "gloo"):
+    """Picture of a job: ``nproc`` rank processes and what connects them, here and on GPUs.
 
-    Left: what runs here (``tier``); right: the same job on a multi-GPU machine. From 00_setup.
+    Left: what a launch uses here (``backend`` "gloo": CPU processes; "nccl": one GPU per rank);
+    right: the same job on a multi-GPU machine. From 00_setup.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    panels = [("This machine: " + {"cpu": "CPU tier", "single-gpu": "1 GPU (ranks on CPU)",
-                                    "multi-gpu": "one GPU per rank"}.get(tier, tier),
-               "cpu" if tier != "multi-gpu" else "gpu"),
+    panels = [("This machine: " + ("ranks on CPU, gloo" if backend == "gloo" else "one GPU per rank, NCCL"),
+               "cpu" if backend == "gloo" else "gpu"),
               ("A multi-GPU node: one GPU per rank", "gpu")]
     for ax, (title, kind) in zip(axes, panels):
         ax.set_xlim(0, nproc * 2.2)
@@ -37,7 +37,7 @@ def draw_ranks(nproc: int = 4, tier: str = "cpu"):
             ax.text(x + 0.8, 2.75, f"rank {r}", ha="center", color="white", fontsize=10, weight="bold")
             ax.text(x + 0.8, 2.25, "process\n" + ("CPU" if kind == "cpu" else f"cuda:{r}"), ha="center",
                     color="white", fontsize=8)
-        link = "gloo over loopback TCP (shared RAM)" if kind == "cpu" else "NCCL over NVLink / PCIe (GPU to GPU)"
+        link = "gloo over loopback TCP sockets" if kind == "cpu" else "NCCL over NVLink / PCIe (GPU to GPU)"
         ax.annotate("", xy=(nproc * 2.2 - 0.3, 1.5), xytext=(0.3, 1.5),
                     arrowprops=dict(arrowstyle="<->", lw=2, color="black"))
         ax.text(nproc * 1.1, 0.9, link, ha="center", fontsize=9)
@@ -95,7 +95,8 @@ def plot_training(runs: dict):
         a1.plot(ep, res["train_loss"], **style)
         a2.plot(ep, [100 * a for a in res["test_acc"]], **style)
     a1.set(xlabel="epoch", ylabel="training loss (cross-entropy)", yscale="log", title="Training loss")
-    a2.set(xlabel="epoch", ylabel="test accuracy (%)", title="Accuracy on the 359 held-out digits")
+    n_test = next(iter(runs.values())).get("test_size", "the")
+    a2.set(xlabel="epoch", ylabel="test accuracy (%)", title=f"Accuracy on the {n_test} held-out digits")
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend()
@@ -107,20 +108,23 @@ def plot_buckets(rows: list, compute_seconds: float):
     """DDP step time and bucket count against ``bucket_cap_mb`` (rows from ddp_internals.py).
 
     Args:
-        rows: dicts with ``bucket_cap_mb``, ``buckets_per_step``, ``step_seconds``.
+        rows: dicts with ``bucket_cap_mb`` (MiB, or "default"), ``buckets_per_step``, ``step_seconds``.
         compute_seconds: the same forward+backward without DDP (no communication), seconds.
     """
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    labels = [f"{r['bucket_cap_mb']:g} MB\n({r['buckets_per_step']} bucket{'s' if r['buckets_per_step'] != 1 else ''})"
-              for r in rows]
+    def label(r):
+        cap, n = r["bucket_cap_mb"], r["buckets_per_step"]
+        return f"{cap if isinstance(cap, str) else format(cap, 'g')}\n({n} bucket{'s' if n != 1 else ''})"
+
+    labels = [label(r) for r in rows]
     ms = [1e3 * r["step_seconds"] for r in rows]
     ax.bar(labels, ms, color=[_color(i) for i in range(len(rows))])
     ax.axhline(1e3 * compute_seconds, color="k", ls="--", label="same step without communication")
     for i, v in enumerate(ms):
         ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=9)
-    ax.set(xlabel="bucket_cap_mb (all-reduce calls per step)", ylabel="forward + backward (ms, median)",
+    ax.set(xlabel="bucket_cap_mb in MiB (all-reduce calls per step)", ylabel="forward + backward (ms, median)",
            title="DDP step time against gradient bucket size")
     ax.legend(loc="upper right")
     fig.tight_layout()

@@ -26,12 +26,16 @@ def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path):
                  args=["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", "",
                        "--dump", dump])
     ref = reference_grads(48, 32, 3)
-    got = torch.load(dump)
+    got = torch.load(dump, map_location="cpu")
     assert res["world_size"] == nproc and res["local_batch"] == 48 // nproc
     assert_close(got["ddp"], ref)
     assert_close(got["accum"], ref)
     assert_close(got["scaled"], [nproc * g for g in ref])   # the loss * world_size mistake
     assert res["scaled_loss_grad_ratio"] == pytest.approx(nproc, rel=1e-5)
+    # equal gradients do not prove no_sync worked (all-reduce is linear): count the all-reduce calls
+    calls = res["allreduce_calls"]
+    assert calls["one_step"] >= 1 and calls["no_sync"] == calls["one_step"]
+    assert calls["no_sync_forward_outside"] == 2 * calls["one_step"], "forward outside no_sync still syncs"
 
 
 def test_bucket_sweep_accounts_for_every_byte():

@@ -66,3 +66,4 @@ def test_unknown_exercise_and_bad_types():
         exercises.check("99.9", 1)
     assert exercises.check("03.1", "three hundred", quiet=True) is False
     assert exercises.check("03.1", 360.5, quiet=True) is False
+    assert exercises.check("03.1", " 360 ", quiet=True) is True
