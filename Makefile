@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "environment ready: $(VENV) (Jupyter kernel '$(KERNEL)')"
 
+# as root (containers, some clusters) Jupyter needs --allow-root
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 course: $(STAMP)
 	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks

@@ -38,6 +38,13 @@ def make_mlp(width, depth, d_in=64, d_out=10):
     return nn.Sequential(*layers, nn.Linear(d, d_out))
 
 
+def now(device):
+    """perf_counter after the device's queued work is done (CUDA kernels run asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def grads(model):
     return [p.grad.detach().clone() for p in model.parameters()]
 
@@ -101,17 +108,17 @@ def bucket_sweep(model, x, y, caps, steps):
         for _ in range(steps):
             if dist.is_initialized():
                 dist.barrier()
-            t0 = time.perf_counter()
+            t0 = now(x.device)
             F.cross_entropy(ddp(x), y).backward()
-            times.append(time.perf_counter() - t0)
+            times.append(now(x.device) - t0)
         rows.append({"bucket_cap_mb": "default" if cap is None else cap, "buckets_per_step": len(sizes) // steps,
                      "bucket_bytes": sizes[:len(sizes) // steps], "step_seconds": sorted(times)[steps // 2]})
     bare = copy.deepcopy(model)  # same step without any communication
     times = []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0 = now(x.device)
         F.cross_entropy(bare(x), y).backward()
-        times.append(time.perf_counter() - t0)
+        times.append(now(x.device) - t0)
     return rows, sorted(times)[steps // 2]
 
 

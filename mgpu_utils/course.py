@@ -40,6 +40,16 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900) -> tuple[float
     except Exception as e:  # kernel died, timeout
         status = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
     seconds = time.perf_counter() - t0
+    for cell in nb.cells:  # live output arrives in pieces: store one stdout/stderr block per run
+        merged = []
+        for out in cell.get("outputs", []):
+            if merged and out.output_type == "stream" and merged[-1].output_type == "stream" \
+                    and merged[-1].name == out.name:
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        if cell.cell_type == "code":
+            cell.outputs = merged
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
     html, _ = HTMLExporter().from_notebook_node(nb)

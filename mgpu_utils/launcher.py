@@ -185,9 +185,9 @@ def _exit_codes(torchrun_err: str) -> dict:
     return codes
 
 
-def _format_rank_output(rank: int, entry: dict, show_stderr: bool = True, max_lines: int | None = None) -> str:
+def _format_rank_output(rank: int, entry: dict, streams=("stdout", "stderr"), max_lines: int | None = None) -> str:
     out = []
-    for stream in ("stdout", "stderr") if show_stderr else ("stdout",):
+    for stream in streams:
         for line in entry[stream].splitlines():
             if line.startswith(RESULT_MARKER) or line.startswith(ERROR_MARKER):
                 continue
@@ -196,6 +196,30 @@ def _format_rank_output(rank: int, entry: dict, show_stderr: bool = True, max_li
     if max_lines is not None and len(out) > max_lines:
         out = [f"[rank {rank}] ... ({len(out) - max_lines} earlier lines omitted)"] + out[-max_lines:]
     return "\n".join(out)
+
+
+class _Rank0Tail:
+    """Prints rank 0's stdout while the job runs: complete lines, formatted as in the final output."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir, self.path, self.pos, self.buf = log_dir, None, 0, b""
+
+    def poll(self, final: bool = False) -> None:
+        if self.path is None:
+            files = glob.glob(os.path.join(self.log_dir, "*", "attempt_*", "0", "stdout.log"))
+            if not files:
+                return
+            self.path = sorted(files)[-1]
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            self.buf += f.read()
+            self.pos = f.tell()
+        done, _, self.buf = self.buf.rpartition(b"\n")
+        if final and self.buf:
+            done, self.buf = done + b"\n" + self.buf, b""
+        text = _format_rank_output(0, {"stdout": done.decode(errors="replace")}, streams=("stdout",))
+        if text:
+            print(text, flush=True)
 
 
 def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
@@ -241,7 +265,8 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         backend: None (automatic: NCCL with one GPU per rank, else gloo), "gloo" or "nccl".
         env: extra environment variables for the ranks.
         show: "all" prints every rank's output (rank 0 first), "rank0" only rank 0's, "none" nothing.
-            The output is printed when the job ends (grouped by rank, so it reads the same every run).
+            Rank 0's output appears while the job runs; the other ranks' when it ends, grouped by
+            rank, so the output reads the same on every run.
         threads_per_rank: ``OMP_NUM_THREADS`` for each rank (default: ``$OMP_NUM_THREADS`` if set, else
             the CPU cores this process may use // nproc, at least 1).
 
@@ -275,28 +300,38 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
     agent_out = open(os.path.join(log_dir, "torchrun.log"), "w+")
     proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=child_env, cwd=os.getcwd(), start_new_session=True)
+    tail = _Rank0Tail(log_dir) if show != "none" else None
     try:
+        returncode = None
         try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+            while returncode is None and time.perf_counter() - t0 < timeout_s:
+                try:
+                    returncode = proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    if tail:
+                        tail.poll()
+        except BaseException:  # KeyboardInterrupt from the notebook's stop button, or anything else
+            _kill_tree(proc)
+            raise
+        if tail:
+            tail.poll(final=True)
+        if returncode is None:
             _kill_tree(proc)
             logs = _read_logs(log_dir, nproc)
             tails = "\n".join(_format_rank_output(r, logs[r], max_lines=10) for r in logs)
             raise LaunchTimeout(f"{path.name} with {nproc} rank(s) ran past timeout_s={timeout_s:g} s; all processes "
                                 f"were killed. A rank waiting in a collective that another rank never called hangs "
-                                f"like this. Last output:\n{tails}", logs=logs) from None
-        except BaseException:  # KeyboardInterrupt from the notebook's stop button, or anything else
-            _kill_tree(proc)
-            raise
+                                f"like this. Last output:\n{tails}", logs=logs)
         seconds = time.perf_counter() - t0
         agent_out.seek(0)
         torchrun_log = agent_out.read()
         logs = _read_logs(log_dir, nproc)
         if returncode != 0:
             raise _diagnose(logs, torchrun_log, returncode)
-        if show != "none":
+        if show != "none":  # rank 0's stdout was printed live; now its stderr, then the other ranks
             ranks = [0] if show == "rank0" else sorted(logs)
-            text = "\n".join(t for r in ranks if (t := _format_rank_output(r, logs[r])))
+            parts = [_format_rank_output(r, logs[r], ("stderr",) if r == 0 else ("stdout", "stderr")) for r in ranks]
+            text = "\n".join(t for t in parts if t)
             if text:
                 print(text, flush=True)
         result = parse_result(logs[0]["stdout"]) if logs else None

@@ -1,0 +1,25 @@
+"""`make course` (mgpu_utils.course): executes notebooks, writes build files, exits non-zero on failure."""
+import nbformat
+
+from mgpu_utils import course
+
+
+def _nb(path, code):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in code])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_course_runs_notebooks_and_reports_failures(tmp_path, capsys):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    _nb(src / "01_ok.ipynb", ["x = 6 * 7", "print(x)"])
+    _nb(src / "02_bad.ipynb", ["raise ValueError('broken lesson')"])
+    out = tmp_path / "build"
+    assert course.main(["--out", str(out), str(src)]) == 1
+    table = capsys.readouterr().out
+    assert "01_ok.ipynb" in table and "ok" in table and "FAILED" in table and "broken lesson" in table
+    executed = nbformat.read(out / "01_ok.ipynb", 4)
+    assert executed.cells[1].outputs[0]["text"] == "42\n"
+    assert (out / "01_ok.html").stat().st_size > 0 and (out / "02_bad.html").exists()
+    assert course.main(["--out", str(out), str(src / "01_ok.ipynb")]) == 0
