@@ -1,0 +1,96 @@
+"""Bandwidth arithmetic for collectives, as NVIDIA's nccl-tests report it (notebooks/04_collectives.ipynb).
+
+For an operation on ``size_bytes`` that took ``seconds``:
+
+* **algbw** (algorithm bandwidth) = size / time: what the caller experiences.
+* **busbw** (bus bandwidth) = algbw x a factor that counts the bytes each rank must really move in an
+  optimal (ring) algorithm, so that busbw is comparable with the hardware's link bandwidth whatever
+  the number of ranks n (nccl-tests' doc/PERFORMANCE.md):
+
+  =================  ==================  ============================================
+  op                 factor              size means
+  =================  ==================  ============================================
+  all_reduce         2(n-1)/n            the buffer each rank reduces
+  all_gather         (n-1)/n             the *output* buffer (n x each rank's input)
+  reduce_scatter     (n-1)/n             the *input* buffer (n x each rank's output)
+  all_to_all         (n-1)/n             each rank's send buffer
+  broadcast, reduce  1                   the buffer
+  =================  ==================  ============================================
+
+Units: bytes, seconds, GB/s with GB = 1e9 bytes (as nccl-tests).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw factor for ``op`` on ``n`` ranks.
+
+    Raises:
+        ValueError: unknown op or n < 1.
+    """
+    if op not in _FACTORS:
+        raise ValueError(f"unknown op {op!r}; known: {', '.join(_FACTORS)}")
+    if n < 1:
+        raise ValueError(f"number of ranks must be >= 1, got {n}")
+    return _FACTORS[op](n)
+
+
+def algbw_gbps(size_bytes: float, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (1e9 bytes/s). Raises ValueError for seconds <= 0."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds}")
+    return size_bytes / seconds / 1e9
+
+
+def busbw_gbps(op: str, size_bytes: float, seconds: float, n: int) -> float:
+    """Bus bandwidth in GB/s: ``algbw_gbps(size, seconds) * bus_factor(op, n)``."""
+    return algbw_gbps(size_bytes, seconds) * bus_factor(op, n)
+
+
+def ring_allreduce_model(size_bytes, n: int, alpha_s: float, bandwidth_bps: float):
+    """The alpha-beta time of ring all-reduce, in seconds: 2(n-1)*alpha + 2(n-1)/n * S / B.
+
+    Args:
+        size_bytes: S, scalar or array (bytes).
+        n: ranks.
+        alpha_s: per-message latency alpha (seconds).
+        bandwidth_bps: link bandwidth B (bytes per second).
+    """
+    return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * np.asarray(size_bytes, dtype=float) / bandwidth_bps
+
+
+def fit_ring_allreduce(size_bytes, seconds, n: int) -> tuple[float, float]:
+    """Least-squares fit of :func:`ring_allreduce_model` to measurements.
+
+    Fits T = a + b*S minimising *relative* errors (weights 1/T, so small messages count as much as
+    large ones), then alpha = a / (2(n-1)) and B = 2(n-1)/n / b.
+
+    Args:
+        size_bytes, seconds: 1-D sequences of equal length (>= 2 distinct sizes).
+        n: ranks (>= 2).
+
+    Returns:
+        ``(alpha_s, bandwidth_bps)``: latency per step (seconds; clipped at 0) and bandwidth (bytes/s).
+
+    Raises:
+        ValueError: n < 2, or fewer than 2 distinct sizes.
+    """
+    s, t = np.asarray(size_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    if n < 2:
+        raise ValueError("the model needs at least 2 ranks")
+    if len(np.unique(s)) < 2:
+        raise ValueError("need measurements at 2 or more distinct sizes")
+    b, a = np.polyfit(s, t, 1, w=1 / t)
+    return max(a, 0.0) / (2 * (n - 1)), 2 * (n - 1) / n / b

@@ -1,0 +1,106 @@
+"""Lesson 04: from-scratch collectives, the primitives demo, the bandwidth formulas, the error lab."""
+import csv
+
+import numpy as np
+import pytest
+
+from mgpu_utils.bandwidth import (algbw_gbps, bus_factor, busbw_gbps, fit_ring_allreduce,
+                                  ring_allreduce_model)
+from mgpu_utils.launcher import LaunchError, launch
+
+
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+def test_ring_tree_naive_equal_dist_all_reduce(nproc):
+    """fp32 and bf16, lengths 1, 3, 7, 64, 1001 (not divisible by 2, 3 or 4), all four algorithms."""
+    res = launch("ring_allreduce.py", nproc=nproc, show="none", args=["--sizes-kib", ""])
+    assert res["checks_passed"] == 2 * 5 * 4 and res["world_size"] == nproc
+
+
+def test_ring_timing_rows():
+    res = launch("ring_allreduce.py", nproc=2, show="none",
+                 args=["--sizes-kib", "4,64", "--repeats", 1, "--check-lengths", "5"])
+    assert {(r["algorithm"], r["bytes"]) for r in res["timings"]} == \
+        {(a, kib * 1024) for a in ("dist.all_reduce", "ring", "tree", "naive") for kib in (4, 64)}
+    assert all(r["seconds"] > 0 for r in res["timings"])
+
+
+def test_every_primitive_against_a_single_process_reference():
+    n = 3
+    res = launch("collectives_demo.py", nproc=n, show="none")
+    x = [np.arange(2 * n) + 10 * r for r in range(n)]             # what each rank started with
+    after = {k: [np.array(v) for v in vals] for k, vals in res["after"].items()}
+    total = sum(x)
+    assert [list(b) for b in x] == res["before"]
+    assert (after["send/recv (0 to 1)"][1] == x[0]).all() and (after["send/recv (0 to 1)"][2] == x[2]).all()
+    for r in range(n):
+        assert (after["isend/irecv (ring shift)"][r] == x[(r - 1) % n]).all()
+        assert (after["broadcast"][r] == x[0]).all()
+        assert (after["scatter"][r] == np.split(x[0], n)[r]).all()
+        assert (after["all_reduce"][r] == total).all()
+        assert (after["all_gather"][r] == np.concatenate(x)).all()
+        assert (after["reduce_scatter"][r] == np.split(total, n)[r]).all()
+        assert (after["all_to_all"][r] == np.concatenate([np.split(x[s], n)[r] for s in range(n)])).all()
+    assert (after["gather"][0] == np.concatenate(x)).all() and (after["reduce"][0] == total).all()
+    arrive, leave = zip(*res["barrier_ms"])
+    assert min(leave) >= max(arrive) - 1.0, "nobody leaves the barrier before the last rank arrives"
+    assert res["fallbacks_equal"] is True
+    assert res["probe"]["all_reduce SUM"]["float32"] == "ok"
+
+
+def test_bus_factors_and_bandwidths_by_hand():
+    assert bus_factor("all_reduce", 4) == pytest.approx(1.5)          # 2 * 3 / 4
+    assert bus_factor("all_reduce", 2) == pytest.approx(1.0)
+    assert bus_factor("all_gather", 8) == pytest.approx(0.875)        # 7 / 8
+    assert bus_factor("reduce_scatter", 3) == pytest.approx(2 / 3)
+    assert bus_factor("all_to_all", 4) == pytest.approx(0.75)
+    assert bus_factor("broadcast", 16) == bus_factor("reduce", 5) == 1.0
+    assert algbw_gbps(2e9, 0.5) == pytest.approx(4.0)                 # 2 GB in 0.5 s
+    assert busbw_gbps("all_reduce", 1e9, 1.0, 8) == pytest.approx(1.75)
+    with pytest.raises(ValueError):
+        bus_factor("all_reduce_typo", 4)
+    with pytest.raises(ValueError):
+        algbw_gbps(1.0, 0.0)
+
+
+def test_alpha_beta_fit_recovers_the_model():
+    sizes = np.array([2**k for k in range(10, 27, 2)], dtype=float)
+    t = ring_allreduce_model(sizes, 4, alpha_s=20e-6, bandwidth_bps=5e9)
+    assert t[0] == pytest.approx(2 * 3 * 20e-6 + 1.5 * 1024 / 5e9)
+    alpha, bw = fit_ring_allreduce(sizes, t, 4)
+    assert alpha == pytest.approx(20e-6, rel=1e-6) and bw == pytest.approx(5e9, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_ring_allreduce([1024, 1024], [1e-3, 1e-3], 4)
+
+
+def test_bench_rows_csv_and_factors(tmp_path):
+    out = tmp_path / "bench.csv"
+    res = launch("collectives_bench.py", nproc=2, show="none",
+                 args=["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1, "--csv", out])
+    rows = res["rows"]
+    assert len(rows) == 2 * 6                                          # 1 KiB .. 1 MiB in x4 steps
+    for r in rows:
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * bus_factor(r["op"], 2))
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+    with open(out) as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert res["copy_GBps"] > 0
+
+
+def test_mismatched_collective_is_named_with_debug_detail():
+    with pytest.raises(LaunchError) as info:
+        launch("collective_errors.py", nproc=2, show="none", args=["--case", "mismatch", "--timeout", 5],
+               env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    text = str(info.value)
+    assert "mismatch between collectives" in text and "BROADCAST" in text and "ALLREDUCE" in text
+
+
+def test_missing_rank_is_named_within_the_timeout():
+    with pytest.raises(LaunchError) as info:
+        launch("collective_errors.py", nproc=2, show="none", args=["--case", "missing", "--timeout", 2],
+               env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert info.value.rank == 0 and "Ranks 1 failed to pass monitoredBarrier" in info.value.message
+
+
+def test_error_script_control_run_succeeds():
+    res = launch("collective_errors.py", nproc=2, show="none", args=["--case", "ok"])
+    assert res["result"] == [3.0] * 4                                 # 1 + 2
