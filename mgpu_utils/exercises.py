@@ -39,6 +39,22 @@ def _int_answer(expected: int, hints: dict, explain: str):
     return checker
 
 
+def _float_answer(expected: float, rel: float, hints: list, explain: str):
+    """hints: [(predicate(value) -> bool, hint)], tried in order."""
+    def checker(answer):
+        try:
+            value = float(answer)
+        except (TypeError, ValueError):
+            return False, f"expected a number, got {answer!r}"
+        if abs(value - expected) <= rel * abs(expected):
+            return True, explain
+        for pred, hint in hints:
+            if pred(value):
+                return False, hint
+        return False, "not quite: re-read the formula above"
+    return checker
+
+
 def _choice(expected: str, hints: dict, explain: str):
     def checker(answer):
         value = str(answer).strip().lower()
@@ -90,6 +106,34 @@ EXERCISES: dict[str, Exercise] = {
                     "8: DDP averages gradients over ranks, so multiplying the loss by the world size "
                     "multiplies the averaged gradient by 8 (the ddp_internals run measured a ratio of the world size)"),
         "8. Gradients are linear in the loss; DDP averages, so the result is world_size x too large."),
+    "04.1": Exercise(
+        "Ring all-reduce of a 16 MiB gradient on 8 ranks: how many MiB does each rank send in total?",
+        _float_answer(28.0, 1e-6, [(lambda v: abs(v - 16) < 1e-6, "that is one copy of the tensor; the ring sends "
+                                    "2(n-1) chunks of S/n"),
+                                   (lambda v: abs(v - 32) < 1e-6, "2 x 16 is the large-n limit; with n = 8 it is "
+                                    "2 x 7/8 x 16"),
+                                   (lambda v: abs(v - 14) < 1e-6, "that is one phase; there are two "
+                                    "(reduce-scatter and all-gather)")],
+                      "2(n-1)/n x S = 2 x 7/8 x 16 MiB = 28 MiB, almost independent of n: why rings scale"),
+        "28: each of the 2(n-1) = 14 steps sends one chunk of 16/8 = 2 MiB (mgpu_utils.ring.ring_bytes_per_rank)."),
+    "04.2": Exercise(
+        "nccl-tests reports all_gather on 4 ranks: size 1 GB (the output), time 0.1 s. What busbw in GB/s?",
+        _float_answer(7.5, 1e-3, [(lambda v: abs(v - 10) < 1e-3, "10 GB/s is algbw = size / time; busbw "
+                                   "multiplies it by the all_gather factor (n-1)/n"),
+                                  (lambda v: abs(v - 15) < 1e-3, "2(n-1)/n is all_reduce's factor; all_gather's "
+                                   "is (n-1)/n")],
+                      "algbw = 1 GB / 0.1 s = 10 GB/s, busbw = 10 x 3/4 = 7.5 GB/s"),
+        "7.5 = busbw_gbps('all_gather', 1e9, 0.1, 4)."),
+    "04.3": Exercise(
+        "ZeRO-2 / FSDP give each rank only its shard of the summed gradients. Which collective does that "
+        "in one call: 'all_reduce', 'reduce_scatter', 'all_gather' or 'all_to_all'?",
+        _choice("reduce_scatter", {"all_reduce": "all_reduce gives every rank the whole sum: more than a shard",
+                                   "all_gather": "all_gather collects shards without summing; FSDP uses it for "
+                                                 "the parameters before forward",
+                                   "all_to_all": "all_to_all exchanges different data without summing (MoE)",
+                                   "default": "one of 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'"},
+                "reduce_scatter: sum, and leave rank r with chunk r only (half of an all-reduce)"),
+        "reduce_scatter (and all_gather to rebuild parameters): all_reduce = reduce_scatter + all_gather."),
 }
 
 

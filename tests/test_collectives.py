@@ -104,3 +104,34 @@ def test_missing_rank_is_named_within_the_timeout():
 def test_error_script_control_run_succeeds():
     res = launch("collective_errors.py", nproc=2, show="none", args=["--case", "ok"])
     assert res["result"] == [3.0] * 4                                 # 1 + 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
+def test_ring_schedule_sums_every_chunk(n):
+    """Replay the schedule on numbers: every rank ends with the full sum (the stepper shows this)."""
+    from mgpu_utils.ring import ring_bytes_per_rank, ring_schedule, ring_states
+
+    steps = ring_schedule(n)
+    assert len(steps) == 2 * (n - 1)
+    data = [[float(10 * r + c) for c in range(n)] for r in range(n)]     # rank r, chunk c
+    for step in steps:
+        new = [row[:] for row in data]
+        for r in range(n):
+            left, c = (r - 1) % n, step["recv"][r]
+            assert step["send"][left] == c
+            new[r][c] = data[r][c] + data[left][c] if step["phase"] == "reduce-scatter" else data[left][c]
+        data = new
+    assert data == [[sum(10 * r + c for r in range(n)) for c in range(n)]] * n
+    assert all(s == frozenset(range(n)) for row in ring_states(n)[-1] for s in row)
+    assert ring_bytes_per_rank(1024, n) == 2 * (n - 1) / n * 1024
+
+
+def test_ring_stepper_and_static_figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    from mgpu_utils import plots
+
+    fig = plots.draw_ring_steps(3)
+    assert len([a for a in fig.axes if a.patches]) == 2 * (3 - 1) + 1
+    widget = plots.ring_stepper(3)
+    assert widget.children[0].max == 4

@@ -32,8 +32,9 @@ def test_machine_report_fields():
     assert r["cpu_cores_logical"] >= 1 and r["memory_gb"] > 0 and isinstance(r["gpus"], list)
 
 
-RIGHT = {"00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8}
-WRONG = {"00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1}
+RIGHT = {"00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
+         "04.3": "reduce_scatter"}
+WRONG = {"00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -59,6 +60,10 @@ def test_exercise_answers_match_the_facts():
     assert len(DistributedSampler(train, num_replicas=4, rank=0)) == RIGHT["03.1"] == math.ceil(len(train) / 4)
     assert choose_backend(4, num_gpus=1, forced=None)[0] == RIGHT["00.2"]
     assert sum(range(8)) == RIGHT["00.1"]
+    from mgpu_utils.bandwidth import busbw_gbps
+    from mgpu_utils.ring import ring_bytes_per_rank
+    assert ring_bytes_per_rank(16, 8) == RIGHT["04.1"]
+    assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
 
 
 def test_unknown_exercise_and_bad_types():
