@@ -27,6 +27,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_vector_extensions() -> list[str]:
+    """SIMD extensions this CPU reports in /proc/cpuinfo (Linux x86: sse4_2, avx, avx2, fma, avx512f,
+    avx512_bf16, amx_tile, ...; ARM: asimd, sve). Empty list where the file is missing."""
+    wanted = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16",
+              "asimd", "sve"]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("flags", "features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in wanted if w in have]
+    except OSError:
+        pass
+    return []
+
+
 def machine_report() -> dict:
     """Describe this machine.
 

@@ -79,6 +79,37 @@ EXERCISES: dict[str, Exercise] = {
                          "default": "answer 'nccl' or 'gloo'"},
                 "gloo: 4 ranks but 1 GPU, and NCCL needs one GPU per rank (choose_backend(4, num_gpus=1))"),
         "gloo. choose_backend(4, num_gpus=1) returns ('gloo', ...): NCCL refuses two ranks on one GPU."),
+    "01.1": Exercise(
+        "Arithmetic intensity (FLOP per byte) of a 3072 x 3072 x 3072 bf16 matmul, minimum traffic 3n^2 elements?",
+        _float_answer(1024.0, 1e-3, [(lambda v: abs(v - 512) < 1, "2 bytes per element for bf16, not 4"),
+                                     (lambda v: abs(v - 2048) < 1, "the traffic is 3 n^2 elements of 2 bytes "
+                                      "each: I = 2n^3 / (3 n^2 x 2) = n / 3")],
+                      "I = 2n^3 / (3 n^2 x 2 bytes) = n/3 = 1024 FLOP/byte: far right of any ridge point"),
+        "1024 = mgpu_utils.timing.matmul_intensity(3072, 2)."),
+    "01.2": Exercise(
+        "Ridge point of an H100 SXM for dense bf16 (989 TFLOPS, 3.35 TB/s), in FLOP per byte?",
+        _float_answer(295.0, 0.005, [(lambda v: abs(v - 0.295) < 0.01, "use the same units: 989e12 / 3.35e12"),
+                                     (lambda v: abs(v - 3.39) < 0.05, "that is bandwidth / peak; the ridge is "
+                                      "peak / bandwidth")],
+                      "989e12 / 3.35e12 = 295 FLOP/byte: a kernel needs ~300 FLOP per byte to be compute-bound"),
+        "295 = 989 / 3.35."),
+    "02.1": Exercise(
+        "Each of 4 replicas returns the gradient of its mean loss over 16 samples. By what do you multiply "
+        "the SUM of the 4 gradients to get the full-batch (64) gradient?",
+        _float_answer(0.25, 1e-6, [(lambda v: abs(v - 1 / 64) < 1e-6, "each replica already averaged over its 16 "
+                                    "samples; only the 4 replicas remain to average"),
+                                   (lambda v: abs(v - 1) < 1e-6, "the sum of 4 means is 4 times the mean"),
+                                   (lambda v: abs(v - 4) < 1e-6, "divide, do not multiply: 1/4")],
+                      "1/4: the mean of 4 equal-size means is the mean over all 64 samples (DDP divides by world size)"),
+        "0.25 = 1 / R: DDP's all-reduce sums and divides by the world size, exactly this."),
+    "02.2": Exercise(
+        "nn.DataParallel on 8 GPUs: how many model copies leave GPU 0 per training step (one per receiving GPU)?",
+        _int_answer(7, {8: "GPU 0 keeps the original; it copies to the other 7",
+                        0: "DataParallel replicates the module in every forward call, since the weights change",
+                        1: "one copy per receiving GPU, every step",
+                        "default": "count the GPUs other than GPU 0"},
+                    "7: replicate() broadcasts the parameters from GPU 0 to the 7 other GPUs in every forward"),
+        "7 (the other GPUs), every step: one reason DDP, which keeps a replica in place per process, is faster."),
     "03.1": Exercise(
         "The training set has 1,438 digits. With 4 ranks, how many samples does DistributedSampler give "
         "each rank per epoch (drop_last=False)?",

@@ -32,9 +32,9 @@ def test_machine_report_fields():
     assert r["cpu_cores_logical"] >= 1 and r["memory_gb"] > 0 and isinstance(r["gpus"], list)
 
 
-RIGHT = {"00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
+RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
          "04.3": "reduce_scatter"}
-WRONG = {"00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
+WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -63,6 +63,10 @@ def test_exercise_answers_match_the_facts():
     from mgpu_utils.bandwidth import busbw_gbps
     from mgpu_utils.ring import ring_bytes_per_rank
     assert ring_bytes_per_rank(16, 8) == RIGHT["04.1"]
+    from mgpu_utils.hardware import GPUS
+    from mgpu_utils.timing import matmul_intensity
+    assert matmul_intensity(3072, 2) == RIGHT["01.1"]
+    assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
 
 

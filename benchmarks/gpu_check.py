@@ -1,0 +1,75 @@
+"""Check the roofline numbers of lesson 01 on real hardware: bf16 matmul and HBM copy vs the spec.
+
+Measures, on cuda:0, the dense bf16 throughput of an N x N x N matmul (2 N^3 FLOP per call, best of
+--iters after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
+--copy-gib GiB (a copy reads and writes every byte: 2 x size / time, the convention of the HBM spec).
+Prints both as fractions of the device's published peak (mgpu_utils.hardware), and one JSON line.
+Exit status 0 when both reach --target (default 0.70), 1 when not, 3 when there is no CUDA GPU.
+
+Run:
+    python benchmarks/gpu_check.py --n 8192
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mgpu_utils.hardware import GPUS, match_gpu  # noqa: E402
+
+
+def cuda_time(fn, iters):
+    """Best time of fn() over iters calls, seconds, with CUDA events."""
+    best = float("inf")
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=8192, help="matmul size N (N x N x N)")
+    p.add_argument("--copy-gib", type=float, default=2.0, help="bytes copied per call (GiB)")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--target", type=float, default=0.70, help="required fraction of the spec")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("SKIPPED: needs a CUDA GPU, found 0 (this check verifies lesson 01's roofline on GPUs)")
+        sys.exit(3)
+    name = torch.cuda.get_device_name(0)
+    key = match_gpu(name)
+    spec = GPUS.get(key)
+    a = torch.randn(args.n, args.n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(args.n, args.n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sec = cuda_time(lambda: a @ b, args.iters)
+    tflops = 2 * args.n ** 3 / sec / 1e12
+    del a, b
+    src = torch.empty(int(args.copy_gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sec = cuda_time(lambda: dst.copy_(src), args.iters)
+    gbps = 2 * src.numel() / sec / 1e9
+    result = {"device": name, "spec": key, "bf16_tflops": tflops, "copy_gbps": gbps}
+    if spec and spec["bf16_tflops"]:
+        result.update(bf16_fraction=tflops / spec["bf16_tflops"], copy_fraction=gbps / spec["hbm_gbps"])
+        print(f"{name}: bf16 matmul {args.n}^3 {tflops:.0f} TFLOPS = {result['bf16_fraction']:.0%} of "
+              f"{spec['bf16_tflops']} (dense spec); copy {gbps:.0f} GB/s = {result['copy_fraction']:.0%} of "
+              f"{spec['hbm_gbps']} GB/s HBM")
+    else:
+        print(f"{name}: bf16 matmul {tflops:.0f} TFLOPS, copy {gbps:.0f} GB/s (no spec on file for this GPU)")
+    print("MGPU_RESULT " + json.dumps(result))
+    ok = spec is not None and all(result.get(k, 0) >= args.target for k in ("bf16_fraction", "copy_fraction"))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
