@@ -29,6 +29,8 @@ def main():
     args = p.parse_args()
 
     with distributed(timeout_s=args.timeout) as ctx:
+        if not dist.is_initialized() or ctx.world_size < 2:
+            raise SystemExit("these bugs need at least 2 ranks: torchrun --standalone --nproc-per-node 2 ...")
         ctx.log(f"TORCH_DISTRIBUTED_DEBUG={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}, "
                 f"timeout {args.timeout:g} s")
         t = torch.ones(4, device=ctx.device) * (ctx.rank + 1)

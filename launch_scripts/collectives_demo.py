@@ -1,7 +1,7 @@
 """Every point-to-point op and collective on small tensors, recorded before and after on every rank.
 
 For notebooks/04_collectives.ipynb: rank r starts with x_r = [10r, 10r+1, ..., 10r+k-1] (k = 2n, so
-it splits into n chunks), each op runs on a fresh copy, and rank 0 gathers every rank's tensors
+it splits into n chunks; 100r + j when 2n > 10), each op runs on a fresh copy, and rank 0 gathers every rank's tensors
 before and after so the notebook can draw them. The barrier records when each rank arrived and left
 (rank r sleeps 50r ms first). A capability probe tries each op with each dtype on this backend and
 checks the fallbacks that older releases needed on gloo (AVG = SUM / n; reduce_scatter = all_reduce
@@ -28,8 +28,8 @@ def run_ops(x, rank, n):
         dist.recv(c, src=0)
     out["send/recv (0 to 1)"] = c
     c, buf = x.clone(), torch.empty_like(x)   # non-blocking: everyone sends right, receives from left
-    reqs = [dist.isend(c, (rank + 1) % n), dist.irecv(buf, (rank - 1) % n)]
-    for r in reqs:
+    for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, c, (rank + 1) % n),   # posted together: no
+                                     dist.P2POp(dist.irecv, buf, (rank - 1) % n)]):  # cycle of waiting sends
         r.wait()
     out["isend/irecv (ring shift)"] = buf
     c = x.clone()
@@ -97,8 +97,8 @@ def fallbacks_match(x, rank, n):
     got = [mine[rank].clone()] + [None] * (n - 1)
     for k in range(1, n):                     # round k: send chunk to rank+k, receive from rank-k
         buf = torch.empty_like(mine[0])
-        reqs = [dist.isend(mine[(rank + k) % n].contiguous(), (rank + k) % n), dist.irecv(buf, (rank - k) % n)]
-        for r in reqs:
+        for r in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine[(rank + k) % n].contiguous(), (rank + k) % n),
+                                         dist.P2POp(dist.irecv, buf, (rank - k) % n)]):
             r.wait()
         got[k] = buf
     by_source = [got[(rank - src) % n] for src in range(n)]
@@ -112,7 +112,8 @@ def main():
         if not dist.is_initialized() or ctx.world_size < 2:
             raise SystemExit("collectives need at least 2 ranks: torchrun --standalone --nproc-per-node 4 ...")
         rank, n, dev = ctx.rank, ctx.world_size, ctx.device
-        x = torch.arange(2 * n, device=dev) + 10 * rank
+        base = 10 if 2 * n <= 10 else 100         # values 10r + j (or 100r + j) show where they came from
+        x = torch.arange(2 * n, device=dev) + base * rank
         after = {k: v.tolist() for k, v in run_ops(x, rank, n).items()}
         time.sleep(0.05 * rank)                   # ranks reach the barrier at different times
         arrive = time.time()
@@ -128,7 +129,7 @@ def main():
         ok = sum(v == "ok" for d in table.values() for v in d.values())
         ctx.log(f"{len(ops)} ops recorded on {n} ranks; probe: {ok}/{sum(len(d) for d in table.values())} "
                 f"op/dtype pairs supported by {ctx.backend}")
-        emit_result({"world_size": n, "backend": ctx.backend, "before": [e["before"] for e in everyone],
+        emit_result({"world_size": n, "backend": ctx.backend, "base": base, "before": [e["before"] for e in everyone],
                      "after": ops, "barrier_ms": [[1e3 * (e["barrier"][0] - t0), 1e3 * (e["barrier"][1] - t0)]
                                                   for e in everyone],
                      "probe": table, "fallbacks_equal": all(all(e["fallbacks"].values()) for e in everyone),

@@ -131,15 +131,17 @@ def plot_buckets(rows: list, compute_seconds: float):
     return fig
 
 
-def plot_collective(name: str, before: list, after: list, rule: str = ""):
+def plot_collective(name: str, before: list, after: list, rule: str = "", base: int = 10, reduced: bool = False):
     """Every rank's tensor before and after one operation, as two small tables (data from a real run).
 
-    Values are coloured by the rank they came from (rank r starts with 10r, 10r+1, ...); sums are grey.
+    Values are coloured by the rank they came from (rank r starts with base*r, base*r+1, ...); sums are grey.
 
     Args:
         name: the operation, used as the title.
         before, after: one list of numbers per rank (an empty list where the result is undefined).
         rule: one sentence printed under the title.
+        base: rank r's values are base*r + j (collectives_demo.py); used to colour a value by its rank.
+        reduced: the results are sums (reduce, all-reduce, reduce-scatter): drawn grey.
     """
     import matplotlib.pyplot as plt
 
@@ -155,7 +157,7 @@ def plot_collective(name: str, before: list, after: list, rule: str = ""):
             if not row:
                 ax.text(0.1, r + 0.5, "(undefined)", va="center", fontsize=8, color="gray")
             for j, v in enumerate(row):
-                src = int(v) // 10 if 0 <= v < 10 * len(before) else None   # rank r starts with 10r + j
+                src = None if (reduced and rows is after) else int(v) // base   # rank r starts with base*r + j
                 ax.add_patch(plt.Rectangle((j, r), 1, 1, fc=_color(src) if src is not None else "#BBBBBB",
                                            alpha=0.35, ec="white"))
                 ax.text(j + 0.5, r + 0.5, f"{v:g}", ha="center", va="center", fontsize=7)
