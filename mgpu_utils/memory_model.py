@@ -1,0 +1,182 @@
+"""Memory per GPU from formulas: model states (ZeRO), transformer activations (Korthikanti et al.).
+
+Shared by the memory calculator (notebooks/07_memory.ipynb) and the 3-D parallelism planner
+(notebooks/06_hybrid_parallel.ipynb). Units: bytes; "GB" in the notebooks is 1e9 bytes, as in the
+ZeRO paper.
+
+Sources:
+
+* Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (SC20),
+  section 3.1 and figure 1: mixed-precision Adam keeps 2 bytes (fp16/bf16 parameters) + 2 (gradients)
+  + K = 12 (fp32 master parameters, momentum and variance) per parameter; stage 1 shards the
+  optimizer states over the data-parallel degree Nd, stage 2 also the gradients, stage 3 also the
+  parameters. Their example: 7.5B parameters on 64 GPUs -> 120, 31.4, 16.6 and 1.9 GB per GPU.
+* Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (MLSys 2023),
+  section 4: one transformer layer stores ``s*b*h*(34 + 5*a*s/h)`` bytes of activations (16-bit
+  activations, 1-byte dropout masks); with tensor parallelism t: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``;
+  with tensor + sequence parallelism: ``s*b*h/t*(34 + 5*a*s/h)``; selective recomputation drops
+  the ``5*a*s/h`` attention term; full recomputation keeps only the layer input, ``2*s*b*h``.
+* Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  Megatron-LM" (SC21): parameters of a GPT layer ``12*h^2 + 13*h``; 1F1B keeps at most p
+  micro-batches in flight on the first stage, GPipe all m.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Bytes per parameter for (parameters, gradients, optimizer states) by precision and optimizer.
+#: "mixed": 16-bit parameters and gradients, fp32 master copy inside the optimizer states (ZeRO's K).
+#: "fp32": everything in fp32 (the CPU demos of the course).
+BYTES_PER_PARAM: dict[tuple[str, str], tuple[int, int, int]] = {
+    ("mixed", "adam"): (2, 2, 12),        # master 4 + momentum 4 + variance 4
+    ("mixed", "sgd_momentum"): (2, 2, 8),  # master 4 + momentum 4
+    ("mixed", "sgd"): (2, 2, 4),          # master 4
+    ("fp32", "adam"): (4, 4, 8),          # momentum 4 + variance 4
+    ("fp32", "sgd_momentum"): (4, 4, 4),
+    ("fp32", "sgd"): (4, 4, 0),
+    ("bf16", "adam"): (2, 2, 4),          # pure bf16: states kept in bf16, no master copy
+}
+
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU by kind. ``total`` is their sum; ``gb()`` the same in GB (1e9 bytes)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def gb(self) -> dict[str, float]:
+        """``{"params", "grads", "optimizer", "activations", "total"}`` in GB (1e9 bytes)."""
+        return {k: v / 1e9 for k, v in [("params", self.params), ("grads", self.grads),
+                                         ("optimizer", self.optimizer),
+                                         ("activations", self.activations), ("total", self.total)]}
+
+
+def _check_positive(**kw):
+    for k, v in kw.items():
+        if v < 1 or int(v) != v:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
+
+
+def model_state_bytes(n_params: float, *, precision: str = "mixed", optimizer: str = "adam",
+                      zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1) -> MemoryBreakdown:
+    """Bytes per GPU of parameters, gradients and optimizer states (no activations).
+
+    The model's ``n_params`` are first split evenly by tensor (``tp``) and pipeline (``pp``)
+    parallelism; ZeRO then shards over the ``dp`` data-parallel replicas: stage 1 the optimizer
+    states, stage 2 also the gradients, stage 3 also the parameters (FSDP ``fully_shard`` = stage 3;
+    ``reshard_after_forward=False`` keeps parameters gathered between forward and backward, which
+    is stage 2 for the steady state).
+
+    Example (ZeRO paper, 7.5B parameters, 64 GPUs, mixed-precision Adam): stage 0/1/2/3 ->
+    120 / 31.4 / 16.6 / 1.9 GB.
+
+    Raises:
+        ValueError: an unknown precision/optimizer pair or ZeRO stage, or non-positive degrees.
+    """
+    key = (precision, optimizer)
+    if key not in BYTES_PER_PARAM:
+        raise ValueError(f"unknown precision/optimizer {key}; known: {sorted(BYTES_PER_PARAM)}")
+    if zero_stage not in ZERO_STAGES:
+        raise ValueError(f"zero_stage must be one of {ZERO_STAGES}, got {zero_stage!r}")
+    _check_positive(dp=dp, tp=tp, pp=pp)
+    if n_params < 0:
+        raise ValueError(f"n_params must be >= 0, got {n_params}")
+    p_b, g_b, o_b = BYTES_PER_PARAM[key]
+    local = n_params / (tp * pp)
+    return MemoryBreakdown(params=p_b * local / (dp if zero_stage >= 3 else 1),
+                           grads=g_b * local / (dp if zero_stage >= 2 else 1),
+                           optimizer=o_b * local / (dp if zero_stage >= 1 else 1))
+
+
+def transformer_params(n_layers: int, hidden: int, vocab: int, seq_len: int) -> int:
+    """Parameters of a GPT-style model: ``L*(12h^2 + 13h) + V*h + s*h + 2h`` (tied embeddings).
+
+    GPT-3 175B (L=96, h=12288, V=50257, s=2048) gives 174.6e9.
+    """
+    _check_positive(n_layers=n_layers, hidden=hidden, vocab=vocab, seq_len=seq_len)
+    return n_layers * (12 * hidden**2 + 13 * hidden) + vocab * hidden + seq_len * hidden + 2 * hidden
+
+
+def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *,
+                               tp: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none") -> float:
+    """Activation bytes one transformer layer keeps for backward, per GPU (Korthikanti et al. sec. 4).
+
+    16-bit activations and 1-byte dropout masks, as in the paper. ``recompute``: "none",
+    "selective" (the attention scores/softmax/dropout are recomputed: the ``5*a*s/h`` term goes)
+    or "full" (only the layer's input ``2*s*b*h`` bytes are kept, divided by ``tp`` with sequence
+    parallelism).
+
+    Raises:
+        ValueError: unknown ``recompute`` or non-positive sizes.
+    """
+    _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, n_heads=n_heads, tp=tp)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    attn = 0.0 if recompute == "selective" else 5 * a * s / h
+    if sequence_parallel:
+        return s * b * h / t * (34 + attn)
+    return s * b * h * (10 + 24 / t + attn / t)
+
+
+def in_flight_micro_batches(schedule: str, pp: int, n_micro: int) -> int:
+    """Micro-batches whose activations the first pipeline stage holds at its peak.
+
+    "gpipe": all ``n_micro`` (every forward runs before any backward); "1f1b": ``min(pp, n_micro)``;
+    "none" (no pipeline): 1.
+
+    Raises:
+        ValueError: unknown schedule.
+    """
+    if schedule == "gpipe":
+        return n_micro
+    if schedule == "1f1b":
+        return min(pp, n_micro)
+    if schedule == "none":
+        return 1
+    raise ValueError(f"schedule must be 'gpipe', '1f1b' or 'none', got {schedule!r}")
+
+
+def memory_per_gpu(n_layers: int, hidden: int, n_heads: int, vocab: int, seq_len: int,
+                   micro_batch: int, *, n_params: float | None = None, precision: str = "mixed",
+                   optimizer: str = "adam", zero_stage: int = 0, dp: int = 1, tp: int = 1,
+                   pp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+                   schedule: str = "1f1b", n_micro: int = 1) -> MemoryBreakdown:
+    """Model states plus activations per GPU for a GPT-style model (first pipeline stage, the fullest).
+
+    ``n_params`` defaults to :func:`transformer_params`. Activations: ``n_layers/pp`` layers per
+    stage times the micro-batches in flight (:func:`in_flight_micro_batches`) times
+    :func:`activation_bytes_per_layer`. Embedding/logit activations are left out (small for
+    large h). Returns a :class:`MemoryBreakdown` in bytes.
+
+    Raises:
+        ValueError: ``n_layers`` not divisible by ``pp``, ``n_heads`` or ``hidden`` not divisible by
+        ``tp``, or any error of the functions above.
+    """
+    _check_positive(n_layers=n_layers, pp=pp, tp=tp)
+    if n_layers % pp:
+        raise ValueError(f"n_layers={n_layers} is not divisible by pp={pp}; pick pp from its divisors")
+    if n_heads % tp or hidden % tp:
+        raise ValueError(f"hidden={hidden} and n_heads={n_heads} must be divisible by tp={tp}")
+    if n_params is None:
+        n_params = transformer_params(n_layers, hidden, vocab, seq_len)
+    states = model_state_bytes(n_params, precision=precision, optimizer=optimizer,
+                               zero_stage=zero_stage, dp=dp, tp=tp, pp=pp)
+    act = (n_layers // pp) * in_flight_micro_batches(schedule if pp > 1 else "none", pp, n_micro) \
+        * activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, tp=tp,
+                                     sequence_parallel=sequence_parallel, recompute=recompute)
+    return MemoryBreakdown(states.params, states.grads, states.optimizer, act)
