@@ -1,0 +1,135 @@
+"""Pipeline parallelism, checked and timed (notebooks/05_model_parallel.ipynb).
+
+A stack of --layers blocks (Linear(d, d) + Tanh) is cut into one stage per rank (stage r on rank r).
+Parts, each run twice: once with real compute only, checked against a single-device copy of the
+whole model on every rank (loss, last-stage output, every parameter gradient; the largest error over
+ranks is reported), then once timed, with every stage forward also sleeping --stage-ms and every
+backward twice that (a rank with v chunks sleeps 1/v of it per chunk), so that the measured per-rank timeline shows the schedule (on a few shared CPU
+cores real compute mostly shows contention):
+
+  naive     layer split, no micro-batches: send/recv of activations forward, gradients backward
+  gpipe     hand-written executor, all forwards then all backwards, --micro micro-batches
+  1f1b      hand-written executor, one forward one backward (mgpu_utils.schedules action lists)
+  lib_gpipe, lib_1f1b, lib_interleaved   torch.distributed.pipelining: ScheduleGPipe,
+            Schedule1F1B, ScheduleInterleaved1F1B (--chunks stages per rank)
+
+Rank 0 returns the errors and every rank's timeline ({kind, mb, stage, start, end} in seconds).
+    torchrun --standalone --nproc-per-node 4 launch_scripts/pipeline_parallel.py --stage-ms 20
+"""
+import argparse
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.pipeline import Recorder, Timed, build_model, layer_split_step, run_schedule, split_stages
+from mgpu_utils.schedules import schedule_actions
+
+LIBRARY = {"lib_gpipe": "ScheduleGPipe", "lib_1f1b": "Schedule1F1B", "lib_interleaved": "ScheduleInterleaved1F1B"}
+
+
+def parse():
+    p = argparse.ArgumentParser(description="layer split, GPipe, 1F1B (hand-written and torch.distributed.pipelining)")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--layers", type=int, default=8, help="Linear+Tanh blocks; divisible by world size x chunks")
+    g.add_argument("--dim", type=int, default=64, help="width d of every layer")
+    g.add_argument("--batch", type=int, default=32, help="samples per step (divisible by --micro)")
+    g = p.add_argument_group("schedules")
+    g.add_argument("--micro", type=int, default=8, help="micro-batches m (a multiple of the world size for interleaved)")
+    g.add_argument("--chunks", type=int, default=2, help="stages per rank in the interleaved schedule")
+    g.add_argument("--parts", default="naive,gpipe,1f1b," + ",".join(LIBRARY), help="which parts to run")
+    g.add_argument("--stage-ms", type=float, default=20.0, help="sleep per stage forward in the timed run (x2 backward)")
+    return p.parse_args()
+
+
+def max_over_ranks(values, device):
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def main():
+    args = parse()
+    with distributed() as ctx:
+        r, p, dev = ctx.rank, ctx.world_size, ctx.device
+        parts = [s for s in args.parts.split(",") if s]
+        if args.batch % args.micro:
+            raise SystemExit(f"--batch {args.batch} is not divisible by --micro {args.micro}")
+        model = build_model(args.layers, args.dim).to(dev)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(args.batch, args.dim, generator=g).to(dev)
+        y = torch.randn(args.batch, args.dim, generator=g).to(dev)
+        loss_fn = nn.MSELoss()
+        ref_out = model(x)                                   # the single-device reference, on every rank
+        ref_loss = loss_fn(ref_out, y)
+        ref_loss.backward()
+        x_mbs, y_mbs = list(x.chunk(args.micro)), list(y.chunk(args.micro))
+        rec = Recorder()
+        checks, timelines, step_s = {}, {}, {}
+
+        def setup(part):
+            """This rank's stage modules (fresh copies of the model, wrapped in Timed) for a part."""
+            v = args.chunks if part == "lib_interleaved" else 1
+            n = p * v
+            copies, refs = split_stages(copy.deepcopy(model), n), split_stages(model, n)
+            return {s: Timed(copies[s], s, rec) for s in range(r, n, p)}, refs, n
+
+        def run(part, mods, n):
+            """One step of ``part``; returns (loss on the last stage or None, output or None)."""
+            if part == "naive":
+                out, loss = layer_split_step(mods[r], x, y, loss_fn, r, p)
+                return loss, out
+            if part in ("gpipe", "1f1b"):
+                return run_schedule(schedule_actions(part, p, args.micro)[r], mods, x_mbs, y_mbs, loss_fn, r, p), None
+            losses = []
+            kw = {"target": y, "losses": losses} if (n - 1) in mods else {}
+            mods["sched"].step(*((x,) if 0 in mods else ()), **kw)
+            return (sum(losses) / len(losses) if losses else None), None
+
+        for part in parts:
+            mods, refs, n = setup(part)
+            if part in LIBRARY:
+                if not dist.is_initialized():
+                    ctx.log(f"SKIPPED {part}: torch.distributed.pipelining needs a process group (run under torchrun)")
+                    continue
+                from torch.distributed import pipelining
+                stages = [pipelining.PipelineStage(mods[s], s, n, dev) for s in sorted(mods)]
+                cls = getattr(pipelining, LIBRARY[part])
+                mods["sched"] = cls(stages[0] if len(stages) == 1 else stages, args.micro, loss_fn=loss_fn)
+            loss, out = run(part, mods, n)                   # 1) real compute only: check
+            errs = [0.0, 0.0, 0.0]
+            if loss is not None:
+                errs[0] = abs(loss.item() - ref_loss.item())
+            if out is not None and r == p - 1:
+                errs[1] = (out - ref_out).abs().max().item()
+            for s in range(r, n, p):
+                for a, b in zip(mods[s].parameters(), refs[s].parameters()):
+                    errs[2] = max(errs[2], (a.grad - b.grad).abs().max().item())
+                    a.grad = None
+            loss_err, out_err, grad_err = max_over_ranks(errs, dev)
+            checks[part] = {"loss_err": loss_err, "out_err": out_err, "grad_err": grad_err}
+            if dist.is_initialized():                        # 2) timed, with --stage-ms sleeps
+                dist.barrier()
+            rec.start(args.stage_ms / 1e3 / (len(mods) - ("sched" in mods)))   # a stage's sleep split over its chunks
+            run(part, mods, n)
+            t1 = rec.now()
+            events = rec.stop()
+            gathered = [None] * p if r == 0 else None
+            if dist.is_initialized():
+                dist.gather_object(events, gathered, dst=0)
+            else:
+                gathered = [events]
+            step_s[part] = max_over_ranks([t1], dev)[0]
+            timelines[part] = gathered
+            ctx.log(f"{part:16s} loss err {loss_err:.1e}  grad err {grad_err:.1e}  timed step {step_s[part]:.3f} s")
+        emit_result({"world_size": p, "backend": ctx.backend, "layers": args.layers, "dim": args.dim,
+                     "batch": args.batch, "micro": args.micro, "chunks": args.chunks, "stage_ms": args.stage_ms,
+                     "checks": checks, "timelines": timelines, "step_s": step_s})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Pipeline-parallel runtime pieces: the toy model, a timing wrapper, the layer split and a
+hand-written schedule executor (notebooks/05_model_parallel.ipynb, launch_scripts/pipeline_parallel.py).
+
+Every stage maps a ``(micro_batch, d)`` float tensor to the same shape, so every message between
+stages has one shape. Times are ``time.perf_counter()`` seconds relative to a start the caller sets
+(right after a barrier); all ranks of a single machine share that clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from mgpu_utils.schedules import p2p_plan
+
+
+def build_model(n_layers: int, d: int, seed: int = 0) -> nn.Sequential:
+    """``n_layers`` blocks of ``Linear(d, d) + Tanh``, the same weights on every rank (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = []
+    for _ in range(n_layers):
+        lin = nn.Linear(d, d)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(d, d, generator=g) / d**0.5)
+            lin.bias.copy_(0.1 * torch.randn(d, generator=g))
+        blocks.append(nn.Sequential(lin, nn.Tanh()))
+    return nn.Sequential(*blocks)
+
+
+def split_stages(model: nn.Sequential, n_stages: int) -> list[nn.Sequential]:
+    """Cut ``model`` into ``n_stages`` consecutive slices of equal length.
+
+    Raises:
+        ValueError: the number of blocks is not divisible by ``n_stages``.
+    """
+    if len(model) % n_stages:
+        raise ValueError(f"{len(model)} layers do not split into {n_stages} equal stages: "
+                         f"use --layers divisible by {n_stages}")
+    k = len(model) // n_stages
+    return [model[i * k:(i + 1) * k] for i in range(n_stages)]
+
+
+class Recorder:
+    """Collects ``{"kind", "mb", "stage", "start", "end"}`` events (seconds since ``t0``).
+
+    ``sleep_s``: extra time each stage forward sleeps (backward sleeps twice as long), so a timeline
+    measured on a few shared CPU cores shows the schedule's structure rather than core contention.
+    Recording happens only while ``enabled``.
+    """
+
+    def __init__(self):
+        self.events, self.enabled, self.sleep_s, self.t0 = [], False, 0.0, 0.0
+        self._count, self._open = {}, {}
+
+    def start(self, sleep_s: float = 0.0) -> None:
+        """Clear the events, reset the micro-batch counters, set the clock origin and start recording."""
+        self.events, self._count, self._open = [], {}, {}
+        self.sleep_s, self.enabled, self.t0 = sleep_s, True, time.perf_counter()
+
+    def stop(self) -> list[dict]:
+        self.enabled, self.sleep_s = False, 0.0
+        return self.events
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def begin(self, kind: str, stage: int) -> None:
+        mb = self._count.get((kind, stage), 0)    # every schedule here runs micro-batches in order per stage
+        self._count[(kind, stage)] = mb + 1
+        self._open[stage] = {"kind": kind, "mb": mb, "stage": stage, "start": self.now()}
+        if self.sleep_s:
+            time.sleep(self.sleep_s * (2 if kind == "B" else 1))
+
+    def end(self, stage: int) -> None:
+        ev = self._open.pop(stage)
+        ev["end"] = self.now()
+        self.events.append(ev)
+
+
+class _Mark(torch.autograd.Function):
+    """Identity whose backward tells the recorder that backward reached this point."""
+
+    @staticmethod
+    def forward(ctx, x, rec, stage, what):
+        ctx.rec, ctx.stage, ctx.what = rec, stage, what
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.rec.enabled:
+            if g.is_cuda:
+                torch.cuda.synchronize(g.device)
+            ctx.rec.begin("B", ctx.stage) if ctx.what == "begin" else ctx.rec.end(ctx.stage)
+        return g, None, None, None
+
+
+class Timed(nn.Module):
+    """Wraps a stage: records when its forward and its backward run (and sleeps, see Recorder).
+
+    Backward start = when the output's gradient arrives, end = when the input's gradient is done
+    (the input is made to require grad so that point exists on the first stage too)."""
+
+    def __init__(self, module: nn.Module, stage: int, rec: Recorder):
+        super().__init__()
+        self.module, self.stage, self.rec = module, stage, rec
+
+    def forward(self, x):
+        if not self.rec.enabled or x.is_meta:
+            return self.module(x)
+        if not x.requires_grad:
+            x = x.detach().requires_grad_(True)
+        self.rec.begin("F", self.stage)
+        out = self.module(_Mark.apply(x, self.rec, self.stage, "end"))
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        self.rec.end(self.stage)
+        return _Mark.apply(out, self.rec, self.stage, "begin")
+
+
+def layer_split_step(stage: nn.Module, x, y, loss_fn, rank: int, p: int):
+    """One training step of a model cut into p stages, stage r on rank r, no micro-batches.
+
+    Forward: rank r receives the activation from rank r-1, runs its layers, sends the result to
+    rank r+1; the last rank computes the loss. Backward: the last rank calls ``loss.backward()``,
+    the others receive the gradient of their output from rank r+1 and send the gradient of their
+    input to rank r-1. Only one rank computes at any moment.
+
+    Returns:
+        ``(out, loss)``: this stage's output (detached) and, on the last rank, the loss (else None).
+    """
+    inp = x if rank == 0 else torch.empty_like(x)
+    if rank > 0:
+        dist.recv(inp, src=rank - 1)                    # activation from the previous stage
+        inp.requires_grad_(True)
+    out = stage(inp)
+    if rank < p - 1:
+        dist.send(out.detach(), dst=rank + 1)           # activation to the next stage
+        grad = torch.empty_like(out)
+        dist.recv(grad, src=rank + 1)                   # d loss / d out, from the next stage
+        out.backward(grad)
+        loss = None
+    else:
+        loss = loss_fn(out, y)
+        loss.backward()
+    if rank > 0:
+        dist.send(inp.grad, dst=rank - 1)               # d loss / d inp, to the previous stage
+    return out.detach(), loss
+
+
+def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, loss_fn, rank: int, p: int):
+    """Run this rank's action list (from :mod:`mgpu_utils.schedules`): the hand-written executor.
+
+    Args:
+        actions: ``[(kind, mb, stage), ...]`` for this rank; stage s lives on rank ``s % p``.
+        stages: ``{stage index: module}`` for the stages of this rank.
+        x_mbs, y_mbs: input and target micro-batches (used on the first and the last stage).
+        loss_fn: loss of one micro-batch; each is divided by the number of micro-batches, so the
+            accumulated gradients equal those of the mean loss over the whole batch.
+
+    Messages are posted with ``dist.batch_isend_irecv`` in the batches of
+    :func:`mgpu_utils.schedules.p2p_plan` (a send and the next receive together: safe with NCCL).
+    Returns the summed loss on the rank that holds the last stage, else None.
+    """
+    m, n_stages = len(x_mbs), p * (1 + max(s for _, _, s in actions) // p)
+    like = x_mbs[0]
+    msgs, saved, total = {}, {}, None                   # msgs: tensors produced for another stage
+    for a, batch in zip(list(actions) + [None], p2p_plan(actions, rank, p)):
+        ops = []
+        for op, peer, key in batch:
+            if op == "send":
+                ops.append(dist.P2POp(dist.isend, msgs.pop(key), peer))
+            else:
+                msgs[key] = torch.empty_like(like)
+                ops.append(dist.P2POp(dist.irecv, msgs[key], peer))
+        for work in dist.batch_isend_irecv(ops) if ops else []:
+            work.wait()
+        if a is None:
+            break
+        kind, mb, s = a
+        if kind == "F":
+            inp = x_mbs[mb] if s == 0 else msgs.pop(("F", mb, s - 1)).requires_grad_(True)
+            out = stages[s](inp)
+            if s == n_stages - 1:
+                out = loss_fn(out, y_mbs[mb]) / m
+                total = out.detach() if total is None else total + out.detach()
+            else:
+                msgs[("F", mb, s)] = out.detach()
+            saved[(mb, s)] = (inp, out)
+        else:
+            inp, out = saved.pop((mb, s))               # activations freed after their backward
+            out.backward() if s == n_stages - 1 else out.backward(msgs.pop(("B", mb, s + 1)))
+            if s > 0:
+                msgs[("B", mb, s)] = inp.grad
+    return total
