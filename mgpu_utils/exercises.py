@@ -165,6 +165,35 @@ EXERCISES: dict[str, Exercise] = {
                                    "default": "one of 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'"},
                 "reduce_scatter: sum, and leave rank r with chunk r only (half of an all-reduce)"),
         "reduce_scatter (and all_gather to rebuild parameters): all_reduce = reduce_scatter + all_gather."),
+    "05.1": Exercise(
+        "GPipe with p = 8 stages and m = 24 micro-batches: what fraction of the step is bubble (idle)?",
+        _float_answer(7 / 31, 0.01, [(lambda v: abs(v - 7 / 24) < 2e-3, "the step lasts m + p - 1 slots, not m: "
+                                      "divide by 24 + 7"),
+                                     (lambda v: abs(v - 7 / 8) < 2e-3, "that is the naive split without "
+                                      "micro-batches, (p-1)/p"),
+                                     (lambda v: abs(v - 7 / 32) < 2e-3, "p - 1 = 7 slots of bubble among m + p - 1 "
+                                      "= 31, not 32")],
+                      "(p-1)/(m+p-1) = 7/31 = 0.226: each rank idles p-1 slots while the pipeline fills and drains"),
+        "7/31 = 0.226 = mgpu_utils.schedules.bubble_formula(8, 24); 1F1B has the same bubble."),
+    "05.2": Exercise(
+        "Same pipeline (p = 8, m = 24) with 1F1B: how many micro-batches' activations does stage 0 hold at its peak?",
+        _int_answer(8, {24: "that is GPipe, which runs all m forwards before any backward",
+                        1: "stage 0 runs p - 1 warm-up forwards before its first backward",
+                        7: "p - 1 warm-up forwards, plus the one of the first 1F1B pair",
+                        "default": "count the forwards stage 0 runs before its first backward frees one"},
+                    "min(p, m) = 8: 1F1B frees a micro-batch's activations as soon as its backward runs, so "
+                    "memory grows with p, not with m"),
+        "8 = peak_in_flight(one_f_one_b_actions(8, 24))[0] = memory_model.in_flight_micro_batches('1f1b', 8, 24)."),
+    "05.3": Exercise(
+        "Megatron tensor parallelism without sequence parallelism: how many all-reduces does one transformer "
+        "layer (attention + MLP) issue per training step, forward and backward together?",
+        _int_answer(4, {2: "2 is the forward only (g after attention and after the MLP); the f operators "
+                           "all-reduce in backward",
+                        1: "one per block per direction: attention and MLP, forward and backward",
+                        8: "each block has one f and one g, each all-reducing in one direction only",
+                        "default": "count f and g per block, times two blocks"},
+                    "4: g all-reduces forward and f backward, once for attention and once for the MLP"),
+        "4 = 2 x tp_bytes_per_layer(...)['collectives_per_pass']; the run counted them in COMM_LOG."),
 }
 
 

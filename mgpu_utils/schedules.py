@@ -210,29 +210,38 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
     import matplotlib.pyplot as plt
 
     p = len(timeline)
-    if ax is None:
+    own = ax is None
+    if own:
         fig, ax = plt.subplots(figsize=(11, 0.55 * p + 1.2))
     else:
         fig = ax.figure
     t0 = min(a["start"] for acts in timeline for a in acts) if t0 is None else t0
     n_stages = 1 + max(a["stage"] for acts in timeline for a in acts)
+    span = max(a["end"] for acts in timeline for a in acts) - t0
     for r, acts in enumerate(timeline):
+        bars = {}                                         # (kind, chunk) -> [(x0, width)]: one call each
         for a in acts:
             x0, w = (a["start"] - t0) * scale, (a["end"] - a["start"]) * scale
             chunk = a["stage"] // p
-            ax.barh(r, w, left=x0, height=0.8, color=_KIND_COLORS[a["kind"]], edgecolor="k", lw=0.5,
-                    alpha=1.0 if chunk == 0 else 0.6, hatch="//" if chunk else None)
-            label = f"{a['mb']}" + (f".{chunk}" if n_stages > p else "")
-            ax.text(x0 + w / 2, r, label, ha="center", va="center", fontsize=7, color="white")
+            bars.setdefault((a["kind"], chunk), []).append((x0, w))
+            if w > span * scale / 45:                     # label only bars wide enough to read
+                label = f"{a['mb']}" + (f".{chunk}" if n_stages > p else "")
+                ax.text(x0 + w / 2, r, label, ha="center", va="center", fontsize=7, color="white")
+        for (kind, chunk), xs in bars.items():
+            ax.broken_barh(xs, (r - 0.4, 0.8), facecolors=_KIND_COLORS[kind], edgecolors="k", linewidth=0.5,
+                           alpha=1.0 if chunk == 0 else 0.6, hatch="//" if chunk else None)
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"rank {r}" for r in range(p)])
-    ax.invert_yaxis()
+    ax.set_ylim(p - 0.5, -0.5)                            # rank 0 on top
+    ax.set_xlim(0, span * scale * 1.01)
     ax.set_xlabel(unit)
     bf = bubble_fraction(timeline)
     ax.set_title(f"{title}  (bubble {bf:.0%})" if title else f"bubble {bf:.0%}", fontsize=10)
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=_KIND_COLORS["F"], label="forward"), Patch(color=_KIND_COLORS["B"],
               label="backward")], loc="lower right", fontsize=7)
+    if own:
+        fig.tight_layout()
     return fig
 
 
@@ -333,3 +342,38 @@ def check_p2p_deadlock_free(plans: list[list[list[tuple]]]) -> int:
             raise ValueError("deadlock: " + ", ".join(f"rank {r} waits on {plans[r][idx[r]]}"
                                                       for r in range(p) if idx[r] < len(plans[r])))
     return matched
+
+
+def draw_layer_split(p: int = 4, layers: int = 8):
+    """Concept picture: a stack of ``layers`` layers cut into ``p`` stages, stage r on rank r;
+    activations travel down the pipeline in forward, gradients back up in backward. Returns the Figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    ax.set_xlim(-0.5, p * 3)
+    ax.set_ylim(-0.9, 3.2)
+    ax.axis("off")
+    per = layers // p
+    for r in range(p):
+        x0 = r * 3
+        ax.add_patch(FancyBboxPatch((x0, 0.4), 2.0, 2.3, boxstyle="round,pad=0.05", fc=colors[r % 8], alpha=0.25))
+        ax.text(x0 + 1.0, 2.85, f"rank {r}: stage {r}", ha="center", fontsize=9, weight="bold")
+        for j in range(per):
+            y0 = 0.6 + (per - 1 - j) * 1.9 / per           # first layer of the stage on top
+            ax.add_patch(FancyBboxPatch((x0 + 0.2, y0), 1.6, 1.6 / per, boxstyle="round,pad=0.02",
+                                        fc=colors[r % 8], alpha=0.85))
+            ax.text(x0 + 1.0, y0 + 0.8 / per, f"layer {r * per + j}", ha="center", va="center",
+                    color="white", fontsize=8)
+        if r < p - 1:
+            ax.annotate("", xy=(x0 + 3.0, 1.9), xytext=(x0 + 2.05, 1.9), arrowprops=dict(arrowstyle="->", lw=1.8))
+            ax.annotate("", xy=(x0 + 2.05, 1.1), xytext=(x0 + 3.0, 1.1),
+                        arrowprops=dict(arrowstyle="->", lw=1.8, color="#C44E52"))
+            ax.text(x0 + 2.52, 2.05, "activation", ha="center", fontsize=7)
+            ax.text(x0 + 2.52, 0.8, "gradient", ha="center", fontsize=7, color="#C44E52")
+    ax.text(p * 1.5 - 0.5, -0.5, "forward: rank r waits for rank r-1 (send/recv of activations);  backward: rank r "
+            "waits for rank r+1 (gradients)", ha="center", fontsize=9, style="italic")
+    ax.set_title(f"Layer split: {layers} layers on {p} ranks; each rank stores only its own layers", fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -33,8 +33,9 @@ def test_machine_report_fields():
 
 
 RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
-         "04.3": "reduce_scatter"}
-WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
+         "04.3": "reduce_scatter", "05.1": 7 / 31, "05.2": 8, "05.3": 4}
+WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce", "05.1": 7 / 24,
+         "05.2": 24, "05.3": 2}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -68,6 +69,11 @@ def test_exercise_answers_match_the_facts():
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
+    from mgpu_utils.schedules import bubble_formula, one_f_one_b_actions, peak_in_flight
+    from mgpu_utils.tensor_parallel import tp_bytes_per_layer
+    assert bubble_formula(8, 24) == RIGHT["05.1"]
+    assert peak_in_flight(one_f_one_b_actions(8, 24))[0] == RIGHT["05.2"]
+    assert 2 * tp_bytes_per_layer(1, 2048, 4096, 8)["collectives_per_pass"] == RIGHT["05.3"]
 
 
 def test_unknown_exercise_and_bad_types():
