@@ -56,6 +56,8 @@ def main():
     args = parse()
     with distributed() as ctx:
         r, p, dev = ctx.rank, ctx.world_size, ctx.device
+        if dist.is_initialized():
+            dist.barrier()      # NCCL: every rank joins the first call (batch_isend_irecv's first use must)
         parts = [s for s in args.parts.split(",") if s]
         if args.batch % args.micro:
             raise SystemExit(f"--batch {args.batch} is not divisible by --micro {args.micro}")

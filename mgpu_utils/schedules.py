@@ -233,7 +233,7 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.5, -0.5)                            # rank 0 on top
-    ax.set_xlim(0, span * scale * 1.01)
+    ax.margins(x=0.01)
     ax.set_xlabel(unit)
     bf = bubble_fraction(timeline)
     ax.set_title(f"{title}  (bubble {bf:.0%})" if title else f"bubble {bf:.0%}", fontsize=10)
