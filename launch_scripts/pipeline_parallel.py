@@ -4,8 +4,9 @@ A stack of --layers blocks (Linear(d, d) + Tanh) is cut into one stage per rank 
 Parts, each run twice: once with real compute only, checked against a single-device copy of the
 whole model on every rank (loss, last-stage output, every parameter gradient; the largest error over
 ranks is reported), then once timed, with every stage forward also sleeping --stage-ms and every
-backward twice that (a rank with v chunks sleeps 1/v of it per chunk), so that the measured per-rank timeline shows the schedule (on a few shared CPU
-cores real compute mostly shows contention):
+backward twice that (a rank with v chunks sleeps 1/v of it per chunk), so that the measured
+per-rank timeline shows the schedule (on a few shared CPU cores real compute mostly shows contention;
+on GPUs use --stage-ms 0 and a larger --dim):
 
   naive     layer split, no micro-batches: send/recv of activations forward, gradients backward
   gpipe     hand-written executor, all forwards then all backwards, --micro micro-batches
@@ -14,7 +15,7 @@ cores real compute mostly shows contention):
             Schedule1F1B, ScheduleInterleaved1F1B (--chunks stages per rank)
 
 Rank 0 returns the errors and every rank's timeline ({kind, mb, stage, start, end} in seconds).
-    torchrun --standalone --nproc-per-node 4 launch_scripts/pipeline_parallel.py --stage-ms 20
+    torchrun --standalone --nproc-per-node 4 launch_scripts/pipeline_parallel.py --stage-ms 30
 """
 import argparse
 import copy
@@ -38,10 +39,10 @@ def parse():
     g.add_argument("--dim", type=int, default=64, help="width d of every layer")
     g.add_argument("--batch", type=int, default=32, help="samples per step (divisible by --micro)")
     g = p.add_argument_group("schedules")
-    g.add_argument("--micro", type=int, default=8, help="micro-batches m (a multiple of the world size for interleaved)")
+    g.add_argument("--micro", type=int, default=8, help="micro-batches m (interleaved: a multiple of the world size)")
     g.add_argument("--chunks", type=int, default=2, help="stages per rank in the interleaved schedule")
     g.add_argument("--parts", default="naive,gpipe,1f1b," + ",".join(LIBRARY), help="which parts to run")
-    g.add_argument("--stage-ms", type=float, default=20.0, help="sleep per stage forward in the timed run (x2 backward)")
+    g.add_argument("--stage-ms", type=float, default=30.0, help="sleep per stage forward when timed (x2 backward)")
     return p.parse_args()
 
 
@@ -80,7 +81,7 @@ def main():
             copies, refs = split_stages(copy.deepcopy(model), n), split_stages(model, n)
             return {s: Timed(copies[s], s, rec) for s in range(r, n, p)}, refs, n
 
-        def run(part, mods, n):
+        def run(part, mods, n, sched):
             """One step of ``part``; returns (loss on the last stage or None, output or None)."""
             if part == "naive":
                 out, loss = layer_split_step(mods[r], x, y, loss_fn, r, p)
@@ -89,11 +90,12 @@ def main():
                 return run_schedule(schedule_actions(part, p, args.micro)[r], mods, x_mbs, y_mbs, loss_fn, r, p), None
             losses = []
             kw = {"target": y, "losses": losses} if (n - 1) in mods else {}
-            mods["sched"].step(*((x,) if 0 in mods else ()), **kw)
+            sched.step(*((x,) if 0 in mods else ()), **kw)
             return (sum(losses) / len(losses) if losses else None), None
 
         for part in parts:
             mods, refs, n = setup(part)
+            sched = None
             if part in LIBRARY:
                 if not dist.is_initialized():
                     ctx.log(f"SKIPPED {part}: torch.distributed.pipelining needs a process group (run under torchrun)")
@@ -101,8 +103,8 @@ def main():
                 from torch.distributed import pipelining
                 stages = [pipelining.PipelineStage(mods[s], s, n, dev) for s in sorted(mods)]
                 cls = getattr(pipelining, LIBRARY[part])
-                mods["sched"] = cls(stages[0] if len(stages) == 1 else stages, args.micro, loss_fn=loss_fn)
-            loss, out = run(part, mods, n)                   # 1) real compute only: check
+                sched = cls(stages[0] if len(stages) == 1 else stages, args.micro, loss_fn=loss_fn)
+            loss, out = run(part, mods, n, sched)            # 1) real compute only: check
             errs = [0.0, 0.0, 0.0]
             if loss is not None:
                 errs[0] = abs(loss.item() - ref_loss.item())
@@ -116,8 +118,8 @@ def main():
             checks[part] = {"loss_err": loss_err, "out_err": out_err, "grad_err": grad_err}
             if dist.is_initialized():                        # 2) timed, with --stage-ms sleeps
                 dist.barrier()
-            rec.start(args.stage_ms / 1e3 / (len(mods) - ("sched" in mods)))   # a stage's sleep split over its chunks
-            run(part, mods, n)
+            rec.start(args.stage_ms / 1e3 / len(mods))      # a stage's sleep, split over the rank's chunks
+            run(part, mods, n, sched)
             t1 = rec.now()
             events = rec.stop()
             gathered = [None] * p if r == 0 else None

@@ -113,6 +113,10 @@ def test_pipeline_schedules_equal_single_device(nproc, stage_ms):
         assert [len(acts) for acts in tl] == [2 * n_mb * v] * p, part
         for acts in tl:
             assert all(a["end"] >= a["start"] >= 0 for a in acts)
+    for part, tl in res["timelines"].items():      # every rank ran exactly the action list, library included
+        name = part.removeprefix("lib_")
+        ran = [[(a["kind"], a["mb"], a["stage"]) for a in sorted(acts, key=lambda a: a["start"])] for acts in tl]
+        assert ran == schedule_actions(name, p, 1 if name == "naive" else m, res["chunks"]), part
     assert peak_in_flight(res["timelines"]["1f1b"]) == [min(p - r, m) for r in range(p)]
     assert peak_in_flight(res["timelines"]["gpipe"]) == [m] * p
     if stage_ms:
