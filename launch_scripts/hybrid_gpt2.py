@@ -17,7 +17,7 @@ Rank 0 also trains the unmodified single-process GPT2LMHeadModel on the same glo
 Rank 0 prints one JSON line (MGPU_RESULT) with the per-step losses of every layout and the reference.
 
 Run:
-    torchrun --standalone --nproc-per-node 4 launch_scripts/hybrid_gpt2.py --layouts 2x2
+    torchrun --standalone --nproc-per-node 4 launch_scripts/hybrid_gpt2.py --layouts 2x2,1x4,4x1
 """
 import argparse
 import contextlib
@@ -96,6 +96,33 @@ def tensor_parallel(model, tp_mesh):
     return model
 
 
+def train(model, batches, lr, dp_group=None, comm=None):
+    """AdamW over ``batches``; with ``dp_group`` the gradients are averaged over it after backward (data
+    parallelism, one flat all-reduce per step). Returns the losses, averaged over the dp group."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+    losses = []
+    for step, xb in enumerate(batches):
+        with comm if (comm is not None and step == 0) else contextlib.nullcontext(), warnings.catch_warnings():
+            # CommDebugMode's module hooks cannot see HF's output objects (harmless notice)
+            warnings.filterwarnings("ignore", message="For backward hooks to be called")
+            loss = model(xb, labels=xb).loss              # HF shifts the labels by one itself
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        stat = loss.detach().clone()
+        if dp > 1:
+            grads = [q.grad.to_local() if isinstance(q.grad, DTensor) else q.grad for q in model.parameters()]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=dp_group)         # sum over the dp group ...
+            flat /= dp                                    # ... and average, like DDP
+            for g, new in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(new.view_as(g))
+            dist.all_reduce(stat, group=dp_group)
+        opt.step()
+        losses.append(stat.item() / dp)                   # mean over the global batch
+    return losses
+
+
 def main():
     p = argparse.ArgumentParser(description="2-D (data x tensor) parallel GPT-2")
     g = p.add_argument_group("mesh")
@@ -106,10 +133,8 @@ def main():
     g.add_argument("--embd", type=int, default=64)
     g.add_argument("--heads", type=int, default=4)
     g.add_argument("--seq", type=int, default=64, help="sequence length in bytes (= n_positions)")
-    g.add_argument("--batch", type=int, default=4, help="sequences per dp rank; global batch = dp x this")
-    g.add_argument("--global-batch", type=int, default=0, help="fix the global batch instead (all layouts "
-                   "then see the same batches); default: dp x --batch")
-    g.add_argument("--steps", type=int, default=40)
+    g.add_argument("--global-batch", type=int, default=8, help="sequences per step, split over dp")
+    g.add_argument("--steps", type=int, default=30)
     g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--no-reference", dest="reference", action="store_false",
@@ -117,82 +142,43 @@ def main():
     args = p.parse_args()
 
     with distributed() as ctx:
-        world, device = ctx.world_size, ctx.device
+        world, device, n = ctx.world_size, ctx.device, args.global_batch
         layouts = args.layouts if args.layouts != "auto" else (f"{world // 2}x2" if world % 2 == 0 else f"{world}x1")
         layouts = [tuple(int(v) for v in s.lower().split("x")) for s in layouts.split(",")]
         for dp, tp in layouts:
-            if dp * tp != world:
-                raise ValueError(f"layout {dp}x{tp} needs world size {dp * tp}, got {world}: use "
-                                 f"--nproc-per-node {dp * tp} or a layout whose product is {world}")
-            if args.heads % tp:
-                raise ValueError(f"tp={tp} must divide the number of heads {args.heads}")
-        train, val = split(byte_corpus())
-        gb = {lay: args.global_batch or lay[0] * args.batch for lay in layouts}
-        for (dp, _), n in gb.items():
-            if n % dp:
-                raise ValueError(f"--global-batch {n} is not divisible by dp={dp}")
-        # windows of --seq bytes: the model predicts bytes 2..seq from the ones before (labels shifted by HF)
-        batch = lambda n, step: get_batch(train, step, n, args.seq - 1, args.seed).to(device)
-        val_x = get_batch(val, 10**6, 32, args.seq - 1, args.seed).to(device)
+            if dp * tp != world or args.heads % tp or n % dp:
+                raise ValueError(f"layout {dp}x{tp} needs world size dp*tp = {dp * tp} (got {world}: use "
+                                 f"--nproc-per-node {dp * tp}), tp dividing --heads {args.heads} and dp "
+                                 f"dividing --global-batch {n}")
+        train_bytes, val_bytes = split(byte_corpus())
+        # windows of --seq bytes: the model predicts bytes 2..seq from the ones before
+        batches = [get_batch(train_bytes, step, n, args.seq - 1, args.seed).to(device) for step in range(args.steps)]
+        val_x = get_batch(val_bytes, 10**6, 32, args.seq - 1, args.seed).to(device)
         mk = lambda: make_model(args.layers, args.embd, args.heads, args.seq, args.seed).to(device)
-        out = {"world_size": world, "backend": ctx.backend, "corpus_bytes": len(train) + len(val),
-               "corpus_sha256": corpus_sha256(torch.cat([train, val])), "layouts": {}, "reference": {}}
+        out = {"world_size": world, "backend": ctx.backend, "corpus_bytes": len(train_bytes) + len(val_bytes),
+               "corpus_sha256": corpus_sha256(torch.cat([train_bytes, val_bytes])), "layouts": {}}
 
-        # the single-process reference: unmodified HF model (Conv1D), whole global batch, rank 0 only
-        if args.reference and ctx.is_main:
+        if args.reference and ctx.is_main:  # single process: unmodified HF model (Conv1D), whole batch
             ref, swapped = mk(), to_linear_gpt2(mk())
             with torch.no_grad():
-                diff = (ref(val_x[:, :-1]).logits - swapped(val_x[:, :-1]).logits).abs().max().item()
-            torch.testing.assert_close(swapped(val_x[:, :-1]).logits, ref(val_x[:, :-1]).logits)
-            out["swap_max_logit_diff"] = diff
-            for n in sorted(set(gb.values())):
-                ref.load_state_dict(mk().state_dict())
-                opt = torch.optim.AdamW(ref.parameters(), lr=args.lr)
-                losses = []
-                for step in range(args.steps):
-                    xb = batch(n, step)
-                    loss = ref(xb, labels=xb).loss        # HF shifts the labels by one itself
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    losses.append(loss.item())
-                with torch.no_grad():
-                    out["reference"][str(n)] = {"loss": losses, "val_loss": ref(val_x, labels=val_x).loss.item()}
-            out["params_total"] = sum(p.numel() for p in ref.parameters())
+                a, b = ref(val_x).logits, swapped(val_x).logits
+            torch.testing.assert_close(b, a)              # the Conv1D -> Linear swap changes nothing
+            t0 = time.perf_counter()
+            out["reference"] = {"loss": train(ref, batches, args.lr), "swap_max_logit_diff": (a - b).abs().max().item(),
+                                "ms_per_step": (time.perf_counter() - t0) / args.steps * 1e3,
+                                "params_total": sum(q.numel() for q in ref.parameters())}
+            with torch.no_grad():
+                out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()
 
         for dp, tp in layouts:
-            model, d = to_linear_gpt2(mk()), 0
+            model, d, dp_group = to_linear_gpt2(mk()), 0, None
             if dist.is_initialized():                     # plain python (world size 1): no mesh
                 mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
                 d, dp_group = mesh.get_local_rank("dp"), mesh.get_group("dp")
                 model = tensor_parallel(model, mesh["tp"])
-            opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-            n = gb[(dp, tp)]
-            local = n // dp
-            comm = CommDebugMode()                        # counts DTensor collectives of step 0
-            losses, t0 = [], time.perf_counter()
-            for step in range(args.steps):
-                xb = batch(n, step)[d * local:(d + 1) * local]    # this dp rank's rows of the global batch
-                with comm if step == 0 else contextlib.nullcontext(), warnings.catch_warnings():
-                    # CommDebugMode's module hooks cannot see HF's output objects (harmless notice)
-                    warnings.filterwarnings("ignore", message="For backward hooks to be called")
-                    loss = model(xb, labels=xb).loss
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                grads = [(q.grad.to_local() if isinstance(q.grad, DTensor) else q.grad) for q in model.parameters()]
-                if dp > 1:                                # data parallelism: average gradients over dp
-                    flat = torch.cat([g_.reshape(-1) for g_ in grads])
-                    dist.all_reduce(flat, group=dp_group)
-                    flat /= dp
-                    offset = 0
-                    for g_ in grads:
-                        g_.copy_(flat[offset:offset + g_.numel()].view_as(g_))
-                        offset += g_.numel()
-                opt.step()
-                stat = loss.detach().clone()
-                if dp > 1:
-                    dist.all_reduce(stat, group=dp_group)
-                losses.append(stat.item() / dp)           # mean over the global batch
+            rows = slice(d * n // dp, (d + 1) * n // dp)  # this dp rank's rows of every global batch
+            comm, t0 = CommDebugMode(), time.perf_counter()   # comm counts DTensor collectives of step 0
+            losses = train(model, [xb[rows] for xb in batches], args.lr, dp_group, comm)
             sec = time.perf_counter() - t0
             with torch.no_grad():
                 val_loss = model(val_x, labels=val_x).loss.item()
@@ -200,12 +186,13 @@ def main():
             local_params = sum((q.to_local() if isinstance(q, DTensor) else q).numel() for q in model.parameters())
             ctx.log(f"mesh {dp}x{tp}: loss {losses[0]:.4f} -> {losses[-1]:.4f}, val {val_loss:.4f}, "
                     f"{sec / args.steps * 1e3:.1f} ms/step, {local_params} parameters on this rank")
-            out["layouts"][f"{dp}x{tp}"] = {"dp": dp, "tp": tp, "global_batch": n, "loss": losses,
-                                            "val_loss": val_loss, "ms_per_step": sec / args.steps * 1e3,
+            out["layouts"][f"{dp}x{tp}"] = {"dp": dp, "tp": tp, "loss": losses, "val_loss": val_loss,
+                                            "ms_per_step": sec / args.steps * 1e3,
                                             "tp_comm_counts_step0": counts, "params_on_rank0": local_params}
             if dist.is_initialized():
                 dist.barrier()
-        out.update(layers=args.layers, embd=args.embd, heads=args.heads, seq=args.seq, steps=args.steps)
+        out.update(layers=args.layers, embd=args.embd, heads=args.heads, seq=args.seq, steps=args.steps,
+                   global_batch=n, lr=args.lr)
         emit_result(out)
 
 
