@@ -165,6 +165,30 @@ EXERCISES: dict[str, Exercise] = {
                                    "default": "one of 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'"},
                 "reduce_scatter: sum, and leave rank r with chunk r only (half of an all-reduce)"),
         "reduce_scatter (and all_gather to rebuild parameters): all_reduce = reduce_scatter + all_gather."),
+    "06.1": Exercise(
+        "A Megatron tensor-parallel transformer layer (attention + MLP, no recomputation): how many "
+        "all-reduces over the tp group per layer and micro-batch, forward and backward together?",
+        _int_answer(4, {2: "that is the forward only (after the attention projection and after the MLP); "
+                           "backward has the mirror images, on the inputs' gradients",
+                        6: "6 is with full activation recomputation (the forward runs twice)",
+                        8: "8 was CommDebugMode's count for the whole 2-layer model; divide by the layers",
+                        "default": "count the row-parallel outputs (forward) and the column-parallel inputs "
+                                   "(backward)"},
+                    "4: one after each row-parallel layer in forward (attention c_proj, MLP c_proj) and one "
+                    "on the input gradient of each column-parallel pair in backward (q/k/v, MLP c_fc)"),
+        "4 = 2 forward + 2 backward; the run's CommDebugMode counted 4 x n_layer all_reduce for one step."),
+    "06.2": Exercise(
+        "GPT-3 175B (174.6e9 parameters), mixed-precision Adam, no ZeRO, tp=8, pp=16, dp=8 on 1024 GPUs: "
+        "model states (parameters + gradients + optimizer) per GPU, in GB (1e9 bytes)?",
+        _float_answer(21.83, 0.01, [(lambda v: abs(v - 2.73) < 0.05, "2.73 GB is either the 16-bit parameters "
+                                     "alone or the states divided over all 1024 GPUs; without ZeRO the 8 dp "
+                                     "replicas each hold a full copy of their tp x pp shard"),
+                                    (lambda v: abs(v - 2794) < 10, "that is the whole model's states on one "
+                                     "GPU (plain DDP); tp and pp split them over 8 x 16 GPUs"),
+                                    (lambda v: abs(v - 174.6 * 12 / 128) < 0.1, "16 bytes per parameter: "
+                                     "2 (bf16 weights) + 2 (gradients) + 12 (fp32 master, momentum, variance)")],
+                      "16 bytes x 174.6e9 / (8 x 16) = 21.8 GB: model_state_bytes(N, tp=8, pp=16).total / 1e9"),
+        "21.8 GB = 16 x 174.6e9 / 128 / 1e9. The activations (55.6 GB without recomputation) come on top."),
 }
 
 

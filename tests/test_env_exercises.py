@@ -33,8 +33,8 @@ def test_machine_report_fields():
 
 
 RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
-         "04.3": "reduce_scatter"}
-WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
+         "04.3": "reduce_scatter", "06.1": 4, "06.2": 21.83}
+WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce", "06.1": 2, "06.2": 2.73}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -68,6 +68,13 @@ def test_exercise_answers_match_the_facts():
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
+    from mgpu_utils.memory_model import model_state_bytes, transformer_params
+    from mgpu_utils.planner import Cluster, GPT3_175B, evaluate
+    n = transformer_params(96, 12288, 50257, 2048)
+    assert round(model_state_bytes(n, tp=8, pp=16).total / 1e9, 2) == RIGHT["06.2"]
+    lay = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
+    per_layer = lay.comm_bytes["tp"] / (96 // 16 * lay.n_micro * 2 * 7 / 8 * 2048 * 12288 * 2)
+    assert per_layer == RIGHT["06.1"]
 
 
 def test_unknown_exercise_and_bad_types():
