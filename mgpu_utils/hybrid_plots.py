@@ -34,7 +34,7 @@ def draw_mesh_2d(dp: int = 2, tp: int = 2, n_heads: int = 4):
         ax.text(2.6 * tp, y + 0.5, f"tp group {d}: all-reduce of activations,\n2 per layer forward + 2 backward",
                 fontsize=8, color="crimson", va="center")
     for t in range(tp):
-        ax.annotate("", xy=(2.6 * t + 1.05, -0.05), xytext=(2.6 * t + 1.05, 1.5 * dp - 0.45),
+        ax.annotate("", xy=(2.6 * t + 0.12, -0.05), xytext=(2.6 * t + 0.12, 1.5 * dp - 0.45),
                     arrowprops=dict(arrowstyle="<->", color="green", lw=1.2, ls="--"))
     ax.text(0, -0.6, "dp groups (columns): same weight shard, different data; one gradient all-reduce per step",
             fontsize=8, color="green")
@@ -61,18 +61,20 @@ def draw_3d(dp: int = 2, tp: int = 4, pp: int = 2, gpus_per_node: int = 8):
         ax.set_ylim(-0.1, dp)
         ax.set_xticks([t + 0.45 for t in range(tp)], [f"tp {t}" for t in range(tp)], fontsize=7)
         ax.set_yticks([dp - 1 - d + 0.4 for d in range(dp)], [f"dp {d}" for d in range(dp)], fontsize=7)
-        ax.set_title(f"pipeline stage {p}\n(layers {p}/{pp} of the model)", fontsize=9)
+        ax.set_title(f"pipeline stage {p}\n(layer block {p + 1} of {pp})", fontsize=9)
         for s in ax.spines.values():
             s.set_visible(False)
-    fig.suptitle(f"dp={dp} x tp={tp} x pp={pp} = {dp * tp * pp} GPUs; colour = node of {gpus_per_node} GPUs: "
-                 "tp inside a node, dp and pp across nodes", fontsize=10)
+    where = lambda inside: "inside a node" if inside else "across nodes"
+    fig.suptitle(f"dp={dp} x tp={tp} x pp={pp} = {dp * tp * pp} GPUs; colour = node of {gpus_per_node} GPUs: tp groups "
+                 f"{where(tp <= gpus_per_node)}, dp groups {where(tp * dp <= gpus_per_node)}, pp groups "
+                 f"{where(tp * dp * pp <= gpus_per_node)}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_losses(result: dict):
+def plot_losses(result: dict, tol: float | None = None):
     """Loss per step of every mesh of a hybrid_gpt2.py run and of the single-process reference (left),
-    and each mesh's absolute difference from the reference (right, log scale)."""
+    and each mesh's absolute difference from the reference (right, log scale; ``tol`` drawn as a line)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -83,11 +85,15 @@ def plot_losses(result: dict):
     for i, (name, r) in enumerate(result["layouts"].items()):
         loss = np.array(r["loss"])
         a1.plot(steps, loss, "o-" if i == 0 else "--", ms=3, color=_DP_COLORS[i], label=f"mesh dp x tp = {name}")
-        a2.semilogy(steps, np.maximum(np.abs(loss - ref), 1e-9), "o-", ms=3, color=_DP_COLORS[i], label=name)
+        a2.semilogy(steps + 0.15 * i, np.maximum(np.abs(loss - ref), 1e-9), "o", ms=4, color=_DP_COLORS[i],
+                    label=name)
     a1.set(xlabel="step", ylabel="training loss (nats per byte)",
            title=f"GPT-2 ({result['layers']} layers, h={result['embd']}) on stdlib docstrings")
     a1.legend(fontsize=8)
-    a2.set(xlabel="step", ylabel="|loss - reference loss|", title="difference from the single-process run")
+    if tol is not None:
+        a2.axhline(tol, color="crimson", ls="--", label=f"tolerance {tol:g}")
+    a2.set(xlabel="step", ylabel="|loss - reference loss| (0 drawn at 1e-9)",
+           title="difference from the single-process run")
     a2.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -112,6 +118,8 @@ def plot_plan(layouts, memory_gb: float, title: str = ""):
     ax.axhline(memory_gb, color="crimson", ls="--", label=f"GPU memory {memory_gb:g} GB")
     ax.set(xscale="log", yscale="log", xlabel="communication per step, no overlap (s)",
            ylabel="memory per GPU (GB)", title=title or "layouts: dp/tp/pp (green: feasible)")
+    ax.text(0.99, 0.02, "grey x: infeasible (memory, tp > node, divisibility)", transform=ax.transAxes,
+            ha="right", fontsize=7, color="grey")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

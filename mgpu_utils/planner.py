@@ -192,17 +192,21 @@ def plan(model: ModelSpec, cluster: Cluster, **kwargs) -> list[Layout]:
     return sorted(lays, key=lambda x: (not x.feasible, x.step_s if x.memory else float("inf"), x.tp, x.pp))
 
 
-def table(layouts: list[Layout], limit: int | None = None) -> str:
-    """A plain-text table: layout, micro-batches, GB per GPU, GB sent per GPU and seconds per step by
-    kind, bubble, estimated step time, and why a layout is not feasible."""
-    rows = [f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {'GB/GPU':>7} {'dp GB':>7} {'tp GB':>7} {'pp GB':>6} "
-            f"{'dp s':>6} {'tp s':>6} {'pp s':>6} {'bubble':>6} {'step s':>7}  note"]
+def table(layouts: list[Layout], limit: int | None = None, unit: str = "GB", time_unit: str = "s") -> str:
+    """A plain-text table: layout, micro-batches, memory per GPU, bytes sent per GPU and time per step by
+    kind, bubble, estimated step time, and why a layout is not feasible. ``unit``: "GB", "MB" or "kB"
+    (powers of 1000); ``time_unit``: "s", "ms" or "us"."""
+    ub = {"GB": 1e9, "MB": 1e6, "kB": 1e3}[unit]
+    ut = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[time_unit]
+    rows = [f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {unit + '/GPU':>7} {'dp ' + unit:>7} {'tp ' + unit:>7} "
+            f"{'pp ' + unit:>7} {'dp ' + time_unit:>6} {'tp ' + time_unit:>6} {'pp ' + time_unit:>6} {'bubble':>6} "
+            f"{'step ' + time_unit:>7}  note"]
     for x in layouts[:limit]:
         if x.memory is None:
-            rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {'-':>7}" + " " * 54 + "; ".join(x.problems))
+            rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {'-':>7}" + " " * 55 + "; ".join(x.problems))
             continue
         cb, cs = x.comm_bytes, x.comm_s
-        rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {x.memory_gb:>7.1f} {cb['dp'] / 1e9:>7.2f} "
-                    f"{cb['tp'] / 1e9:>7.2f} {cb['pp'] / 1e9:>6.2f} {cs['dp']:>6.2f} {cs['tp']:>6.2f} "
-                    f"{cs['pp']:>6.2f} {x.bubble:>6.3f} {x.step_s:>7.2f}  " + ("; ".join(x.problems) or "ok"))
+        rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {x.memory.total / ub:>7.1f} {cb['dp'] / ub:>7.2f} "
+                    f"{cb['tp'] / ub:>7.2f} {cb['pp'] / ub:>7.2f} {cs['dp'] / ut:>6.2f} {cs['tp'] / ut:>6.2f} "
+                    f"{cs['pp'] / ut:>6.2f} {x.bubble:>6.3f} {x.step_s / ut:>7.2f}  " + ("; ".join(x.problems) or "ok"))
     return "\n".join(rows)

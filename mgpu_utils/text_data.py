@@ -24,6 +24,13 @@ DEFAULT_FILES: tuple[str, ...] = ("argparse.py", "textwrap.py", "functools.py", 
                                   "pathlib.py", "difflib.py", "calendar.py", "string.py", "dataclasses.py")
 
 
+def available_files(files: tuple[str, ...] = DEFAULT_FILES) -> list[str]:
+    """The names in ``files`` that exist in this Python's standard library (e.g. ``pathlib.py`` became a
+    package in 3.13)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [name for name in files if (root / name).is_file()]
+
+
 def stdlib_docstrings(files: tuple[str, ...] = DEFAULT_FILES) -> str:
     """The docstrings of ``files`` (module, classes, functions, in source order), cleaned and joined.
 
@@ -36,13 +43,10 @@ def stdlib_docstrings(files: tuple[str, ...] = DEFAULT_FILES) -> str:
         FileNotFoundError: none of ``files`` exists (not a standard CPython installation).
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs, found = [], 0
-    for name in files:
-        path = root / name
-        if not path.is_file():
-            continue
-        found += 1
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    found = available_files(files)
+    docs = []
+    for name in found:
+        for node in ast.walk(ast.parse((root / name).read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node, clean=False)
                 if doc and len(doc.strip()) > 20:

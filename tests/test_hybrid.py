@@ -7,7 +7,7 @@ from mgpu_utils.launcher import LaunchError, launch
 from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan
 from mgpu_utils.text_data import byte_corpus, get_batch, split
 
-STEPS, GLOBAL_BATCH, LR, SEQ = 6, 8, 3e-3, 64
+STEPS, GLOBAL_BATCH, LR, SEQ = 6, 8, 1e-3, 64
 LOSS_ATOL = 1e-4          # the tolerance the notebook states: fp32, summation order differs
 
 
@@ -53,7 +53,7 @@ def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref):
         # Megatron: 2 all-reduces forward + 2 backward per layer (CommDebugMode counted step 0)
         assert r["tp_comm_counts_step0"] == ({"all_reduce": 4 * res["layers"]} if tp > 1 else {})
         assert r["params_on_rank0"] == local_params(res["layers"], res["embd"], 256, SEQ, tp)
-    assert ref[-1] < ref[0] - 0.5, "the reference learns"
+    assert ref[-1] < ref[0] - 0.3, "the reference learns"
 
 
 def test_reference_inside_the_script_and_bad_layout():
