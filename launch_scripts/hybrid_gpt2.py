@@ -50,7 +50,7 @@ def make_model(layers=2, embd=64, heads=4, seq=64, seed=0):
 
 def _linear(w, b):
     """nn.Linear computing x @ w + b for a Conv1D weight w of shape (in, out)."""
-    lin = nn.Linear(w.shape[0], w.shape[1])
+    lin = nn.Linear(w.shape[0], w.shape[1], device=w.device, dtype=w.dtype)   # on the model's device
     with torch.no_grad():
         lin.weight.copy_(w.t())
         lin.bias.copy_(b)
