@@ -13,13 +13,13 @@ Communication per GPU per step (bytes each GPU sends; a ring all-reduce of S byt
 * dp: one all-reduce of the local gradients, ``grad_bytes * n_params / (tp*pp)``; ZeRO-1/2 replace it by
   a reduce-scatter plus an all-gather (same bytes), ZeRO-3 adds another all-gather of the parameters
   (x 1.5). Rajbhandari et al., SC20, section 7.
-* tp: Megatron layers (Shoeybi et al. 2019; Narayanan et al., SC21, sec. 3.2 and 4.1): 2 all-reduces in
-  forward and 2 in backward per layer and micro-batch, each of ``s*b*h`` activations (2 bytes); full
+* tp: Megatron layers (Shoeybi et al. 2019, figure 4: four communication operations per layer, forward
+  and backward together): 2 all-reduces in forward and 2 in backward per layer and micro-batch, each of ``s*b*h`` activations (2 bytes); full
   recomputation repeats the forward ones (6). Sequence parallelism replaces each all-reduce by a
   reduce-scatter plus an all-gather: same bytes.
 * pp: per micro-batch a stage sends its output activations (``s*b*h``, 2 bytes) forward and receives
   the gradient back; a middle stage sends one of each: ``2 * m * s*b*h*2`` bytes per step (without the
-  scatter/gather optimisation of Narayanan et al. sec. 4.1, which divides it by tp).
+  scatter/gather optimisation of Narayanan et al., SC21, which divides the inter-node part by tp).
 
 Placement (Megatron's order): tp ranks are consecutive (inside a node, over NVLink), then dp, then pp.
 A group whose ranks all sit in one node of ``gpus_per_node`` GPUs uses the intra-node link, otherwise
