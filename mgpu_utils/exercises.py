@@ -194,6 +194,31 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count f and g per block, times two blocks"},
                     "4: g all-reduces forward and f backward, once for attention and once for the MLP"),
         "4 = 2 x tp_bytes_per_layer(...)['collectives_per_pass']; the run counted them in COMM_LOG."),
+    "06.1": Exercise(
+        "GPT-3 175B with Megatron tensor parallelism (sequence length s = 2048, micro-batch b = 1, hidden "
+        "h = 12288, bf16 activations, tp = 8): how many MB (1e6 bytes) is the tensor that one tensor-parallel "
+        "all-reduce sums?",
+        _float_answer(2048 * 12288 * 2 / 1e6, 0.01,
+                      [(lambda v: abs(v - 2048 * 12288 * 2 / 8e6) < 0.1, "the all-reduce sums the full (s, b, h) "
+                        "activation: each rank holds a partial sum of all of it, not a 1/tp slice"),
+                       (lambda v: abs(v - 2048 * 12288 * 4 / 1e6) < 0.5, "bf16 is 2 bytes per element, not 4"),
+                       (lambda v: abs(v - 4 * 2048 * 12288 * 2 / 1e6) < 1, "that is the 4 all-reduces of one "
+                        "layer together; the question asks for one")],
+                      "s x b x h x 2 bytes = 2048 x 12288 x 2 = 50.3 MB, whatever tp is"),
+        "50.3 MB = 2048 x 1 x 12288 x 2 bytes; a layer issues 4 of them per micro-batch (2 forward, 2 backward), "
+        "and a ring all-reduce sends 2(tp-1)/tp of it per GPU."),
+    "06.2": Exercise(
+        "GPT-3 175B (174.6e9 parameters), mixed-precision Adam, no ZeRO, tp=8, pp=16, dp=8 on 1024 GPUs: "
+        "model states (parameters + gradients + optimizer) per GPU, in GB (1e9 bytes)?",
+        _float_answer(21.83, 0.01, [(lambda v: abs(v - 2.73) < 0.05, "2.73 GB is either the 16-bit parameters "
+                                     "alone or the states divided over all 1024 GPUs; without ZeRO the 8 dp "
+                                     "replicas each hold a full copy of their tp x pp shard"),
+                                    (lambda v: abs(v - 2794) < 10, "that is the whole model's states on one "
+                                     "GPU (plain DDP); tp and pp split them over 8 x 16 GPUs"),
+                                    (lambda v: abs(v - 174.6 * 12 / 128) < 0.1, "16 bytes per parameter: "
+                                     "2 (bf16 weights) + 2 (gradients) + 12 (fp32 master, momentum, variance)")],
+                      "16 bytes x 174.6e9 / (8 x 16) = 21.8 GB: model_state_bytes(N, tp=8, pp=16).total / 1e9"),
+        "21.8 GB = 16 x 174.6e9 / 128 / 1e9. The activations (55.6 GB without recomputation) come on top."),
 }
 
 

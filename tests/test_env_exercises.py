@@ -32,10 +32,44 @@ def test_machine_report_fields():
     assert r["cpu_cores_logical"] >= 1 and r["memory_gb"] > 0 and isinstance(r["gpus"], list)
 
 
-RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
-         "04.3": "reduce_scatter", "05.1": 7 / 31, "05.2": 8, "05.3": 4}
-WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce", "05.1": 7 / 24,
-         "05.2": 24, "05.3": 2}
+RIGHT = {
+    "00.1": 28,
+    "00.2": "gloo",
+    "01.1": 1024,
+    "01.2": 295,
+    "02.1": 0.25,
+    "02.2": 7,
+    "03.1": 360,
+    "03.2": 4,
+    "03.3": 8,
+    "04.1": 28,
+    "04.2": 7.5,
+    "04.3": "reduce_scatter",
+    "05.1": 7 / 31,
+    "05.2": 8,
+    "05.3": 4,
+    "06.1": 50.33,
+    "06.2": 21.83,
+}
+WRONG = {
+    "00.1": 36,
+    "00.2": "nccl",
+    "01.1": 512,
+    "01.2": 0.295,
+    "02.1": 1,
+    "02.2": 8,
+    "03.1": 359,
+    "03.2": 64,
+    "03.3": 1,
+    "04.1": 32,
+    "04.2": 10,
+    "04.3": "all_reduce",
+    "05.1": 7 / 24,
+    "05.2": 24,
+    "05.3": 2,
+    "06.1": 6.29,
+    "06.2": 2.73,
+}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -74,6 +108,13 @@ def test_exercise_answers_match_the_facts():
     assert bubble_formula(8, 24) == RIGHT["05.1"]
     assert peak_in_flight(one_f_one_b_actions(8, 24))[0] == RIGHT["05.2"]
     assert 2 * tp_bytes_per_layer(1, 2048, 4096, 8)["collectives_per_pass"] == RIGHT["05.3"]
+    from mgpu_utils.memory_model import model_state_bytes, transformer_params
+    from mgpu_utils.planner import Cluster, GPT3_175B, evaluate
+    n = transformer_params(96, 12288, 50257, 2048)
+    assert round(model_state_bytes(n, tp=8, pp=16).total / 1e9, 2) == RIGHT["06.2"]
+    lay = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
+    one_all_reduce = lay.comm_bytes["tp"] / (96 // 16 * lay.n_micro * 4 * 2 * 7 / 8)   # planner: 4 per layer, ring 2(t-1)/t
+    assert round(one_all_reduce / 1e6, 2) == RIGHT["06.1"]
 
 
 def test_unknown_exercise_and_bad_types():

@@ -1,0 +1,212 @@
+"""3-D parallelism planner: every (dp, tp, pp) layout of a GPT model on a cluster, with memory and traffic.
+
+Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, a GPU memory size
+and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,
+whether it is feasible, its memory per GPU and its communication per training step.
+
+Memory per GPU: :func:`mgpu_utils.memory_model.memory_per_gpu` (ZeRO model states, Korthikanti et al.
+activations, micro-batches in flight for the pipeline schedule); see that module for sources.
+
+Communication per GPU per step (bytes each GPU sends; a ring all-reduce of S bytes over n GPUs sends
+``2(n-1)/n * S`` per GPU, lesson 04):
+
+* dp: one all-reduce of the local gradients, ``grad_bytes * n_params / (tp*pp)``; ZeRO-1/2 replace it by
+  a reduce-scatter plus an all-gather (same bytes), ZeRO-3 adds another all-gather of the parameters
+  (x 1.5). Rajbhandari et al., SC20, section 7.
+* tp: Megatron layers (Shoeybi et al. 2019, figure 4: four communication operations per layer, forward
+  and backward together): 2 all-reduces in forward and 2 in backward per layer and micro-batch, each of ``s*b*h`` activations (2 bytes); full
+  recomputation repeats the forward ones (6). Sequence parallelism replaces each all-reduce by a
+  reduce-scatter plus an all-gather: same bytes.
+* pp: per micro-batch a stage sends its output activations (``s*b*h``, 2 bytes) forward and receives
+  the gradient back; a middle stage sends one of each: ``2 * m * s*b*h*2`` bytes per step (without the
+  scatter/gather optimisation of Narayanan et al., SC21, which divides the inter-node part by tp).
+
+Placement (Megatron's order): tp ranks are consecutive (inside a node, over NVLink), then dp, then pp.
+A group whose ranks all sit in one node of ``gpus_per_node`` GPUs uses the intra-node link, otherwise
+the inter-node link (one NIC per GPU). Time = bytes / link bandwidth, no overlap, no latency: an upper
+bound on the exposed communication for large messages.
+
+Pipeline bubble: ``(pp - 1) / m`` of the ideal compute time for GPipe and 1F1B (Narayanan et al., sec. 2.2),
+``m = global_batch / (dp * micro_batch)`` micro-batches per step.
+
+Compute estimate: ``6 * n_params * tokens`` FLOPs per step (forward 2, backward 4; Kaplan et al. 2020),
++2 for full recomputation, at ``efficiency`` (default 0.5) of the GPU's dense bf16 peak. Assumptions, not
+measurements: the notebook says so where it prints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mgpu_utils.hardware import GPUS
+from mgpu_utils.hardware import LINKS as _HW_LINKS
+from mgpu_utils.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
+
+#: Links known to the planner: ``mgpu_utils.hardware.LINKS`` plus the A100-era InfiniBand.
+LINKS: dict[str, dict] = {
+    **_HW_LINKS,
+    "InfiniBand HDR (200 Gb/s)": dict(gbps=25, latency_us=2,
+                                      source="NVIDIA DGX A100 user guide: 8 ConnectX-6 HDR 200 Gb/s "
+                                             "compute NICs, one per GPU"),
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT-style model: layers, hidden size, heads, sequence length, vocabulary; ``n_params`` defaults
+    to :func:`mgpu_utils.memory_model.transformer_params`."""
+
+    name: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    seq_len: int
+    vocab: int
+    n_params: float | None = None
+
+    @property
+    def params(self) -> float:
+        return self.n_params if self.n_params is not None else transformer_params(
+            self.n_layers, self.hidden, self.vocab, self.seq_len)
+
+
+#: GPT-3 175B (Brown et al. 2020, table 2.1): 96 layers, d_model 12288, 96 heads, context 2048.
+GPT3_175B = ModelSpec("GPT-3 175B", n_layers=96, hidden=12288, n_heads=96, seq_len=2048, vocab=50257)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs and links. ``gpu`` is a key of :data:`mgpu_utils.hardware.GPUS` (memory and peak);
+    ``intra_link`` / ``inter_link`` are keys of :data:`LINKS` (GB/s per GPU per direction)."""
+
+    n_gpus: int
+    gpu: str = "A100"
+    gpus_per_node: int = 8
+    intra_link: str = "NVLink 3 (A100, 12 links)"
+    inter_link: str = "InfiniBand HDR (200 Gb/s)"
+    memory_gb: float | None = None     # default: the GPU's memory
+
+    @property
+    def memory_bytes(self) -> float:
+        return (self.memory_gb if self.memory_gb is not None else GPUS[self.gpu]["memory_gb"]) * 1e9
+
+
+@dataclass
+class Layout:
+    """One (dp, tp, pp) layout. Bytes are per GPU per step; seconds = bytes / bandwidth."""
+
+    dp: int
+    tp: int
+    pp: int
+    n_micro: int
+    memory: MemoryBreakdown | None
+    comm_bytes: dict = field(default_factory=dict)      # {"dp", "tp", "pp"}
+    comm_s: dict = field(default_factory=dict)          # {"dp", "tp", "pp"}
+    links: dict = field(default_factory=dict)           # {"dp", "tp", "pp"}: link name used
+    bubble: float = 0.0
+    compute_s: float = 0.0
+    problems: list = field(default_factory=list)        # why it is not feasible (empty: feasible)
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory.total / 1e9 if self.memory else float("nan")
+
+    @property
+    def step_s(self) -> float:
+        """Estimated step time: compute x (1 + bubble) + all communication (no overlap)."""
+        return self.compute_s * (1 + self.bubble) + sum(self.comm_s.values())
+
+
+def ring_allreduce_bytes(size_bytes: float, n: int) -> float:
+    """Bytes each of ``n`` GPUs sends in a ring all-reduce of ``size_bytes`` (0 when n == 1)."""
+    return 2 * (n - 1) / n * size_bytes
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, global_batch: int,
+             micro_batch: int = 1, precision: str = "mixed", optimizer: str = "adam", zero_stage: int = 0,
+             recompute: str = "none", sequence_parallel: bool = False, schedule: str = "1f1b",
+             act_bytes: int = 2, efficiency: float = 0.5) -> Layout:
+    """Memory, communication and feasibility of one layout (see the module docstring for the formulas).
+
+    Raises:
+        ValueError: ``dp * tp * pp != cluster.n_gpus``.
+    """
+    if dp * tp * pp != cluster.n_gpus:
+        raise ValueError(f"dp*tp*pp = {dp * tp * pp} but the cluster has {cluster.n_gpus} GPUs")
+    problems = []
+    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+        problems.append(f"tp={tp} does not fit in a node of {cluster.gpus_per_node} GPUs")
+    if model.n_heads % tp or model.hidden % tp:
+        problems.append(f"tp={tp} does not divide {model.n_heads} heads / hidden {model.hidden}")
+    if model.n_layers % pp:
+        problems.append(f"pp={pp} does not divide {model.n_layers} layers")
+    if global_batch % (dp * micro_batch):
+        problems.append(f"global batch {global_batch} is not a multiple of dp x micro-batch = {dp * micro_batch}")
+    m = max(1, global_batch // (dp * micro_batch))
+    lay = Layout(dp, tp, pp, m, None, problems=problems)
+    if any("divide" in p for p in problems):
+        return lay                                    # memory undefined for a layout that cannot split
+    lay.memory = memory_per_gpu(model.n_layers, model.hidden, model.n_heads, model.vocab, model.seq_len,
+                                micro_batch, n_params=model.params, precision=precision, optimizer=optimizer,
+                                zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
+                                sequence_parallel=sequence_parallel, recompute=recompute,
+                                schedule=schedule, n_micro=m)
+    if lay.memory.total > cluster.memory_bytes:
+        problems.append(f"needs {lay.memory_gb:.1f} GB per GPU > {cluster.memory_bytes / 1e9:.0f} GB")
+    s, b, h = model.seq_len, micro_batch, model.hidden
+    grad_b = BYTES_PER_PARAM[(precision, optimizer)][1]
+    local_grads = grad_b * model.params / (tp * pp)
+    n_ar = 6 if recompute == "full" else 4
+    lay.comm_bytes = {
+        "dp": ring_allreduce_bytes(local_grads, dp) * (1.5 if zero_stage == 3 else 1.0),
+        "tp": (model.n_layers // pp) * m * n_ar * ring_allreduce_bytes(s * b * h * act_bytes, tp),
+        "pp": 2 * m * s * b * h * act_bytes if pp > 1 else 0.0,
+    }
+    node = cluster.gpus_per_node
+    lay.links = {"tp": cluster.intra_link,
+                 "dp": cluster.intra_link if tp * dp <= node else cluster.inter_link,
+                 "pp": cluster.intra_link if tp * dp * pp <= node else cluster.inter_link}
+    lay.comm_s = {k: v / (LINKS[lay.links[k]]["gbps"] * 1e9) for k, v in lay.comm_bytes.items()}
+    lay.bubble = (pp - 1) / m
+    flops = (8 if recompute == "full" else 6) * model.params * global_batch * s
+    lay.compute_s = flops / (cluster.n_gpus * GPUS[cluster.gpu]["bf16_tflops"] * 1e12 * efficiency)
+    return lay
+
+
+def plan(model: ModelSpec, cluster: Cluster, **kwargs) -> list[Layout]:
+    """Every layout ``dp * tp * pp == cluster.n_gpus``: feasible ones first, by estimated step time.
+
+    Keyword arguments are those of :func:`evaluate` (``global_batch`` is required).
+    """
+    n = cluster.n_gpus
+    lays = [evaluate(model, cluster, n // (tp * pp), tp, pp, **kwargs)
+            for tp in _divisors(n) for pp in _divisors(n // tp)]
+    return sorted(lays, key=lambda x: (not x.feasible, x.step_s if x.memory else float("inf"), x.tp, x.pp))
+
+
+def table(layouts: list[Layout], limit: int | None = None, unit: str = "GB", time_unit: str = "s") -> str:
+    """A plain-text table: layout, micro-batches, memory per GPU, bytes sent per GPU and time per step by
+    kind, bubble, estimated step time, and why a layout is not feasible. ``unit``: "GB", "MB" or "kB"
+    (powers of 1000); ``time_unit``: "s", "ms" or "us"."""
+    ub = {"GB": 1e9, "MB": 1e6, "kB": 1e3}[unit]
+    ut = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[time_unit]
+    rows = [f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {unit + '/GPU':>7} {'dp ' + unit:>7} {'tp ' + unit:>7} "
+            f"{'pp ' + unit:>7} {'dp ' + time_unit:>6} {'tp ' + time_unit:>6} {'pp ' + time_unit:>6} {'bubble':>6} "
+            f"{'step ' + time_unit:>7}  note"]
+    for x in layouts[:limit]:
+        if x.memory is None:
+            rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {'-':>7}" + " " * 55 + "; ".join(x.problems))
+            continue
+        cb, cs = x.comm_bytes, x.comm_s
+        rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {x.memory.total / ub:>7.1f} {cb['dp'] / ub:>7.2f} "
+                    f"{cb['tp'] / ub:>7.2f} {cb['pp'] / ub:>7.2f} {cs['dp'] / ut:>6.2f} {cs['tp'] / ut:>6.2f} "
+                    f"{cs['pp'] / ut:>6.2f} {x.bubble:>6.3f} {x.step_s / ut:>7.2f}  " + ("; ".join(x.problems) or "ok"))
+    return "\n".join(rows)

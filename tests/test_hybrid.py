@@ -1,0 +1,111 @@
+"""Lesson 06: 2-D (dp x tp) GPT-2 against a single-process reference computed here; the planner by hand."""
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mgpu_utils.launcher import LaunchError, launch
+from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan
+from mgpu_utils.text_data import byte_corpus, get_batch, split
+
+STEPS, GLOBAL_BATCH, LR, SEQ = 6, 8, 1e-3, 64
+LOSS_ATOL = 1e-4          # the tolerance the notebook states: fp32, summation order differs
+
+
+def reference_losses():
+    """Plain single-process GPT2LMHeadModel (HF Conv1D, no parallelism) on the same global batches."""
+    from hybrid_gpt2 import make_model
+
+    train, _ = split(byte_corpus())
+    model = make_model(seq=SEQ)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for step in range(STEPS):
+        x = get_batch(train, step, GLOBAL_BATCH, SEQ - 1, 0)
+        logits = model(x).logits                          # the loss by hand: next-byte cross-entropy
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def local_params(L, h, V, s, t):
+    """Parameters on one tp rank: block matrices and column biases split, LayerNorms, row biases and
+    embeddings replicated (GPT-2 has 12h^2 + 13h per block: 12h^2 + 7h split, 6h replicated)."""
+    return L * ((12 * h * h + 7 * h) // t + 6 * h) + V * h + s * h + 2 * h
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference_losses()
+
+
+@pytest.mark.parametrize("nproc,layouts", [(4, "2x2,1x4"), (2, "1x2,2x1")])
+def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref):
+    res = launch("hybrid_gpt2.py", nproc=nproc, show="none",
+                 args=["--layouts", layouts, "--steps", STEPS, "--global-batch", GLOBAL_BATCH, "--lr", LR,
+                       "--no-reference"])
+    assert set(res["layouts"]) == set(layouts.split(","))
+    for name, r in res["layouts"].items():
+        assert_close(r["loss"], ref, atol=LOSS_ATOL, rtol=0, msg=lambda m: f"mesh {name}: {m}")
+        tp = r["tp"]
+        # Megatron: 2 all-reduces forward + 2 backward per layer (CommDebugMode counted step 0)
+        assert r["tp_comm_counts_step0"] == ({"all_reduce": 4 * res["layers"]} if tp > 1 else {})
+        assert r["params_on_rank0"] == local_params(res["layers"], res["embd"], 256, SEQ, tp)
+    assert ref[-1] < ref[0] - 0.3, "the reference learns"
+
+
+def test_reference_inside_the_script_and_bad_layout():
+    res = launch("hybrid_gpt2.py", nproc=1, show="none", args=["--steps", 3])
+    assert res["reference"]["swap_max_logit_diff"] < 1e-5
+    assert_close(res["layouts"]["1x1"]["loss"], res["reference"]["loss"], atol=LOSS_ATOL, rtol=0)
+    with pytest.raises(LaunchError, match="needs world size"):
+        launch("hybrid_gpt2.py", nproc=1, show="none", args=["--layouts", "2x2", "--steps", 1])
+
+
+def test_corpus_and_batches_are_deterministic():
+    a, b = byte_corpus(), byte_corpus()
+    assert torch.equal(a, b) and len(a) > 50_000 and a.dtype == torch.uint8
+    train, val = split(a)
+    assert len(train) + len(val) == len(a) and len(val) == int(0.1 * len(a))
+    x = get_batch(train, 3, 5, 16, seed=0)
+    assert x.shape == (5, 17) and x.dtype == torch.int64
+    assert torch.equal(x, get_batch(train, 3, 5, 16, seed=0))
+    assert not torch.equal(x, get_batch(train, 4, 5, 16, seed=0))
+
+
+def test_planner_gpt3_memory_and_traffic_by_hand():
+    s, h, a, V, L = 2048, 12288, 96, 50257, 96
+    N = L * (12 * h * h + 13 * h) + V * h + s * h + 2 * h
+    dp, tp, pp, gb = 8, 8, 16, 1536
+    lay = evaluate(GPT3_175B, Cluster(1024), dp, tp, pp, global_batch=gb)
+    m = gb // dp                                              # micro-batch 1: 192 micro-batches
+    act = (L // pp) * pp * s * h * (10 + 24 / tp + 5 * a * s / (h * tp))   # 1F1B: pp in flight
+    assert lay.n_micro == 192
+    assert lay.memory.params + lay.memory.grads + lay.memory.optimizer == pytest.approx(16 * N / 128)
+    assert lay.memory.activations == pytest.approx(act)
+    assert lay.memory_gb == pytest.approx(77.39, abs=0.01) and lay.feasible
+    assert lay.comm_bytes["dp"] == pytest.approx(2 * 7 / 8 * 2 * N / 128)
+    assert lay.comm_bytes["tp"] == pytest.approx((L // pp) * m * 4 * 2 * 7 / 8 * s * h * 2)
+    assert lay.comm_bytes["pp"] == pytest.approx(2 * m * s * h * 2)
+    assert lay.links["tp"].startswith("NVLink") and lay.links["dp"].startswith("InfiniBand")
+    assert lay.bubble == pytest.approx(15 / 192)
+
+
+def test_planner_small_case_and_rules():
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    lay = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8, precision="fp32")
+    assert lay.memory.params + lay.memory.grads + lay.memory.optimizer == 16e6 / 2
+    assert lay.memory.activations == 4 * 32 * 64 * (10 + 12 + 5 * 4 * 32 / (64 * 2))
+    assert lay.n_micro == 4 and lay.comm_bytes["pp"] == 0 and lay.comm_s["dp"] > 0
+    assert lay.comm_bytes["dp"] == 2 * 1 / 2 * 4 * 1e6 / 2
+    demo = ModelSpec("demo", 2, 64, 4, 64, 256)
+    feasible = {(x.dp, x.tp, x.pp) for x in plan(demo, Cluster(4), global_batch=8) if x.feasible}
+    assert feasible == {(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)}
+    big = {(x.dp, x.tp, x.pp): x for x in plan(GPT3_175B, Cluster(1024), global_batch=1536)}
+    assert not big[(4, 16, 16)].feasible and "node" in big[(4, 16, 16)].problems[0]
+    assert not big[(1024, 1, 1)].feasible                     # plain DDP: 2.8 TB of states per GPU
+    assert big[(1024, 1, 1)].memory.params + big[(1024, 1, 1)].memory.optimizer > 2e12
+    with pytest.raises(ValueError):
+        evaluate(toy, Cluster(4), 2, 2, 2, global_batch=8)
