@@ -33,8 +33,8 @@ def test_machine_report_fields():
 
 
 RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
-         "04.3": "reduce_scatter"}
-WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
+         "04.3": "reduce_scatter", "07.1": 5.625, "07.2": 0.956301312, "07.3": 8}
+WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce", "07.1": 8.25, "07.2": 0.285, "07.3": 7}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -68,6 +68,10 @@ def test_exercise_answers_match_the_facts():
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
+    from mgpu_utils.memory_calc import calculate
+    from mgpu_utils.memory_model import activation_bytes_per_layer
+    assert calculate(1.5e9, zero_stage=2, dp=8).total / 1e9 == RIGHT["07.1"]
+    assert activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == RIGHT["07.2"]
 
 
 def test_unknown_exercise_and_bad_types():
