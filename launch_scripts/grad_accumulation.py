@@ -19,6 +19,7 @@ Run:
 import argparse
 import contextlib
 import copy
+import gc
 
 import torch
 import torch.distributed as dist
@@ -60,7 +61,7 @@ def main():
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if args.global_batch % (world * args.micro):
             raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "
-                             f"x --micro {args.micro}")
+                             f"x --micro {args.micro}: use --nproc-per-node 2, 4 or 8, or change --global-batch")
         train, _ = load_data()
         x, y = (t[:args.global_batch].clone().to(device) for t in train.tensors)
         x = x.flatten(1)
@@ -91,6 +92,8 @@ def main():
             errs.append(max_diff(ddp, g_ref))
             ckpt.append({"every": every, "saved_bytes": saved.bytes, "saved_tensors": len(saved.records)})
 
+        del ddp, model
+        gc.collect()                                                 # free the DDP wrappers before teardown
         errs = torch.tensor(errs, device=device)
         if dist.is_initialized():
             dist.all_reduce(errs, op=dist.ReduceOp.MAX)              # worst rank

@@ -20,6 +20,7 @@ Run:
 """
 import argparse
 import copy
+import gc
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,29 @@ def wrap(mode, model, device, lr, mesh):
     return model, opt, opt
 
 
+def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
+    """One Adam step of a copy of base in this mode: (this rank's measured bytes, tensor of errors).
+
+    The wrapped model and optimizer live only inside this function, so they are freed (with any
+    communication state they hold) before the next mode and before the process group goes away.
+    """
+    model, opt, local_opt = wrap(mode, copy.deepcopy(base), device, lr, mesh)
+    loss = F.cross_entropy(model(xl), yl)
+    params_fwd = tensor_bytes(model.parameters())               # what forward left gathered
+    loss.backward()
+    grads = [full(p.grad) for p in model.parameters()]
+    grad_bytes = tensor_bytes(p.grad for p in model.parameters())
+    opt.step()
+    mine = {"params_after_forward": params_fwd, "params_sharded": tensor_bytes(model.parameters()),
+            "grads": grad_bytes, "optimizer": tensor_bytes(optimizer_tensors(local_opt))}
+    errs = torch.tensor([max((u - v).abs().max().item() for u, v in zip(grads, g_ref)),
+                         max((full(p).detach() - q).abs().max().item() for p, q in zip(model.parameters(), p_ref)),
+                         # ratio of gradient norms: 1 if averaged, world size if summed
+                         torch.stack([u.norm() for u in grads]).norm().item()
+                         / torch.stack([v.norm() for v in g_ref]).norm().item()], device=device)
+    return mine, errs
+
+
 def main():
     p = argparse.ArgumentParser(description="per-rank memory of DDP, ZeRO-1, FSDP2")
     g = p.add_argument_group("model and data")
@@ -81,7 +105,8 @@ def main():
     with distributed() as ctx:
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if args.global_batch % world:
-            raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world}")
+            raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world}: use "
+                             f"--nproc-per-node 2, 4 or 8, or a --global-batch that {world} divides")
         if world == 1 and {"zero1", "fsdp2", "fsdp3"} & set(modes):
             ctx.log("world size 1: ZeRO/FSDP have nothing to shard over; running ddp only")
             modes = [m for m in modes if m == "ddp"]
@@ -103,21 +128,7 @@ def main():
         mesh = init_device_mesh(device.type, (world,)) if world > 1 else None
         out = {}
         for mode in modes:
-            model, opt, local_opt = wrap(mode, copy.deepcopy(base), device, args.lr, mesh)
-            loss = F.cross_entropy(model(xl), yl)
-            params_fwd = tensor_bytes(model.parameters())       # what forward left gathered
-            loss.backward()
-            grads = [full(p.grad) for p in model.parameters()]
-            grad_bytes = tensor_bytes(p.grad for p in model.parameters())
-            opt.step()
-            mine = {"params_after_forward": params_fwd, "params_sharded": tensor_bytes(model.parameters()),
-                    "grads": grad_bytes, "optimizer": tensor_bytes(optimizer_tensors(local_opt))}
-            errs = torch.tensor([max((u - v).abs().max().item() for u, v in zip(grads, g_ref)),
-                                 max((full(p).detach() - q).abs().max().item()
-                                     for p, q in zip(model.parameters(), p_ref)),
-                                 # ratio of gradient norms: 1 if averaged, world size if summed
-                                 torch.stack([u.norm() for u in grads]).norm().item()
-                                 / torch.stack([v.norm() for v in g_ref]).norm().item()], device=device)
+            mine, errs = one_step(mode, base, xl, yl, g_ref, p_ref, device, args.lr, mesh)
             per_rank = [mine] * world
             if dist.is_initialized():
                 dist.all_reduce(errs, op=dist.ReduceOp.MAX)     # worst rank
@@ -126,6 +137,9 @@ def main():
                     f"bytes on rank 0 {mine}")
             out[mode] = {"zero_stage": STAGE[mode], "per_rank": per_rank, "max_grad_diff": errs[0].item(),
                          "max_param_diff": errs[1].item(), "grad_norm_ratio": errs[2].item()}
+        gc.collect()                                            # free the wrapped models before teardown
+        if dist.is_initialized():
+            dist.barrier()
         emit_result({"world_size": world, "backend": ctx.backend, "device": device.type, "params": n_params,
                      "global_batch": args.global_batch, "width": args.width, "depth": args.depth, "modes": out})
 

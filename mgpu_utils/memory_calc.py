@@ -8,7 +8,7 @@ static figure of the default configuration for notebooks whose widgets do not re
 
 from __future__ import annotations
 
-from mgpu_utils.memory_model import MemoryBreakdown, memory_per_gpu, model_state_bytes
+from mgpu_utils.memory_model import MemoryBreakdown, memory_per_gpu, model_state_bytes, transformer_params
 
 KINDS = ("params", "grads", "optimizer", "activations")
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52"}
@@ -102,11 +102,17 @@ def calculator(show_static: bool = True, **defaults):
         kw["n_params"] = kw["n_params"] or None
         rows = {f"ZeRO-{z}" + (" *" if z == kw["zero_stage"] else ""): calculate(**{**kw, "zero_stage": z})
                 for z in (0, 1, 2, 3)}
-        shape = f"{kw['n_params']:.3g} params" if kw["n_params"] else "GPT"
-        fig = plot_memory(rows, title=f"{shape}, {kw['layers']} layers, h={kw['hidden']}, s={kw['seq_len']}, "
-                                      f"b={kw['micro_batch']}, dp={kw['dp']} tp={kw['tp']} pp={kw['pp']}, "
-                                      f"{kw['precision']} {kw['optimizer']}, recompute={kw['recompute']}",
-                          capacity=80e9)
+        top = max(m.total for m in rows.values())
+        unit, unit_name = (1e9, "GB") if top >= 1e9 else (1e6, "MB")
+        if kw["layers"]:
+            n = kw["n_params"] or transformer_params(kw["layers"], kw["hidden"], kw["vocab"], kw["seq_len"])
+            shape = (f"{n / 1e9:.2f}B params, {kw['layers']} layers, h={kw['hidden']}, "
+                     f"s={kw['seq_len']}, b={kw['micro_batch']}, recompute={kw['recompute']}")
+        else:
+            shape = f"{kw['n_params']:,.0f} params (model states only)"
+        fig = plot_memory(rows, unit=unit, unit_name=unit_name,
+                          title=f"{shape}\ndp={kw['dp']} tp={kw['tp']} pp={kw['pp']}, {kw['precision']} {kw['optimizer']}",
+                          capacity=80e9 if top >= 8e9 else None)  # the 80 GB line only where it is in range
         plt.show()
         return fig
 

@@ -121,6 +121,9 @@ def test_calculator_transformer_shape_and_plot():
     matplotlib.use("Agg")
     fig = plot_memory({"a": m, "b": {"params": 1e9}}, capacity=2e9)
     assert len(fig.axes) == 1
+    from mgpu_utils.memory_calc import calculator
+    box = calculator(show_static=False, n_params=1e6, layers=0, dp=4)
+    assert box is not None and len(box.children) == 6
 
 
 # ---------------------------------------------------------------- under torchrun
