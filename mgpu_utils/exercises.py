@@ -219,6 +219,35 @@ EXERCISES: dict[str, Exercise] = {
                                      "2 (bf16 weights) + 2 (gradients) + 12 (fp32 master, momentum, variance)")],
                       "16 bytes x 174.6e9 / (8 x 16) = 21.8 GB: model_state_bytes(N, tp=8, pp=16).total / 1e9"),
         "21.8 GB = 16 x 174.6e9 / 128 / 1e9. The activations (55.6 GB without recomputation) come on top."),
+    "07.1": Exercise(
+        "A 1.5B-parameter model, mixed-precision Adam, 8 GPUs, ZeRO stage 2: GB (1e9 bytes) of model states per GPU?",
+        _float_answer(5.625, 2e-3, [(lambda v: abs(v - 24) < 0.05, "24 GB is 16 bytes x 1.5B: stage 0, nothing sharded"),
+                                    (lambda v: abs(v - 8.25) < 0.05, "that is stage 1 (only the optimizer states "
+                                     "sharded); stage 2 shards the gradients too"),
+                                    (lambda v: abs(v - 3.0) < 0.05, "that is stage 3 (everything sharded); stage 2 "
+                                     "keeps the 2-byte parameters whole")],
+                      "2 x 1.5 (parameters, whole) + (2 + 12) x 1.5 / 8 (gradients and optimizer states, sharded) "
+                      "= 3 + 2.625 = 5.625 GB"),
+        "5.625 = calculate(1.5e9, zero_stage=2, dp=8).total / 1e9."),
+    "07.2": Exercise(
+        "One GPT layer, s=2048, b=1, h=4096, a=32, no recomputation, no tensor parallelism: GB (1e9 bytes) of "
+        "activations by Korthikanti's formula?",
+        _float_answer(0.956301312, 5e-3,
+                      [(lambda v: abs(v - 0.285) < 0.005, "that is only 34*s*b*h: add the attention term 5*a*s^2*b"),
+                       (lambda v: abs(v - 0.0168) < 0.001, "that is full recomputation (2*s*b*h); here nothing is "
+                        "recomputed"),
+                       (lambda v: abs(v - 0.671) < 0.005, "that is only the attention term 5*a*s^2*b; add 34*s*b*h")],
+                      "s*b*h*(34 + 5*a*s/h) = 8,388,608 x (34 + 80) = 0.956 GB per layer: the s^2 attention term "
+                      "is larger than everything else at this length"),
+        "0.956 = activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9."),
+    "07.3": Exercise(
+        "DDP, 8 micro-batches per optimizer step: without no_sync, how many times more gradient bytes does each "
+        "rank all-reduce per step than with no_sync?",
+        _int_answer(8, {1: "without no_sync every micro-batch's backward all-reduces all gradients",
+                        7: "no_sync saves 7 of the 8 rounds; the question asks for the ratio 8 / 1",
+                        "default": "count the all-reduce rounds per step in each case"},
+                    "8: one full all-reduce per micro-batch instead of one per step (grad_accumulation.py counted it)"),
+        "8 = micro-batches per step: every backward outside no_sync all-reduces every gradient byte once."),
 }
 
 

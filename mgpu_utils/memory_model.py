@@ -133,6 +133,20 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_he
     return s * b * h * (10 + 24 / t + attn / t)
 
 
+def activation_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int) -> dict:
+    """What :func:`activation_bytes_per_layer` counts (no parallelism, no recomputation), as elements.
+
+    ``{"values": 16*s*b*h + 2*a*s^2*b, "masks": 2*s*b*h + a*s^2*b}``: values are the saved
+    activations (2 bytes each in the paper), masks the dropout masks (1 byte each), so
+    ``2 * values + masks`` is the paper's ``s*b*h*(34 + 5*a*s/h)``. Multiply by your own element
+    sizes to compare with a measurement (fp32: 4 bytes a value; PyTorch's CPU dropout keeps a mask
+    in the input's dtype, CUDA's a 1-byte bool). LayerNorm's per-token mean and rstd are not counted.
+    """
+    _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, n_heads=n_heads)
+    sbh, as2b = seq_len * micro_batch * hidden, n_heads * seq_len**2 * micro_batch
+    return {"values": 16 * sbh + 2 * as2b, "masks": 2 * sbh + as2b}
+
+
 def in_flight_micro_batches(schedule: str, pp: int, n_micro: int) -> int:
     """Micro-batches whose activations the first pipeline stage holds at its peak.
 

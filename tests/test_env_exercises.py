@@ -50,6 +50,9 @@ RIGHT = {
     "05.3": 4,
     "06.1": 50.33,
     "06.2": 21.83,
+    "07.1": 5.625,
+    "07.2": 0.956301312,
+    "07.3": 8,
 }
 WRONG = {
     "00.1": 36,
@@ -69,6 +72,9 @@ WRONG = {
     "05.3": 2,
     "06.1": 6.29,
     "06.2": 2.73,
+    "07.1": 8.25,
+    "07.2": 0.285,
+    "07.3": 7,
 }
 
 
@@ -115,6 +121,10 @@ def test_exercise_answers_match_the_facts():
     lay = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
     one_all_reduce = lay.comm_bytes["tp"] / (96 // 16 * lay.n_micro * 4 * 2 * 7 / 8)   # planner: 4 per layer, ring 2(t-1)/t
     assert round(one_all_reduce / 1e6, 2) == RIGHT["06.1"]
+    from mgpu_utils.memory_calc import calculate
+    from mgpu_utils.memory_model import activation_bytes_per_layer
+    assert calculate(1.5e9, zero_stage=2, dp=8).total / 1e9 == RIGHT["07.1"]
+    assert activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == RIGHT["07.2"]
 
 
 def test_unknown_exercise_and_bad_types():
