@@ -1,20 +1,12 @@
 """2-D parallel training (data x tensor) of a small GPT-2 on stdlib docstrings (notebooks/06_hybrid_parallel.ipynb).
 
-The ranks form a device mesh of shape (dp, tp) with init_device_mesh. Inside each row of the mesh
-(a "tp" group) the GPT-2 blocks are tensor-parallel (Megatron layout, with parallelize_module):
-q, k, v and the MLP's first layer are split by output columns (each rank holds n_head/tp heads and
-4h/tp MLP units), the attention output projection and the MLP's second layer by input rows, whose
-partial results are summed by one all-reduce. Across the rows (a "dp" group) the ranks see different
-data and average their gradients with one all-reduce over the dp group per step: data parallelism.
-
-HF GPT-2 uses Conv1D (y = x W + b, W stored as (in, out)), which ColwiseParallel/RowwiseParallel do not
-accept: to_linear_gpt2() swaps each Conv1D for nn.Linear with the transposed weight and c_attn for
-separate q, k, v Linears, and the script asserts the swapped model gives the same logits.
-
-Rank 0 also trains the unmodified single-process GPT2LMHeadModel on the same global batches
-(--reference, on by default), so every layout's losses can be compared with it.
---layouts runs several meshes one after the other in one launch (e.g. 2x2,1x4,4x1 on 4 ranks).
-Rank 0 prints one JSON line (MGPU_RESULT) with the per-step losses of every layout and the reference.
+The ranks form a (dp, tp) device mesh. In each row (a "tp" group) the blocks are tensor-parallel, Megatron
+layout (parallelize_module): q, k, v and the MLP's first layer split by output columns, the attention output
+projection and the MLP's second layer by input rows, whose partial sums one all-reduce adds. Across rows (a
+"dp" group) ranks see different data and average gradients with one all-reduce per step. HF's Conv1D is
+swapped for nn.Linear first (to_linear_gpt2; the script asserts the logits do not change). After the meshes
+rank 0 trains the unmodified single-process GPT2LMHeadModel on the same global batches (--no-reference skips
+it). Rank 0 prints one JSON line (MGPU_RESULT): per-step losses of every --layouts mesh and the reference.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/hybrid_gpt2.py --layouts 2x2,1x4,4x1
@@ -30,11 +22,11 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.planner import parse_layouts
 from mgpu_utils.text_data import byte_corpus, corpus_sha256, get_batch, split
 
 
@@ -81,8 +73,13 @@ def to_linear_gpt2(model):
 
 
 def tensor_parallel(model, tp_mesh):
-    """Megatron tensor parallelism of every block over tp_mesh: 2 all-reduces forward, 2 backward."""
+    """Megatron tensor parallelism of every block over tp_mesh: 2 all-reduces forward, 2 backward. Run
+    to_linear_gpt2(model) first. Raises ValueError if tp does not divide n_head or the model is not swapped."""
     tp = tp_mesh.size()
+    if model.config.n_head % tp:
+        raise ValueError(f"tp={tp} does not divide n_head={model.config.n_head}: pick tp from its divisors")
+    if not all(isinstance(b.attn.c_attn, QKV) for b in model.transformer.h):
+        raise ValueError("tensor_parallel needs to_linear_gpt2(model) first (Conv1D -> nn.Linear, q/k/v split)")
     plan = {"attn.c_attn": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
                                               use_local_output=False),  # one input-grad all-reduce for q, k, v
             "attn.c_attn.q": ColwiseParallel(), "attn.c_attn.k": ColwiseParallel(),
@@ -97,10 +94,15 @@ def tensor_parallel(model, tp_mesh):
 
 
 def train(model, batches, lr, dp_group=None, comm=None):
-    """AdamW over ``batches``; with ``dp_group`` the gradients are averaged over it after backward (data
-    parallelism, one flat all-reduce per step). Returns the losses, averaged over the dp group."""
+    """AdamW over ``batches`` (int64 (b, seq) byte ids: this rank's rows). With ``dp_group``: the parameters
+    (local shards) are first broadcast from dp rank 0, as DDP does at construction; after each backward the
+    gradients are averaged over it (one flat all-reduce; parameters without a gradient are skipped: all ranks
+    run the same code, so they agree). Returns the losses averaged over the dp group (= global batch)."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
+    with torch.no_grad():
+        for q in model.parameters() if dp > 1 else []:
+            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q, group=dp_group, group_src=0)
     losses = []
     for step, xb in enumerate(batches):
         with comm if (comm is not None and step == 0) else contextlib.nullcontext(), warnings.catch_warnings():
@@ -111,7 +113,8 @@ def train(model, batches, lr, dp_group=None, comm=None):
             loss.backward()
         stat = loss.detach().clone()
         if dp > 1:
-            grads = [q.grad.to_local() if isinstance(q.grad, DTensor) else q.grad for q in model.parameters()]
+            grads = [q.grad.to_local() if isinstance(q.grad, DTensor) else q.grad
+                     for q in model.parameters() if q.grad is not None]
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=dp_group)         # sum over the dp group ...
             flat /= dp                                    # ... and average, like DDP
@@ -125,50 +128,29 @@ def train(model, batches, lr, dp_group=None, comm=None):
 
 def main():
     p = argparse.ArgumentParser(description="2-D (data x tensor) parallel GPT-2")
-    g = p.add_argument_group("mesh")
-    g.add_argument("--layouts", default="auto", help="comma list of DPxTP meshes run one after the other "
-                   "(product = world size); auto: (world/2)x2, or world x 1 for an odd world size")
-    g = p.add_argument_group("model (GPT2Config) and training")
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--embd", type=int, default=64)
-    g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--seq", type=int, default=64, help="sequence length in bytes (= n_positions)")
-    g.add_argument("--global-batch", type=int, default=8, help="sequences per step, split over dp")
-    g.add_argument("--steps", type=int, default=30)
-    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (3e-3: near the edge of stability)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--no-reference", dest="reference", action="store_false",
+    p.add_argument("--layouts", default="auto", help="comma list of DPxTP meshes run one after the other "
+                   "(product = world size); auto: (world/2)x2, or world x 1 for an odd world size or head count")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--embd", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64, help="sequence length in bytes (= n_positions)")
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, split over dp")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (3e-3: near the edge of stability)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="skip the single-process reference on rank 0")
     args = p.parse_args()
 
     with distributed() as ctx:
         world, device, n = ctx.world_size, ctx.device, args.global_batch
-        layouts = args.layouts if args.layouts != "auto" else (f"{world // 2}x2" if world % 2 == 0 else f"{world}x1")
-        layouts = [tuple(int(v) for v in s.lower().split("x")) for s in layouts.split(",")]
-        for dp, tp in layouts:
-            if dp * tp != world or args.heads % tp or n % dp:
-                raise ValueError(f"layout {dp}x{tp} needs world size dp*tp = {dp * tp} (got {world}: use "
-                                 f"--nproc-per-node {dp * tp}), tp dividing --heads {args.heads} and dp "
-                                 f"dividing --global-batch {n}")
+        layouts = parse_layouts(args.layouts, world, args.heads, n)
         train_bytes, val_bytes = split(byte_corpus())
-        # windows of --seq bytes: the model predicts bytes 2..seq from the ones before
         batches = [get_batch(train_bytes, step, n, args.seq - 1, args.seed).to(device) for step in range(args.steps)]
         val_x = get_batch(val_bytes, 10**6, 32, args.seq - 1, args.seed).to(device)
         mk = lambda: make_model(args.layers, args.embd, args.heads, args.seq, args.seed).to(device)
         out = {"world_size": world, "backend": ctx.backend, "corpus_bytes": len(train_bytes) + len(val_bytes),
                "corpus_sha256": corpus_sha256(torch.cat([train_bytes, val_bytes])), "layouts": {}}
-
-        if args.reference and ctx.is_main:  # single process: unmodified HF model (Conv1D), whole batch
-            ref, swapped = mk(), to_linear_gpt2(mk())
-            with torch.no_grad():
-                a, b = ref(val_x).logits, swapped(val_x).logits
-            torch.testing.assert_close(b, a)              # the Conv1D -> Linear swap changes nothing
-            t0 = time.perf_counter()
-            out["reference"] = {"loss": train(ref, batches, args.lr), "swap_max_logit_diff": (a - b).abs().max().item(),
-                                "ms_per_step": (time.perf_counter() - t0) / args.steps * 1e3,
-                                "params_total": sum(q.numel() for q in ref.parameters())}
-            with torch.no_grad():
-                out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()
 
         for dp, tp in layouts:
             model, d, dp_group = to_linear_gpt2(mk()), 0, None
@@ -191,6 +173,18 @@ def main():
                                             "tp_comm_counts_step0": counts, "params_on_rank0": local_params}
             if dist.is_initialized():
                 dist.barrier()
+        if args.reference and ctx.is_main:  # after the meshes: no rank waits in a collective meanwhile
+            ref, swapped = mk(), to_linear_gpt2(mk())
+            with torch.no_grad():
+                a, b = ref(val_x).logits, swapped(val_x).logits
+            torch.testing.assert_close(b, a)              # the Conv1D -> Linear swap changes nothing
+            t0 = time.perf_counter()
+            out["reference"] = {"loss": train(ref, batches, args.lr), "swap_max_logit_diff": (a - b).abs().max().item(),
+                                "ms_per_step": (time.perf_counter() - t0) / args.steps * 1e3,
+                                "params_total": sum(q.numel() for q in ref.parameters())}
+            with torch.no_grad():
+                out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()
+
         out.update(layers=args.layers, embd=args.embd, heads=args.heads, seq=args.seq, steps=args.steps,
                    global_batch=n, lr=args.lr)
         emit_result(out)

@@ -27,9 +27,12 @@ from dataclasses import dataclass
 
 #: Bytes per parameter for (parameters, gradients, optimizer states) by precision and optimizer.
 #: "mixed": 16-bit parameters and gradients, fp32 master copy inside the optimizer states (ZeRO's K).
+#: "mixed_fp32_grads": 16-bit parameters, fp32 gradients (Megatron-LM's default for bf16 training,
+#: which accumulates and all-reduces gradients in fp32): 18 bytes per parameter with Adam.
 #: "fp32": everything in fp32 (the CPU demos of the course).
 BYTES_PER_PARAM: dict[tuple[str, str], tuple[int, int, int]] = {
     ("mixed", "adam"): (2, 2, 12),        # master 4 + momentum 4 + variance 4
+    ("mixed_fp32_grads", "adam"): (2, 4, 12),
     ("mixed", "sgd_momentum"): (2, 2, 8),  # master 4 + momentum 4
     ("mixed", "sgd"): (2, 2, 4),          # master 4
     ("fp32", "adam"): (4, 4, 8),          # momentum 4 + variance 4
@@ -110,10 +113,16 @@ def transformer_params(n_layers: int, hidden: int, vocab: int, seq_len: int) -> 
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int, *,
                                tp: int = 1, sequence_parallel: bool = False,
-                               recompute: str = "none") -> float:
+                               recompute: str = "none", act_bytes: int = 2) -> float:
     """Activation bytes one transformer layer keeps for backward, per GPU (Korthikanti et al. sec. 4).
 
-    16-bit activations and 1-byte dropout masks, as in the paper. ``recompute``: "none",
+    ``act_bytes`` bytes per activation value (default 2: the paper's 16-bit activations; 4 for fp32)
+    and 1-byte dropout masks. The paper's 2-byte formula splits into values and masks
+    (:func:`activation_elements_per_layer`); with B bytes a value it reads
+    ``s*b*h*((4B+2) + 12B/t + (2B+1)*a*s/(h*t))`` (B = 2: ``10 + 24/t + 5*a*s/(h*t)``), with
+    sequence parallelism ``s*b*h/t*((16B+2) + (2B+1)*a*s/h)``, full recomputation ``B*s*b*h``
+    (÷ t with sequence parallelism). The replicated ``4B+2``: LayerNorm inputs, the inputs of the
+    attention and MLP blocks (4 values) and two dropout masks. ``recompute``: "none",
     "selective" (the attention scores/softmax/dropout are recomputed: the ``5*a*s/h`` term goes)
     or "full" (only the layer's input ``2*s*b*h`` bytes are kept, divided by ``tp`` with sequence
     parallelism).
@@ -121,16 +130,17 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, n_he
     Raises:
         ValueError: unknown ``recompute`` or non-positive sizes.
     """
-    _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, n_heads=n_heads, tp=tp)
+    _check_positive(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, n_heads=n_heads, tp=tp,
+                    act_bytes=act_bytes)
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
-    s, b, h, a, t = seq_len, micro_batch, hidden, n_heads, tp
+    s, b, h, a, t, B = seq_len, micro_batch, hidden, n_heads, tp, act_bytes
     if recompute == "full":
-        return 2 * s * b * h / (t if sequence_parallel else 1)
-    attn = 0.0 if recompute == "selective" else 5 * a * s / h
+        return B * s * b * h / (t if sequence_parallel else 1)
+    attn = 0.0 if recompute == "selective" else (2 * B + 1) * a * s / h
     if sequence_parallel:
-        return s * b * h / t * (34 + attn)
-    return s * b * h * (10 + 24 / t + attn / t)
+        return s * b * h / t * (16 * B + 2 + attn)
+    return s * b * h * (4 * B + 2 + 12 * B / t + attn / t)
 
 
 def activation_elements_per_layer(seq_len: int, micro_batch: int, hidden: int, n_heads: int) -> dict:
@@ -169,13 +179,14 @@ def memory_per_gpu(n_layers: int, hidden: int, n_heads: int, vocab: int, seq_len
                    micro_batch: int, *, n_params: float | None = None, precision: str = "mixed",
                    optimizer: str = "adam", zero_stage: int = 0, dp: int = 1, tp: int = 1,
                    pp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-                   schedule: str = "1f1b", n_micro: int = 1) -> MemoryBreakdown:
+                   schedule: str = "1f1b", n_micro: int = 1, act_bytes: int = 2) -> MemoryBreakdown:
     """Model states plus activations per GPU for a GPT-style model (first pipeline stage, the fullest).
 
     ``n_params`` defaults to :func:`transformer_params`. Activations: ``n_layers/pp`` layers per
     stage times the micro-batches in flight (:func:`in_flight_micro_batches`) times
-    :func:`activation_bytes_per_layer`. Embedding/logit activations are left out (small for
-    large h). Returns a :class:`MemoryBreakdown` in bytes.
+    :func:`activation_bytes_per_layer` (``act_bytes`` bytes a value, default 2 as in the paper).
+    Embedding/logit activations are left out (small for large h), and so is the first stage's
+    share of the embedding weights: model states are ``n_params/(tp*pp)``. Returns a :class:`MemoryBreakdown` in bytes.
 
     Raises:
         ValueError: ``n_layers`` not divisible by ``pp``, ``n_heads`` or ``hidden`` not divisible by
@@ -192,5 +203,6 @@ def memory_per_gpu(n_layers: int, hidden: int, n_heads: int, vocab: int, seq_len
                                zero_stage=zero_stage, dp=dp, tp=tp, pp=pp)
     act = (n_layers // pp) * in_flight_micro_batches(schedule if pp > 1 else "none", pp, n_micro) \
         * activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, tp=tp,
-                                     sequence_parallel=sequence_parallel, recompute=recompute)
+                                     sequence_parallel=sequence_parallel, recompute=recompute,
+                                     act_bytes=act_bytes)
     return MemoryBreakdown(states.params, states.grads, states.optimizer, act)

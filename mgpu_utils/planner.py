@@ -10,24 +10,33 @@ activations, micro-batches in flight for the pipeline schedule); see that module
 Communication per GPU per step (bytes each GPU sends; a ring all-reduce of S bytes over n GPUs sends
 ``2(n-1)/n * S`` per GPU, lesson 04):
 
-* dp: one all-reduce of the local gradients, ``grad_bytes * n_params / (tp*pp)``; ZeRO-1/2 replace it by
-  a reduce-scatter plus an all-gather (same bytes), ZeRO-3 adds another all-gather of the parameters
-  (x 1.5). Rajbhandari et al., SC20, section 7.
+* dp: with ``f = (dp-1)/dp * n_params/(tp*pp)`` and G, P the gradient and parameter bytes per
+  parameter: ZeRO-0 (plain dp) one all-reduce of the accumulated gradients per step, ``2*f*G``; ZeRO-1 a
+  reduce-scatter of the gradients plus an all-gather of the updated parameters, ``f*(G+P)``; ZeRO-2
+  reduce-scatters the gradients of every micro-batch (it keeps only its shard), ``f*(m*G+P)``; ZeRO-3
+  also all-gathers the parameters in forward and in backward of every micro-batch, ``f*m*(G+2P)``.
+  With m = 1 and G = P this is the ZeRO paper's 1x / 1x / 1x / 1.5x of an all-reduce (Rajbhandari et al.,
+  SC20, section 7). ZeRO-2/3 with pp > 1 is marked infeasible: DeepSpeed refuses it (the per-micro-batch
+  gradient and parameter traffic would multiply with the pipeline's micro-batches).
 * tp: Megatron layers (Shoeybi et al. 2019, figure 4: four communication operations per layer, forward
-  and backward together): 2 all-reduces in forward and 2 in backward per layer and micro-batch, each of ``s*b*h`` activations (2 bytes); full
+  and backward together): 2 all-reduces in forward and 2 in backward per layer and micro-batch, each of ``s*b*h`` activations (``act_bytes``); full
   recomputation repeats the forward ones (6). Sequence parallelism replaces each all-reduce by a
   reduce-scatter plus an all-gather: same bytes.
-* pp: per micro-batch a stage sends its output activations (``s*b*h``, 2 bytes) forward and receives
-  the gradient back; a middle stage sends one of each: ``2 * m * s*b*h*2`` bytes per step (without the
+* pp: per micro-batch a stage sends its output activations (``s*b*h`` values) forward and receives
+  the gradient back; a middle stage sends one of each: ``2 * m * s*b*h*act_bytes`` bytes per step (without the
   scatter/gather optimisation of Narayanan et al., SC21, which divides the inter-node part by tp).
 
 Placement (Megatron's order): tp ranks are consecutive (inside a node, over NVLink), then dp, then pp.
-A group whose ranks all sit in one node of ``gpus_per_node`` GPUs uses the intra-node link, otherwise
+A group whose ranks all sit in one node of ``gpus_per_node`` GPUs uses the intra-node link (the dp
+groups do when ``tp*dp`` divides ``gpus_per_node``; otherwise some cross a node boundary), otherwise
 the inter-node link (one NIC per GPU). Time = bytes / link bandwidth, no overlap, no latency: an upper
 bound on the exposed communication for large messages.
 
 Pipeline bubble: ``(pp - 1) / m`` of the ideal compute time for GPipe and 1F1B (Narayanan et al., sec. 2.2),
-``m = global_batch / (dp * micro_batch)`` micro-batches per step.
+``m = global_batch / (dp * micro_batch)`` micro-batches per step. As a fraction of the whole step (compute
+plus bubble) that is ``(pp - 1) / (m + pp - 1)`` = bubble / (1 + bubble), the form lesson 05 uses.
+
+Activation bytes per value (``act_bytes``) follow the precision: 4 for "fp32", else 2.
 
 Compute estimate: ``6 * n_params * tokens`` FLOPs per step (forward 2, backward 4; Kaplan et al. 2020),
 +2 for full recomputation, at ``efficiency`` (default 0.5) of the GPU's dense bf16 peak. Assumptions, not
@@ -86,6 +95,14 @@ class Cluster:
     inter_link: str = "InfiniBand HDR (200 Gb/s)"
     memory_gb: float | None = None     # default: the GPU's memory
 
+    def __post_init__(self):
+        """Raises ValueError for an unknown GPU or link name (listing the known ones)."""
+        if self.gpu not in GPUS:
+            raise ValueError(f"unknown gpu {self.gpu!r}; known: {sorted(GPUS)}")
+        for kind in ("intra_link", "inter_link"):
+            if getattr(self, kind) not in LINKS:
+                raise ValueError(f"unknown {kind} {getattr(self, kind)!r}; known: {sorted(LINKS)}")
+
     @property
     def memory_bytes(self) -> float:
         return (self.memory_gb if self.memory_gb is not None else GPUS[self.gpu]["memory_gb"]) * 1e9
@@ -133,12 +150,18 @@ def _divisors(n: int) -> list[int]:
 def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, global_batch: int,
              micro_batch: int = 1, precision: str = "mixed", optimizer: str = "adam", zero_stage: int = 0,
              recompute: str = "none", sequence_parallel: bool = False, schedule: str = "1f1b",
-             act_bytes: int = 2, efficiency: float = 0.5) -> Layout:
+             act_bytes: int | None = None, efficiency: float = 0.5) -> Layout:
     """Memory, communication and feasibility of one layout (see the module docstring for the formulas).
 
+    ``act_bytes``: bytes per activation value; default from ``precision`` (4 for "fp32", else 2).
+
     Raises:
-        ValueError: ``dp * tp * pp != cluster.n_gpus``.
+        ValueError: ``dp * tp * pp != cluster.n_gpus``, unknown precision/optimizer.
     """
+    if (precision, optimizer) not in BYTES_PER_PARAM:
+        raise ValueError(f"unknown precision/optimizer {(precision, optimizer)}; known: {sorted(BYTES_PER_PARAM)}")
+    if act_bytes is None:
+        act_bytes = 4 if precision == "fp32" else 2
     if dp * tp * pp != cluster.n_gpus:
         raise ValueError(f"dp*tp*pp = {dp * tp * pp} but the cluster has {cluster.n_gpus} GPUs")
     problems = []
@@ -150,6 +173,9 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
         problems.append(f"pp={pp} does not divide {model.n_layers} layers")
     if global_batch % (dp * micro_batch):
         problems.append(f"global batch {global_batch} is not a multiple of dp x micro-batch = {dp * micro_batch}")
+    if zero_stage >= 2 and pp > 1:
+        problems.append(f"ZeRO-{zero_stage} with pp={pp}: not supported (DeepSpeed refuses ZeRO-2/3 with "
+                        "pipeline parallelism: gradients/parameters would move every micro-batch)")
     m = max(1, global_batch // (dp * micro_batch))
     lay = Layout(dp, tp, pp, m, None, problems=problems)
     if any("divide" in p for p in problems):
@@ -158,27 +184,56 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
                                 micro_batch, n_params=model.params, precision=precision, optimizer=optimizer,
                                 zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
                                 sequence_parallel=sequence_parallel, recompute=recompute,
-                                schedule=schedule, n_micro=m)
+                                schedule=schedule, n_micro=m, act_bytes=act_bytes)
     if lay.memory.total > cluster.memory_bytes:
         problems.append(f"needs {lay.memory_gb:.1f} GB per GPU > {cluster.memory_bytes / 1e9:.0f} GB")
     s, b, h = model.seq_len, micro_batch, model.hidden
-    grad_b = BYTES_PER_PARAM[(precision, optimizer)][1]
-    local_grads = grad_b * model.params / (tp * pp)
+    param_b, grad_b, _ = BYTES_PER_PARAM[(precision, optimizer)]
+    f = (dp - 1) / dp * model.params / (tp * pp)          # one reduce-scatter/all-gather: f * bytes
+    dp_bytes = {0: 2 * f * grad_b, 1: f * (grad_b + param_b), 2: f * (m * grad_b + param_b),
+                3: f * m * (grad_b + 2 * param_b)}[zero_stage]
     n_ar = 6 if recompute == "full" else 4
     lay.comm_bytes = {
-        "dp": ring_allreduce_bytes(local_grads, dp) * (1.5 if zero_stage == 3 else 1.0),
+        "dp": dp_bytes,
         "tp": (model.n_layers // pp) * m * n_ar * ring_allreduce_bytes(s * b * h * act_bytes, tp),
         "pp": 2 * m * s * b * h * act_bytes if pp > 1 else 0.0,
     }
     node = cluster.gpus_per_node
     lay.links = {"tp": cluster.intra_link,
-                 "dp": cluster.intra_link if tp * dp <= node else cluster.inter_link,
-                 "pp": cluster.intra_link if tp * dp * pp <= node else cluster.inter_link}
+                 "dp": cluster.intra_link if node % (tp * dp) == 0 else cluster.inter_link,
+                 "pp": cluster.intra_link if node % (tp * dp * pp) == 0 else cluster.inter_link}
     lay.comm_s = {k: v / (LINKS[lay.links[k]]["gbps"] * 1e9) for k, v in lay.comm_bytes.items()}
     lay.bubble = (pp - 1) / m
     flops = (8 if recompute == "full" else 6) * model.params * global_batch * s
     lay.compute_s = flops / (cluster.n_gpus * GPUS[cluster.gpu]["bf16_tflops"] * 1e12 * efficiency)
     return lay
+
+
+def parse_layouts(spec: str, world: int, heads: int, global_batch: int) -> list[tuple[int, int]]:
+    """Meshes for ``launch_scripts/hybrid_gpt2.py --layouts``: "2x2,1x4" -> ``[(2, 2), (1, 4)]`` (dp, tp).
+
+    "auto": ``(world/2)x2``, or ``world x 1`` for an odd world size or head count.
+
+    Raises:
+        ValueError: a malformed item, or a mesh whose dp*tp is not ``world``, whose tp does not divide
+        ``heads`` or whose dp does not divide ``global_batch``; one message per failed check, naming the fix.
+    """
+    spec = spec if spec != "auto" else (f"{world // 2}x2" if world % 2 == 0 and heads % 2 == 0 else f"{world}x1")
+    out = []
+    for item in spec.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 2 or not all(v.isdigit() and int(v) > 0 for v in parts):
+            raise ValueError(f"--layouts {spec!r}: {item!r} is not DPxTP with positive integers, e.g. 2x2,1x4")
+        dp, tp = map(int, parts)
+        for ok, fix in [(dp * tp == world, f"needs world size dp*tp = {dp * tp}, got {world}: use --nproc-per-node "
+                                           f"{dp * tp} or a layout with dp*tp = {world}"),
+                        (heads % tp == 0, f"tp={tp} does not divide --heads {heads}: use a tp dividing {heads}"),
+                        (global_batch % dp == 0, f"dp={dp} does not divide --global-batch {global_batch}: "
+                                                 f"use a multiple of {dp}")]:
+            if not ok:
+                raise ValueError(f"layout {dp}x{tp} {fix}")
+        out.append((dp, tp))
+    return out
 
 
 def plan(model: ModelSpec, cluster: Cluster, **kwargs) -> list[Layout]:

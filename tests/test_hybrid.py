@@ -97,15 +97,101 @@ def test_planner_small_case_and_rules():
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     lay = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8, precision="fp32")
     assert lay.memory.params + lay.memory.grads + lay.memory.optimizer == 16e6 / 2
-    assert lay.memory.activations == 4 * 32 * 64 * (10 + 12 + 5 * 4 * 32 / (64 * 2))
+    # 4 layers, fp32: 4-byte values, 1-byte masks (Korthikanti's 10 + 24/t + 5as/(ht) has 2-byte values)
+    assert lay.memory.activations == 4 * 32 * 64 * (18 + 24 + 9 * 4 * 32 / (64 * 2))
     assert lay.n_micro == 4 and lay.comm_bytes["pp"] == 0 and lay.comm_s["dp"] > 0
     assert lay.comm_bytes["dp"] == 2 * 1 / 2 * 4 * 1e6 / 2
+    assert lay.comm_bytes["tp"] == 4 * 4 * 4 * (2 * 1 / 2) * 32 * 64 * 4       # layers x m x 4 x ring x s*h*4 B
     demo = ModelSpec("demo", 2, 64, 4, 64, 256)
     feasible = {(x.dp, x.tp, x.pp) for x in plan(demo, Cluster(4), global_batch=8) if x.feasible}
     assert feasible == {(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)}
     big = {(x.dp, x.tp, x.pp): x for x in plan(GPT3_175B, Cluster(1024), global_batch=1536)}
     assert not big[(4, 16, 16)].feasible and "node" in big[(4, 16, 16)].problems[0]
-    assert not big[(1024, 1, 1)].feasible                     # plain DDP: 2.8 TB of states per GPU
+    assert any("GB per GPU" in p for p in big[(1024, 1, 1)].problems)   # plain DDP: 2.8 TB of states per GPU
     assert big[(1024, 1, 1)].memory.params + big[(1024, 1, 1)].memory.optimizer > 2e12
     with pytest.raises(ValueError):
         evaluate(toy, Cluster(4), 2, 2, 2, global_batch=8)
+
+
+def test_parse_layouts_one_message_per_failed_check():
+    from mgpu_utils.planner import parse_layouts
+    assert parse_layouts("2x2, 1X4", 4, 4, 8) == [(2, 2), (1, 4)]
+    assert parse_layouts("auto", 4, 4, 8) == [(2, 2)] and parse_layouts("auto", 4, 3, 8) == [(4, 1)]
+    with pytest.raises(ValueError, match="--nproc-per-node 4"):
+        parse_layouts("2x2", 1, 4, 8)
+    with pytest.raises(ValueError, match="tp=4 does not divide --heads 2") as e:
+        parse_layouts("1x4", 4, 2, 8)
+    assert "nproc" not in str(e.value)                        # the world size is right: not named as the fix
+    with pytest.raises(ValueError, match="dp=4 does not divide --global-batch 6"):
+        parse_layouts("4x1", 4, 4, 6)
+    for bad in ("2by2", "2x", "2x2x1", "0x4", "-1x4", ""):
+        with pytest.raises(ValueError, match="not DPxTP"):
+            parse_layouts(bad, 4, 4, 8)
+
+
+def test_tensor_parallel_checks_before_touching_the_mesh():
+    from hybrid_gpt2 import make_model, tensor_parallel, to_linear_gpt2
+
+    class FakeMesh:                                           # only .size() is read before the checks
+        def __init__(self, n):
+            self.n = n
+
+        def size(self):
+            return self.n
+    with pytest.raises(ValueError, match="does not divide n_head=4"):
+        tensor_parallel(to_linear_gpt2(make_model()), FakeMesh(3))
+    with pytest.raises(ValueError, match="to_linear_gpt2"):
+        tensor_parallel(make_model(), FakeMesh(2))
+
+
+def test_activation_bytes_scale_with_act_bytes():
+    from mgpu_utils.memory_model import activation_bytes_per_layer, activation_elements_per_layer
+    s, b, h, a = 64, 2, 32, 4
+    el = activation_elements_per_layer(s, b, h, a)
+    for B in (2, 4):                                          # B bytes a value, 1-byte masks
+        assert activation_bytes_per_layer(s, b, h, a, act_bytes=B) == pytest.approx(B * el["values"] + el["masks"])
+        # tp = 2: replicated 4 values + 2 masks (x s*b*h), split 12 values, attention 2 values + 1 mask (x a*s^2*b)
+        by_hand = s * b * h * (4 * B + 2) + s * b * h * 12 * B / 2 + (2 * B + 1) * a * s * s * b / 2
+        assert activation_bytes_per_layer(s, b, h, a, tp=2, act_bytes=B) == pytest.approx(by_hand)
+    assert activation_bytes_per_layer(s, b, h, a, recompute="full", act_bytes=4) == 4 * s * b * h
+    assert activation_bytes_per_layer(s, b, h, a) == activation_bytes_per_layer(s, b, h, a, act_bytes=2)
+
+
+def test_planner_rules_zero_precision_links_names():
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    c = Cluster(8, memory_gb=1)
+    # fp32 planning uses 4-byte activations; mixed 2-byte
+    fp32 = evaluate(toy, c, 4, 2, 1, global_batch=8, precision="fp32")
+    mixed = evaluate(toy, c, 4, 2, 1, global_batch=8)
+    assert fp32.comm_bytes["tp"] == 2 * mixed.comm_bytes["tp"]
+    assert mixed.memory.activations == 4 * 32 * 64 * (10 + 12 + 5 * 4 * 32 / (64 * 2))     # the paper's formula
+    # fp32 gradients: 18 bytes per parameter, dp traffic x2
+    g32 = evaluate(toy, c, 4, 2, 1, global_batch=8, precision="mixed_fp32_grads")
+    assert g32.memory.params + g32.memory.grads + g32.memory.optimizer == 18e6 / 2
+    assert g32.comm_bytes["dp"] == 2 * mixed.comm_bytes["dp"]
+    # ZeRO traffic with m micro-batches (pp = 1): f = (dp-1)/dp * N/tp, P = G = 2 bytes, m = 2
+    f, m = 3 / 4 * 1e6 / 2, 2
+    dp_bytes = {z: evaluate(toy, c, 4, 2, 1, global_batch=8, zero_stage=z).comm_bytes["dp"] for z in range(4)}
+    assert dp_bytes == pytest.approx({0: 4 * f, 1: 4 * f, 2: (2 * m + 2) * f, 3: 6 * m * f})
+    # ZeRO-2/3 with a pipeline: infeasible, reason stated
+    for z in (2, 3):
+        bad = evaluate(toy, c, 2, 2, 2, global_batch=8, zero_stage=z)
+        assert not bad.feasible and any("pipeline" in p for p in bad.problems)
+    assert evaluate(toy, c, 2, 2, 2, global_batch=8, zero_stage=1).feasible
+    # groups that do not tile a node cross nodes: tp*dp = 6 on nodes of 8 GPUs
+    c12, t12 = Cluster(12, gpus_per_node=8), ModelSpec("t12", 12, 64, 4, 32, 256, n_params=1e6)
+    assert evaluate(t12, c12, 3, 2, 2, global_batch=6).links["dp"] == c12.inter_link
+    assert evaluate(t12, c12, 2, 2, 3, global_batch=6).links["dp"] == c12.intra_link
+    with pytest.raises(ValueError, match="known"):
+        Cluster(8, gpu="A1000")
+    with pytest.raises(ValueError, match="InfiniBand"):
+        Cluster(8, inter_link="IB")
+
+
+def test_planner_zero_paper_example():
+    """Outside check: ZeRO paper (Rajbhandari et al., SC20), 7.5B parameters on 64 GPUs, Nd = 64,
+    mixed-precision Adam: 120 / 31.4 / 16.6 / 1.9 GB of model states per GPU for stage 0 / 1 / 2 / 3."""
+    m = ModelSpec("7.5B", n_layers=32, hidden=4096, n_heads=32, seq_len=1024, vocab=50257, n_params=7.5e9)
+    for z, gb in zip(range(4), (120, 31.4, 16.6, 1.9)):
+        mem = evaluate(m, Cluster(64), 64, 1, 1, global_batch=64, zero_stage=z).memory
+        assert (mem.params + mem.grads + mem.optimizer) / 1e9 == pytest.approx(gb, abs=0.05)
