@@ -32,13 +32,17 @@ from dataclasses import dataclass
 #: "fp32": everything in fp32 (the CPU demos of the course).
 BYTES_PER_PARAM: dict[tuple[str, str], tuple[int, int, int]] = {
     ("mixed", "adam"): (2, 2, 12),        # master 4 + momentum 4 + variance 4
-    ("mixed_fp32_grads", "adam"): (2, 4, 12),
+    ("mixed_fp32_grads", "adam"): (2, 4, 12),  # Megatron-LM: fp32 gradient accumulation buffer
+    ("mixed_fp32_grads", "sgd_momentum"): (2, 4, 8),
+    ("mixed_fp32_grads", "sgd"): (2, 4, 4),
     ("mixed", "sgd_momentum"): (2, 2, 8),  # master 4 + momentum 4
     ("mixed", "sgd"): (2, 2, 4),          # master 4
     ("fp32", "adam"): (4, 4, 8),          # momentum 4 + variance 4
     ("fp32", "sgd_momentum"): (4, 4, 4),
     ("fp32", "sgd"): (4, 4, 0),
     ("bf16", "adam"): (2, 2, 4),          # pure bf16: states kept in bf16, no master copy
+    ("bf16", "sgd_momentum"): (2, 2, 2),
+    ("bf16", "sgd"): (2, 2, 0),
 }
 
 ZERO_STAGES = (0, 1, 2, 3)

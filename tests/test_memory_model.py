@@ -44,3 +44,11 @@ def test_bad_input_is_refused(kw):
         model_state_bytes(1e6, **kw)
     with pytest.raises(ValueError, match="divisible by pp"):
         memory_per_gpu(6, 64, 4, 256, 32, 1, pp=4)
+
+
+def test_every_precision_works_with_every_optimizer():
+    """The calculator's dropdowns offer each precision and each optimizer independently."""
+    from mgpu_utils.memory_model import BYTES_PER_PARAM
+    precisions = {p for p, _ in BYTES_PER_PARAM}
+    optimizers = {o for _, o in BYTES_PER_PARAM}
+    assert set(BYTES_PER_PARAM) == {(p, o) for p in precisions for o in optimizers}
