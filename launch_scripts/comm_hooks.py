@@ -18,6 +18,7 @@ Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/comm_hooks.py --scale 1000
 """
 import argparse
+import itertools
 import statistics
 import time
 
@@ -28,10 +29,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_train import SmallCNN, load_data, shard_batches
+from ddp_train import SmallCNN, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.hardware import LINKS
 from mgpu_utils.interconnect import emulated_link_hook
+from sync_async import batch_stream
 
 HOOKS = {"fp32 (default)": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
          "bf16": default_hooks.bf16_compress_hook, "PowerSGD r=1": powerSGD_hook}
@@ -49,14 +51,6 @@ def make_ddp(ctx, a, hook_name, link, scale):
     stats, hook = emulated_link_hook(inner, state, link, ctx.world_size, scale=scale)
     ddp.register_comm_hook(stats, hook)
     return ddp, stats
-
-
-def batches(train, ctx, steps, batch_size, seed):
-    out, epoch = [], 0
-    while len(out) < steps:
-        out += shard_batches(train, ctx.world_size, ctx.rank, epoch, batch_size, seed)
-        epoch += 1
-    return out[:steps]
 
 
 def train(ddp, a, data, idx_list, eval_every, test=None):
@@ -104,7 +98,8 @@ def main():
         train_set, test_set = load_data()
         data = tuple(t.to(ctx.device) for t in train_set.tensors)
         test = tuple(t.to(ctx.device) for t in test_set.tensors)
-        idx_list = batches(train_set, ctx, max(a.steps, a.emu_steps), a.batch_size, a.seed)
+        stream = batch_stream(train_set, ctx.world_size, ctx.rank, a.batch_size, a.seed)
+        idx_list = list(itertools.islice(stream, max(a.steps, a.emu_steps)))
         n = ctx.world_size
         hooks = {}
         for name in HOOKS:

@@ -4,8 +4,8 @@
 Every rank trains its own copy of SmallCNN on its own shard with plain SGD (--lr per local step of
 --batch-size samples) and every H steps the ranks average their parameters with one all-reduce. H=1 is
 synchronous data parallelism: averaging the parameters after one step from the same parameters equals
-one step with the averaged gradient. With --with-sync a last run, "sync", all-reduces the gradients every step (the
-reference for H=1). Between runs the model restarts from the same initial parameters.
+one step with the averaged gradient. With --with-sync a last run, "sync", all-reduces the gradients
+every step (the reference for H=1). Between runs the model restarts from the same initial parameters.
 
 Communication is counted, not guessed: each averaging is one all-reduce of 4 x P bytes (fp32), which
 a ring moves as 2(n-1)/n x 4P bytes per rank. Parameter snapshots after an averaging (every
@@ -18,6 +18,7 @@ Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/local_sgd.py --H 1 4 16
 """
 import argparse
+import itertools
 import time
 
 import torch
@@ -25,18 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ddp_train import SmallCNN, load_data, shard_batches
+from ddp_train import SmallCNN, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.interconnect import ring_wire_bytes_per_rank
-
-
-def local_batches(train, n, rank, steps, batch_size, seed):
-    """This rank's first ``steps`` batches (index lists), epoch after epoch as DistributedSampler shards them."""
-    out, epoch = [], 0
-    while len(out) < steps:
-        out += shard_batches(train, n, rank, epoch, batch_size, seed)
-        epoch += 1
-    return out[:steps]
+from sync_async import batch_stream
 
 
 def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
@@ -102,7 +95,7 @@ def main():
         model = SmallCNN().to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().clone()
         P = theta0.numel()
-        batches = local_batches(train, world, rank, a.steps, a.batch_size, a.seed)
+        batches = list(itertools.islice(batch_stream(train, world, rank, a.batch_size, a.seed), a.steps))
         runs, finals = {}, {}
         for H in [*a.H, *([0] if a.with_sync else [])]:
             name = f"H={H}" if H else "sync"
@@ -116,7 +109,8 @@ def main():
                     vector_to_parameters(theta.to(device), model.parameters())
                     curve.append((step, s, (model(Xt).argmax(1) == Yt).float().mean().item()))
             runs[name] = {"H": H, "curve": curve, "final_acc": curve[-1][2], "allreduce_calls": calls,
-                          "payload_bytes": calls * 4 * P, "ring_bytes_per_rank": calls * ring_wire_bytes_per_rank(4 * P, world),
+                          "payload_bytes": calls * 4 * P,
+                          "ring_bytes_per_rank": calls * ring_wire_bytes_per_rank(4 * P, world),
                           "seconds": sec, "allreduce_seconds": comm_s}
             finals[name] = snaps[-1][2]
             ctx.log(f"{name:>5}: {calls:3d} all-reduces, test acc {curve[-1][2]:.3f}, {sec:.2f} s")

@@ -1,21 +1,19 @@
 """Synchronous all-reduce SGD against an asynchronous parameter server on digits, each with and without a
 straggler, in one launch (notebooks/08_sync_vs_async.ipynb).
 
-Ranks 1..W (W = world size - 1) are the workers in both modes, so both compute with W processes:
-* sync: each step every worker computes the gradient of its own batch (SmallCNN, plain SGD), the workers
-  all-reduce (average) it and all take the same step with lr x W (global batch W x b, linear scaling).
-* async: rank 0 is a parameter server (PS) holding the parameters and a version counter. A worker pulls
-  (parameters, version), computes a gradient, pushes it with that version; the PS applies it at once
-  (lr per push), replies with the new parameters, and stops a worker (reply flag) once --steps x W
-  updates were applied: the same number of gradients as sync. Every received gradient is applied exactly
-  once; staleness = PS version when applied - version the gradient was computed on.
+Ranks 1..W (W = world size - 1) are the workers in both modes (SmallCNN, plain SGD, batches of b).
+* sync: every worker computes the gradient of its batch, the workers all-reduce (average) it and all take
+  the same step with lr x W (global batch W x b, linear scaling).
+* async: rank 0 is a parameter server (PS) holding the parameters and a version. A worker pulls them,
+  computes a gradient, pushes it with the version it used; the PS applies it at once (lr), replies with
+  the new parameters, and answers "stop" once --steps x W updates were applied (as many gradients as
+  sync). Every received gradient is applied exactly once; staleness = PS version when applied - version
+  the gradient was computed on. PS messages are point-to-point ops on a gloo group (recv from any
+  source returns the sender), also when the job runs on NCCL: parameters travel as CPU tensors.
 * straggler: rank --straggler sleeps --delay-ms per step (sleep is honest on a busy CPU; compute is not).
-PS messages use point-to-point ops on a gloo group (recv from any source: the call returns the sender),
-also when the job runs on NCCL, so parameters travel as CPU tensors. Parameter snapshots (with their
-time) are scored on the test set after each run, so evaluation does not count in the wall-clock.
-
-Rank 0 prints JSON: per run, accuracy curve (gradients, seconds, accuracy), staleness histogram, pushes
-sent/applied, bytes sent. --dump PATH: rank 0 saves {run: final flat parameters} for the tests.
+Parameter snapshots (with their time) are scored on the test set after each run: not in the wall-clock.
+Rank 0 prints JSON per run: accuracy curve (gradients, seconds, accuracy), staleness histogram, pushes
+sent/applied, bytes sent. --dump PATH: rank 0 saves {run: final flat parameters} (tests).
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/sync_async.py --delay-ms 20
@@ -49,27 +47,25 @@ def flat_grad(model, x, y):
     return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
 
 
+@torch.no_grad()
 def accuracy(model, theta, x, y):
-    with torch.no_grad():
-        vector_to_parameters(theta.to(x.device), model.parameters())
-        return (model(x).argmax(1) == y).float().mean().item()
+    """Test accuracy of the flat parameters theta (loaded into model)."""
+    vector_to_parameters(theta.to(x.device), model.parameters())
+    return (model(x).argmax(1) == y).float().mean().item()
 
 
 def run_sync(a, ctx, model, theta0, data, workers, W, delay):
     """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, seconds, theta)]."""
     X, Y, train = data
-    stream = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed)
-    theta = theta0.to(ctx.device).clone()
+    stream, theta = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed), theta0.to(ctx.device).clone()
     snaps, step_s = [(0, 0.0, theta0.clone())], []
     dist.barrier(group=workers)
     t0 = time.perf_counter()
     for step in range(1, a.steps + 1):
-        ts = time.perf_counter()
+        ts, idx = time.perf_counter(), next(stream)
         vector_to_parameters(theta, model.parameters())
-        idx = next(stream)
         g = flat_grad(model, X[idx], Y[idx])
-        if delay:
-            time.sleep(delay)
+        time.sleep(delay)                                 # the straggler (0 elsewhere)
         dist.all_reduce(g, group=workers)               # sum over workers ...
         theta = theta - a.lr * W * (g / W)                # ... average, and the global-batch step
         step_s.append(time.perf_counter() - ts)
@@ -88,16 +84,14 @@ def run_ps(a, theta0, group, W, proj):
     while active:
         src = dist.recv(msg, group=group)                 # from any worker: returns the sender's rank
         if msg[0] == 1:                                   # a gradient: apply it now, once
-            g = msg[3:]
-            staleness = version - int(msg[1])
+            g, staleness = msg[3:], version - int(msg[1])
             theta.add_(g, alpha=-a.lr)
             version += 1
             applied.append([src, int(msg[2]), staleness, time.perf_counter() - t0,
                             torch.dot(proj, g.double()).item()])
             if version % (a.eval_every * W) == 0 or version == budget:
                 snaps.append((version, time.perf_counter() - t0, theta.clone()))
-        stop = version >= budget
-        reply[0], reply[1], reply[2:] = float(stop), float(version), theta
+        reply[0], reply[1], reply[2:] = float(stop := version >= budget), float(version), theta
         dist.send(reply, dst=src, group=group)
         active -= int(stop)
     return snaps, applied, theta
@@ -107,24 +101,21 @@ def run_worker(a, ctx, model, data, group, W, delay, proj):
     """Ranks 1..W in async mode: pull, compute, push until the PS says stop. Returns pushes and step times."""
     X, Y, train = data
     stream = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed)
-    P = proj.numel()
-    msg, reply = torch.zeros(P + 3), torch.empty(P + 2)
+    msg, reply = torch.zeros(proj.numel() + 3), torch.empty(proj.numel() + 2)
     dist.send(msg, dst=0, group=group)                    # kind 0: hello, send me the parameters
     dist.recv(reply, src=0, group=group)
     pushes, step_s, seq = [], [], 0
     while reply[0] == 0:
-        ts = time.perf_counter()
+        ts, idx = time.perf_counter(), next(stream)
         vector_to_parameters(reply[2:].to(ctx.device), model.parameters())
-        idx = next(stream)
         g = flat_grad(model, X[idx], Y[idx]).cpu()
-        if delay:
-            time.sleep(delay)
+        time.sleep(delay)
         msg[0], msg[1], msg[2], msg[3:] = 1.0, reply[1], float(seq), g
-        pushes.append([ctx.rank, seq, torch.dot(proj, g.double()).item()])
-        seq += 1
+        pushes.append([ctx.rank, seq, torch.dot(proj, g.double()).item()])   # a checksum of g
         dist.send(msg, dst=0, group=group)
         dist.recv(reply, src=0, group=group)
         step_s.append(time.perf_counter() - ts)
+        seq += 1
     return pushes, step_s
 
 
@@ -136,7 +127,6 @@ def main():
     g.add_argument("--lr", type=float, default=0.1, help="per gradient of one batch (sync: x W)")
     g.add_argument("--eval-every", type=int, default=5, help="sync steps (async: x W updates) between snapshots")
     g.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("straggler")
     g.add_argument("--delay-ms", type=float, default=20.0, help="sleep per step on the straggler; 0: no runs with one")
     g.add_argument("--straggler", type=int, default=1, help="the slow rank (a worker: 1..W)")
     g.add_argument("--dump", default="", help="rank 0 saves {run: final flat parameters} here (tests)")
@@ -151,18 +141,15 @@ def main():
         if not 1 <= a.straggler <= W:
             raise ValueError(f"--straggler must be a worker rank 1..{W}, got {a.straggler}")
         train, test = load_data()
-        data = (train.tensors[0].to(device), train.tensors[1].to(device), train)
-        Xt, Yt = (t.to(device) for t in test.tensors)
+        data, (Xt, Yt) = (*(t.to(device) for t in train.tensors), train), (t.to(device) for t in test.tensors)
         torch.manual_seed(a.seed)
         model = SmallCNN().to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().cpu().clone()
-        P = theta0.numel()
-        proj = torch.randn(P, generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
+        proj = torch.randn(P := theta0.numel(), generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
         ps_group = dist.new_group(backend="gloo")          # point-to-point with any-source recv
         workers = dist.new_group(ranks=list(range(1, world)))
         runs, finals = {}, {}
-        delays = [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else [])
-        for delay in delays:
+        for delay in [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else []):
             for mode in ("sync", "async"):
                 name = mode + (" + straggler" if delay else "")
                 d = delay if rank == a.straggler else 0.0
@@ -196,18 +183,15 @@ def summarize(parts, mode, W, P, a, delay):
     res = {"mode": mode, "delay_s": delay, "curve": holder["curve"], "seconds": holder["curve"][-1][1],
            "mean_step_s": {str(q["rank"]): sum(q["step_s"]) / max(1, len(q["step_s"])) for q in parts[1:]}}
     if mode == "sync":
-        res["updates"], res["gradients"] = a.steps, a.steps * W
-        res["bytes_sent"] = a.steps * W * ring_wire_bytes_per_rank(4 * P, W)
+        res.update(updates=a.steps, gradients=a.steps * W, bytes_sent=a.steps * W * ring_wire_bytes_per_rank(4 * P, W))
     else:
-        applied = parts[0]["applied"]
-        sent = [x for q in parts[1:] for x in q["pushes"]]
+        applied, sent = parts[0]["applied"], [x for q in parts[1:] for x in q["pushes"]]
         res["updates"] = res["gradients"] = len(applied)
         res["staleness_hist"] = sorted(collections.Counter(x[2] for x in applied).items())
         res["staleness_by_rank"] = {str(r): [x[2] for x in applied if x[0] == r] for r in range(1, W + 1)}
         res["pushes_sent"] = sorted([x[0], x[1], x[2]] for x in sent)
         res["pushes_applied"] = sorted([x[0], x[1], x[4]] for x in applied)
-        res["projection_displacement"] = parts[0]["projection"]
-        res["projection_sum_applied"] = sum(x[4] for x in applied)
+        res.update(projection_displacement=parts[0]["projection"], projection_sum_applied=sum(x[4] for x in applied))
         res["bytes_sent"] = (len(applied) + W) * 4 * (2 * P + 5)   # push + reply per message, hellos too
     return res, holder["final"]
 
