@@ -1,7 +1,7 @@
 """Synchronous all-reduce SGD against an asynchronous parameter server on digits, each with and without a
 straggler, in one launch (notebooks/08_sync_vs_async.ipynb).
 
-Ranks 1..W (W = world size - 1) are the workers in both modes (SmallCNN, plain SGD, batches of b).
+Ranks 1..W (W = world size - 1) are the workers in both modes (a small MLP, plain SGD, batches of b).
 * sync: every worker computes the gradient of its batch, the workers all-reduce (average) it and all take
   the same step with lr x W (global batch W x b, linear scaling).
 * async: rank 0 is a parameter server (PS) holding the parameters and a version. A worker pulls them,
@@ -16,7 +16,7 @@ Rank 0 prints JSON per run: accuracy curve (gradients, seconds, accuracy), stale
 sent/applied, bytes sent. --dump PATH: rank 0 saves {run: final flat parameters} (tests).
 
 Run:
-    torchrun --standalone --nproc-per-node 4 launch_scripts/sync_async.py --delay-ms 20
+    torchrun --standalone --nproc-per-node 4 launch_scripts/sync_async.py --delay-ms 40
 """
 import argparse
 import collections
@@ -24,12 +24,18 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ddp_train import SmallCNN, load_data, shard_batches
+from ddp_train import load_data, shard_batches
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.interconnect import ring_wire_bytes_per_rank
+
+
+def make_mlp():
+    """Digits (B, 1, 8, 8) -> 128 ReLU -> 10 logits, 9,610 parameters: plain SGD learns it in tens of steps."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
 def batch_stream(train, n_workers, w, batch_size, seed):
@@ -58,9 +64,7 @@ def run_sync(a, ctx, model, theta0, data, workers, W, delay):
     """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, seconds, theta)]."""
     X, Y, train = data
     stream, theta = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed), theta0.to(ctx.device).clone()
-    snaps, step_s = [(0, 0.0, theta0.clone())], []
-    dist.barrier(group=workers)
-    t0 = time.perf_counter()
+    snaps, step_s, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     for step in range(1, a.steps + 1):
         ts, idx = time.perf_counter(), next(stream)
         vector_to_parameters(theta, model.parameters())
@@ -79,8 +83,7 @@ def run_ps(a, theta0, group, W, proj):
     P, budget = theta0.numel(), a.steps * W
     theta, version, active = theta0.clone(), 0, W
     msg, reply = torch.empty(P + 3), torch.empty(P + 2)   # [kind, base version, seq, grad]; [stop, version, theta]
-    snaps, applied = [(0, 0.0, theta0.clone())], []
-    t0 = time.perf_counter()
+    snaps, applied, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     while active:
         src = dist.recv(msg, group=group)                 # from any worker: returns the sender's rank
         if msg[0] == 1:                                   # a gradient: apply it now, once
@@ -121,13 +124,13 @@ def run_worker(a, ctx, model, data, group, W, delay, proj):
 
 def main():
     p = argparse.ArgumentParser(description="sync all-reduce vs async parameter server, with a straggler")
-    g = p.add_argument_group("training")
-    g.add_argument("--steps", type=int, default=100, help="sync steps; async applies steps x W updates")
+    g = p.add_argument_group("training and straggler")
+    g.add_argument("--steps", type=int, default=80, help="sync steps; async applies steps x W updates")
     g.add_argument("--batch-size", type=int, default=16, help="per worker and gradient")
     g.add_argument("--lr", type=float, default=0.1, help="per gradient of one batch (sync: x W)")
     g.add_argument("--eval-every", type=int, default=5, help="sync steps (async: x W updates) between snapshots")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--delay-ms", type=float, default=20.0, help="sleep per step on the straggler; 0: no runs with one")
+    g.add_argument("--delay-ms", type=float, default=40.0, help="sleep per step on the straggler; 0: no runs with one")
     g.add_argument("--straggler", type=int, default=1, help="the slow rank (a worker: 1..W)")
     g.add_argument("--dump", default="", help="rank 0 saves {run: final flat parameters} here (tests)")
     a = p.parse_args()
@@ -137,13 +140,12 @@ def main():
         if world < 2:
             raise ValueError(f"needs a parameter server and at least one worker, got world size {world}: "
                              "use --nproc-per-node 2 or more (4: a PS and 3 workers)")
-        W = world - 1
-        if not 1 <= a.straggler <= W:
+        if not 1 <= a.straggler <= (W := world - 1):
             raise ValueError(f"--straggler must be a worker rank 1..{W}, got {a.straggler}")
         train, test = load_data()
         data, (Xt, Yt) = (*(t.to(device) for t in train.tensors), train), (t.to(device) for t in test.tensors)
         torch.manual_seed(a.seed)
-        model = SmallCNN().to(device)
+        model = make_mlp().to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().cpu().clone()
         proj = torch.randn(P := theta0.numel(), generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
         ps_group = dist.new_group(backend="gloo")          # point-to-point with any-source recv
@@ -151,9 +153,8 @@ def main():
         runs, finals = {}, {}
         for delay in [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else []):
             for mode in ("sync", "async"):
-                name = mode + (" + straggler" if delay else "")
+                name, out = mode + (" + straggler" if delay else ""), {"rank": rank}
                 d = delay if rank == a.straggler else 0.0
-                out = {"rank": rank}
                 if mode == "sync" and rank > 0:
                     snaps, out["step_s"] = run_sync(a, ctx, model, theta0, data, workers, W, d)
                     if rank == 1:                          # every worker holds the same parameters
@@ -165,8 +166,7 @@ def main():
                     out["projection"] = torch.dot(proj, (theta0 - out["final"]).double()).item() / a.lr
                 elif mode == "async":
                     out["pushes"], out["step_s"] = run_worker(a, ctx, model, data, ps_group, W, d, proj)
-                parts = [None] * world
-                dist.all_gather_object(parts, out, group=ps_group)
+                dist.all_gather_object(parts := [None] * world, out, group=ps_group)
                 if rank == 0:
                     runs[name], finals[name] = summarize(parts, mode, W, P, a, delay)
         if a.dump and rank == 0:

@@ -33,8 +33,9 @@ def test_machine_report_fields():
 
 
 RIGHT = {"02.1": 0.25, "02.2": 7, "01.1": 1024, "01.2": 295, "00.1": 28, "00.2": "gloo", "03.1": 360, "03.2": 4, "03.3": 8, "04.1": 28, "04.2": 7.5,
-         "04.3": "reduce_scatter"}
-WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce"}
+         "04.3": "reduce_scatter", "08.1": 140.28, "08.2": 3, "08.3": 100}
+WRONG = {"02.1": 1, "02.2": 8, "01.1": 512, "01.2": 0.295, "00.1": 36, "00.2": "nccl", "03.1": 359, "03.2": 64, "03.3": 1, "04.1": 32, "04.2": 10, "04.3": "all_reduce",
+         "08.1": 160, "08.2": 4, "08.3": 800}
 
 
 @pytest.mark.parametrize("ex_id", sorted(exercises.EXERCISES))
@@ -68,6 +69,12 @@ def test_exercise_answers_match_the_facts():
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
+    from mgpu_utils.interconnect import ring_allreduce_seconds
+    from mgpu_utils.staleness import simulate_ps
+    assert math.isclose(ring_allreduce_seconds(100e6, 8, "Ethernet 10 GbE") * 1e3, RIGHT["08.1"])
+    sim = simulate_ps([1.0] * 4, 4000)
+    assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
+    assert 800 // 8 == RIGHT["08.3"]
 
 
 def test_unknown_exercise_and_bad_types():

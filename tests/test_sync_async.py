@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from ddp_train import SmallCNN, load_data, shard_batches
+from sync_async import make_mlp
 from mgpu_utils.hardware import LINKS
 from mgpu_utils.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
 from mgpu_utils.launcher import launch
@@ -102,7 +103,7 @@ def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
             epoch += 1
         streams.append(idx)
     torch.manual_seed(seed)
-    model = SmallCNN()
+    model = make_mlp()
     for step in range(steps):
         grads = []
         for w in range(n_workers):
@@ -171,3 +172,18 @@ def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
         assert run["allreduce_calls"] == calls and run["payload_bytes"] == calls * 4 * P
         assert run["ring_bytes_per_rank"] == calls * 4 * P       # 2(n-1)/n = 1 for n = 2
     assert collections.Counter(s for s, _, _ in r["runs"]["H=2"]["curve"]) == collections.Counter([0, 2, 4, 6, 8])
+
+
+def test_simulated_staleness_obeys_littles_law():
+    from mgpu_utils.staleness import simulate_ps
+
+    equal = simulate_ps([1.0, 1.0, 1.0], 30)               # round robin: 0, 1, 2, then always W-1 = 2
+    assert [w for w, _ in equal[:6]] == [0, 1, 2, 0, 1, 2]
+    assert [s for _, s in equal] == [0, 1, 2] + [2] * 27
+    skewed = simulate_ps([1.0, 1.0, 3.0], 300)             # a straggler: 3x slower
+    mean = sum(s for _, s in skewed) / len(skewed)
+    assert 1.9 <= mean <= 2.0                              # at most W-1, whatever the speeds
+    per = {w: [s for v, s in skewed if v == w] for w in range(3)}
+    assert len(per[2]) < len(per[0]) and sum(per[2]) / len(per[2]) > sum(per[0]) / len(per[0])
+    with pytest.raises(ValueError):
+        simulate_ps([1.0, 0.0], 5)
