@@ -66,6 +66,8 @@ def train(ddp, a, data, idx_list, eval_every, test=None):
         opt.zero_grad(set_to_none=True)
         loss.backward()                           # the hook runs here, once per gradient bucket
         opt.step()
+        if X.is_cuda:
+            torch.cuda.synchronize()              # the GPU's work is in the step time
         step_s.append(time.perf_counter() - t0)
         if test is not None and (step % eval_every == 0 or step == len(idx_list)):
             with torch.no_grad():                 # every rank holds the same parameters

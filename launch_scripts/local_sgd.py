@@ -63,7 +63,8 @@ def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
                     comm_s, calls = comm_s + time.perf_counter() - tc, calls + 1
                     vector_to_parameters(theta / world, params)
         if step % eval_every == 0 or step == len(batches):
-            snaps.append((step, time.perf_counter() - t0, parameters_to_vector(params).detach().cpu().clone()))
+            theta = parameters_to_vector(params).detach().cpu().clone()   # waits for the device
+            snaps.append((step, time.perf_counter() - t0, theta))
     return snaps, calls, comm_s, time.perf_counter() - t0
 
 

@@ -64,6 +64,7 @@ def run_sync(a, ctx, model, theta0, data, workers, W, delay):
     """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, seconds, theta)]."""
     X, Y, train = data
     stream, theta = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed), theta0.to(ctx.device).clone()
+    dist.barrier(group=workers)                           # the workers start the clock together
     snaps, step_s, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     for step in range(1, a.steps + 1):
         ts, idx = time.perf_counter(), next(stream)
@@ -71,17 +72,17 @@ def run_sync(a, ctx, model, theta0, data, workers, W, delay):
         g = flat_grad(model, X[idx], Y[idx])
         time.sleep(delay)                                 # the straggler (0 elsewhere)
         dist.all_reduce(g, group=workers)               # sum over workers ...
-        theta = theta - a.lr * W * (g / W)                # ... average, and the global-batch step
+        theta = theta - a.lr * W * (g / W)                # ... average, global-batch step (a new tensor)
         step_s.append(time.perf_counter() - ts)
         if step % a.eval_every == 0 or step == a.steps:
-            snaps.append((step * W, time.perf_counter() - t0, theta.cpu().clone()))
+            th = theta.cpu()                              # waits for the device before the time is read
+            snaps.append((step * W, time.perf_counter() - t0, th))
     return snaps, step_s
 
 
 def run_ps(a, theta0, group, W, proj):
     """Rank 0: the parameter server. Returns snapshots and the list of applied pushes."""
-    P, budget = theta0.numel(), a.steps * W
-    theta, version, active = theta0.clone(), 0, W
+    P, budget, theta, version, active = theta0.numel(), a.steps * W, theta0.clone(), 0, W
     msg, reply = torch.empty(P + 3), torch.empty(P + 2)   # [kind, base version, seq, grad]; [stop, version, theta]
     snaps, applied, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     while active:
@@ -148,8 +149,7 @@ def main():
         model = make_mlp().to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().cpu().clone()
         proj = torch.randn(P := theta0.numel(), generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
-        ps_group = dist.new_group(backend="gloo")          # point-to-point with any-source recv
-        workers = dist.new_group(ranks=list(range(1, world)))
+        ps_group, workers = dist.new_group(backend="gloo"), dist.new_group(ranks=list(range(1, world)))
         runs, finals = {}, {}
         for delay in [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else []):
             for mode in ("sync", "async"):
