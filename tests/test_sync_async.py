@@ -140,8 +140,8 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once():
         assert sent == applied                                 # same (rank, seq, checksum) multiset
         assert len({(x[0], x[1]) for x in applied}) == len(applied)
         for rank in (1, 2):                                     # every worker's seq 0, 1, 2, ... once
-            seqs = sorted(x[1] for x in applied if x[0] == rank)
-            assert seqs == list(range(len(seqs))) and seqs
+            seqs = sorted(x[1] for x in applied if x[0] == rank)  # (a slow worker may have none: the
+            assert seqs == list(range(len(seqs)))                 # others can use up the budget first)
         assert 15 * W <= a["updates"] == len(applied) <= 15 * W + W - 1
         assert sum(c for _, c in a["staleness_hist"]) == a["updates"]
         assert min(s for s, _ in a["staleness_hist"]) >= 0
