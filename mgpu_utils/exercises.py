@@ -248,6 +248,36 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count the all-reduce rounds per step in each case"},
                     "8: one full all-reduce per micro-batch instead of one per step (grad_accumulation.py counted it)"),
         "8 = micro-batches per step: every backward outside no_sync all-reduces every gradient byte once."),
+    "08.1": Exercise(
+        "Ring all-reduce of a 100 MB fp32 gradient over 8 ranks on 10 GbE (B = 1.25 GB/s, alpha = 20 us): "
+        "the modelled time in milliseconds?",
+        _float_answer(140.28, 1e-3, [(lambda v: abs(v - 80) < 0.5, "S/B is one copy of the gradient; a ring sends "
+                                      "2(n-1)/n x S per rank"),
+                                     (lambda v: abs(v - 160) < 0.5, "2S/B is the large-n limit; with n = 8 it is "
+                                      "2 x 7/8 x S/B, plus the latency"),
+                                     (lambda v: abs(v - 140) < 0.2, "close: add the latency term 2(n-1) x alpha"),
+                                     (lambda v: abs(v - 0.14028) < 1e-3, "that is seconds; the answer is in ms")],
+                      "2(n-1)(alpha + S/(nB)) = 14 x (20 us + 10 ms) = 140.28 ms: the bandwidth term dominates"),
+        "140.28 = ring_allreduce_seconds(100e6, 8, 'Ethernet 10 GbE') * 1e3 (mgpu_utils.interconnect)."),
+    "08.2": Exercise(
+        "An asynchronous parameter server has 4 equally fast workers. In a long run, how many versions old "
+        "(staleness) is an applied gradient on average?",
+        _int_answer(3, {4: "a gradient does not see its own update: count the other workers",
+                        0: "that is synchronous SGD; here the others keep pushing while you compute",
+                        1: "each of the other workers pushes once while you compute one gradient",
+                        "default": "count the updates the other workers apply while you compute one gradient"},
+                    "W - 1 = 3: while you compute, each of the 3 others pushes once (Little's law: the mean is "
+                    "at most W - 1 whatever the speeds)"),
+        "3 = W - 1; mgpu_utils.staleness.simulate_ps([1.0] * 4, 4000) gives a mean of 3 (minus start-up)."),
+    "08.3": Exercise(
+        "Local SGD on 8 ranks, averaging every H = 8 steps, 800 steps: how many all-reduces does each rank "
+        "take part in?",
+        _int_answer(100, {800: "that is synchronous SGD (H = 1): local SGD averages only every H steps",
+                          6400: "each all-reduce involves all ranks at once: count calls, not ranks x calls",
+                          12: "the number of ranks does not divide the count: steps / H",
+                          "default": "steps / H"},
+                    "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
+        "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
 }
 
 

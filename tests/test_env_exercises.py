@@ -53,6 +53,9 @@ RIGHT = {
     "07.1": 5.625,
     "07.2": 0.956301312,
     "07.3": 8,
+    "08.1": 140.28,
+    "08.2": 3,
+    "08.3": 100,
 }
 WRONG = {
     "00.1": 36,
@@ -75,6 +78,9 @@ WRONG = {
     "07.1": 8.25,
     "07.2": 0.285,
     "07.3": 7,
+    "08.1": 160,
+    "08.2": 4,
+    "08.3": 800,
 }
 
 
@@ -125,6 +131,12 @@ def test_exercise_answers_match_the_facts():
     from mgpu_utils.memory_model import activation_bytes_per_layer
     assert calculate(1.5e9, zero_stage=2, dp=8).total / 1e9 == RIGHT["07.1"]
     assert activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == RIGHT["07.2"]
+    from mgpu_utils.interconnect import ring_allreduce_seconds
+    from mgpu_utils.staleness import simulate_ps
+    assert math.isclose(ring_allreduce_seconds(100e6, 8, "Ethernet 10 GbE") * 1e3, RIGHT["08.1"])
+    sim = simulate_ps([1.0] * 4, 4000)
+    assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
+    assert 800 // 8 == RIGHT["08.3"]
 
 
 def test_unknown_exercise_and_bad_types():

@@ -1,0 +1,44 @@
+"""Staleness in an asynchronous parameter server: an event simulation (notebooks/08_sync_vs_async.ipynb).
+
+A parameter server (PS) holds the parameters and a version counter. Each worker pulls the parameters
+(version v), computes a gradient for a fixed time, and pushes it; the PS applies it at once, so the
+version becomes v' + 1, and the gradient's **staleness** is v' - v: how many other updates were applied
+while it was being computed. The worker pulls again right away.
+
+Because every worker always has exactly one gradient in flight, each update is "seen" as staleness by
+the W - 1 gradients in flight on the other workers, so the mean staleness is at most W - 1 and tends
+to W - 1 over a long run, whatever the workers' speeds (Little's law); the speeds only shape the
+distribution: a slow worker's gradients are staler (it sees more updates per step), a fast worker's fresher.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+
+def simulate_ps(step_seconds, updates: int) -> list[tuple[int, int]]:
+    """Simulate an asynchronous PS whose workers take fixed times per gradient (PS and network instant).
+
+    Args:
+        step_seconds: time per gradient of each worker (seconds, > 0); worker ids are 0 .. W-1.
+        updates: number of updates the PS applies.
+
+    Returns:
+        ``[(worker, staleness)]`` in the order the PS applied them (ties: lower worker id first).
+
+    Raises:
+        ValueError: no workers, a time <= 0, or updates < 0.
+    """
+    times = [float(t) for t in step_seconds]
+    if not times or min(times) <= 0 or updates < 0:
+        raise ValueError(f"need >= 1 worker with times > 0 and updates >= 0, got {times}, {updates}")
+    heap = [(t, w) for w, t in enumerate(times)]        # (time of the next push, worker)
+    heapq.heapify(heap)
+    base, version, out = [0] * len(times), 0, []
+    while version < updates:
+        t, w = heapq.heappop(heap)
+        out.append((w, version - base[w]))
+        version += 1
+        base[w] = version                               # the worker pulls the new version at once
+        heapq.heappush(heap, (t + times[w], w))
+    return out

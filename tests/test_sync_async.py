@@ -1,0 +1,187 @@
+"""Lesson 08: parameter server, async vs sync SGD, local SGD, and the interconnect emulator.
+
+The launch-script tests run under real torchrun and compare with single-process references computed
+here; the emulator is tested in this process on a real DDP GradBucket (a 1-rank gloo group)."""
+import collections
+import math
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from ddp_train import SmallCNN, load_data, shard_batches
+from sync_async import make_mlp
+from mgpu_utils.hardware import LINKS
+from mgpu_utils.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
+from mgpu_utils.launcher import launch
+
+
+def _by_hand(size_bytes, n, link):
+    """2(n-1)(alpha + S/(nB)) from the LINKS table, written out independently of the module."""
+    alpha = LINKS[link]["latency_us"] / 1e6
+    bandwidth = LINKS[link]["gbps"] * 1e9
+    return 2 * (n - 1) * (alpha + size_bytes / (n * bandwidth))
+
+
+@pytest.mark.parametrize("link", list(LINKS))
+def test_ring_allreduce_seconds_is_the_alpha_beta_formula(link):
+    for n, size in [(2, 1), (4, 168_000), (8, 1e9)]:
+        assert math.isclose(ring_allreduce_seconds(size, n, link), _by_hand(size, n, link), rel_tol=1e-12)
+    assert ring_allreduce_seconds(1e6, 1, link) == 0.0
+    assert ring_wire_bytes_per_rank(400, 4) == 600
+
+
+def test_unknown_link_is_refused_with_the_list():
+    with pytest.raises(KeyError, match="Ethernet 10 GbE"):
+        ring_allreduce_seconds(1, 2, "carrier pigeon")
+    with pytest.raises(KeyError, match="known"):
+        emulated_link_hook(lambda s, b: None, None, "carrier pigeon", 2)
+
+
+def _powersgd_elements(model, rank=1, min_rate=2):
+    """Elements PowerSGD all-reduces per step, from the layer shapes (its paper's rule, written here):
+    a (n, m) matrix is sent as P (n x r) and Q (m x r) when (n + m) r x min_rate < n m, else whole."""
+    total = 0
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(n, m, rank)
+        total += (n + m) * r if (n + m) * r * min_rate < n * m else n * m
+    return total
+
+
+def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(tmp_path):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+        n, link, scale = 4, "Ethernet 10 GbE", 20.0     # model 4 ranks on 10 GbE, a 20x bigger gradient
+        for name, inner, state_fn, elem_bytes in [
+                ("fp32", default_hooks.allreduce_hook, lambda: None, 4),
+                ("fp16", default_hooks.fp16_compress_hook, lambda: None, 2),
+                ("powersgd", powerSGD_hook, lambda: PowerSGDState(None, matrix_approximation_rank=1,
+                                                                  start_powerSGD_iter=2), 4)]:
+            torch.manual_seed(0)
+            model = SmallCNN()
+            P = sum(p.numel() for p in model.parameters())
+            ddp = DDP(model)
+            stats, hook = emulated_link_hook(inner, state_fn(), link, n, scale=scale)
+            ddp.register_comm_hook(stats, hook)
+            step_s = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                F.cross_entropy(ddp(x), y).backward()
+                step_s.append(time.perf_counter() - t0)
+            assert stats.calls == 3                                  # one bucket per step
+            expected = [P * elem_bytes] * 3
+            if name == "powersgd":                                   # 2 vanilla steps, then P and Q factors
+                expected[2] = _powersgd_elements(model) * 4
+                assert expected[2] < P * 4 / 10
+            for (size, modelled, slept), want, s in zip(stats.per_call, expected, step_s):
+                assert size == want
+                assert math.isclose(modelled, _by_hand(want * scale, n, link), rel_tol=1e-9)
+                assert slept >= modelled * 0.999 and s >= modelled * 0.999   # the step really took that long
+            assert math.isclose(stats.modelled_s, sum(m for _, m, _ in stats.per_call))
+    finally:
+        dist.destroy_process_group()
+
+
+def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
+    """One process: plain SGD on the mean gradient of the workers' batches (as the scripts draw them)."""
+    train, _ = load_data()
+    X, Y = train.tensors
+    streams = []
+    for w in range(n_workers):
+        idx, epoch = [], 0
+        while len(idx) < steps:
+            idx += shard_batches(train, n_workers, w, epoch, batch_size, seed)
+            epoch += 1
+        streams.append(idx)
+    torch.manual_seed(seed)
+    model = make_mlp()
+    for step in range(steps):
+        grads = []
+        for w in range(n_workers):
+            model.zero_grad()
+            F.cross_entropy(model(X[streams[w][step]]), Y[streams[w][step]]).backward()
+            grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        with torch.no_grad():
+            theta = parameters_to_vector(model.parameters()) - lr * torch.stack(grads).mean(0)
+            torch.nn.utils.vector_to_parameters(theta, model.parameters())
+    return parameters_to_vector(model.parameters()).detach()
+
+
+def test_async_with_one_worker_and_no_delay_equals_sync_sgd(tmp_path):
+    dump = tmp_path / "finals.pt"
+    r = launch("sync_async.py", nproc=2, show="none",
+               args=["--steps", "12", "--delay-ms", "0", "--lr", "0.1", "--dump", str(dump)])
+    assert set(r["runs"]) == {"sync", "async"} and r["workers"] == 1
+    finals = torch.load(dump)
+    ref = _reference_sgd(12, 0.1, 1)
+    torch.testing.assert_close(finals["sync"], ref)
+    torch.testing.assert_close(finals["async"], ref)
+    a = r["runs"]["async"]
+    assert a["updates"] == 12 and a["staleness_hist"] == [[0, 12]]   # one worker: never stale
+
+
+def test_parameter_server_applies_every_pushed_gradient_exactly_once():
+    r = launch("sync_async.py", nproc=3, show="none",
+               args=["--steps", "15", "--delay-ms", "15", "--straggler", "2", "--eval-every", "5"])
+    W = r["workers"]
+    assert W == 2 and set(r["runs"]) == {"sync", "async", "sync + straggler", "async + straggler"}
+    for name in ("async", "async + straggler"):
+        a = r["runs"][name]
+        sent, applied = a["pushes_sent"], a["pushes_applied"]
+        assert sent == applied                                 # same (rank, seq, checksum) multiset
+        assert len({(x[0], x[1]) for x in applied}) == len(applied)
+        for rank in (1, 2):                                     # every worker's seq 0, 1, 2, ... once
+            seqs = sorted(x[1] for x in applied if x[0] == rank)  # (a slow worker may have none: the
+            assert seqs == list(range(len(seqs)))                 # others can use up the budget first)
+        assert 15 * W <= a["updates"] == len(applied) <= 15 * W + W - 1
+        assert sum(c for _, c in a["staleness_hist"]) == a["updates"]
+        assert min(s for s, _ in a["staleness_hist"]) >= 0
+        # each gradient was added to the parameters once: r.(theta0 - theta_final)/lr = sum of r.g
+        assert math.isclose(a["projection_displacement"], a["projection_sum_applied"],
+                            rel_tol=1e-3, abs_tol=1e-3 * sum(abs(x[2]) for x in applied))
+    for name in ("sync", "sync + straggler"):
+        assert r["runs"][name]["updates"] == 15 and r["runs"][name]["gradients"] == 15 * W
+    assert r["runs"]["sync + straggler"]["seconds"] >= 0.9 * 15 * 0.015   # every step waits (less start skew)
+
+
+def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
+    dump = tmp_path / "finals.pt"
+    steps, lr = 8, 0.3
+    r = launch("local_sgd.py", nproc=2, show="none",
+               args=["--H", "1", "2", "--with-sync", "--steps", str(steps), "--eval-every", "2",
+                     "--lr", str(lr), "--dump", str(dump)])
+    finals = torch.load(dump)
+    ref = _reference_sgd(steps, lr, 2)
+    torch.testing.assert_close(finals["sync"], ref)
+    torch.testing.assert_close(finals["H=1"], ref)
+    assert (finals["H=2"] - ref).abs().max() > 1e-4               # averaging less often is not the same
+    P = r["params"]
+    for name, calls in [("H=1", 8), ("H=2", 4), ("sync", 8)]:
+        run = r["runs"][name]
+        assert run["allreduce_calls"] == calls and run["payload_bytes"] == calls * 4 * P
+        assert run["ring_bytes_per_rank"] == calls * 4 * P       # 2(n-1)/n = 1 for n = 2
+    assert collections.Counter(s for s, _, _ in r["runs"]["H=2"]["curve"]) == collections.Counter([0, 2, 4, 6, 8])
+
+
+def test_simulated_staleness_obeys_littles_law():
+    from mgpu_utils.staleness import simulate_ps
+
+    equal = simulate_ps([1.0, 1.0, 1.0], 30)               # round robin: 0, 1, 2, then always W-1 = 2
+    assert [w for w, _ in equal[:6]] == [0, 1, 2, 0, 1, 2]
+    assert [s for _, s in equal] == [0, 1, 2] + [2] * 27
+    skewed = simulate_ps([1.0, 1.0, 3.0], 300)             # a straggler: 3x slower
+    mean = sum(s for _, s in skewed) / len(skewed)
+    assert 1.9 <= mean <= 2.0                              # at most W-1, whatever the speeds
+    per = {w: [s for v, s in skewed if v == w] for w in range(3)}
+    assert len(per[2]) < len(per[0]) and sum(per[2]) / len(per[2]) > sum(per[0]) / len(per[0])
+    with pytest.raises(ValueError):
+        simulate_ps([1.0, 0.0], 5)
