@@ -106,7 +106,7 @@ def main():
                 [(getattr(m, "b" + n).grad, chunk(getattr(d, n).bias, 0)) for n in "qkv"] + \
                 [(m.wo.grad, chunk(d.o.weight, 1)), (m.bo.grad, d.o.bias.grad)]
 
-        errors, comm = {}, {}
+        errors, comm, placements = {}, {}, {}                 # placements: of dtensor block_sp's grads
         for name, dense, make, pairs, sl in [
                 ("mlp", mlp, lambda d: tp.TPMLP(d), mlp_pairs, None),
                 ("attention", attn, lambda d: tp.TPAttention(d, args.heads), attn_pairs, None),
@@ -131,7 +131,6 @@ def main():
                                                "q": col(), "k": col(), "v": col(), "o": row()}, None),
                      ("block_sp", block, {"norm": SequenceParallel(), "mlp.fc1": col(input_layouts=Shard(1)),
                                           "mlp.fc2": row(output_layouts=Shard(1))}, mine)]
-            placements = {}                                   # of block_sp's gradients after backward
             for name, dense, plan, sl in plans:
                 d, par = copy.deepcopy(dense), parallelize_module(copy.deepcopy(dense), mesh, plan)
 
@@ -141,7 +140,7 @@ def main():
                     return [(a.grad.full_tensor(), b.grad) for a, b in zip(m.parameters(), d.parameters())]
 
                 errors["dtensor_" + name], comm["dtensor_" + name] = compare(d, par, x, dy, pairs, sl, CommDebugMode)
-            comm["dtensor_block_sp_grad_placements"] = placements
+
         else:
             ctx.log("SKIPPED DTensor part: init_device_mesh needs a process group (run under torchrun)")
         names = sorted(errors)
@@ -154,6 +153,7 @@ def main():
                     f"parameter grads {errors[n]['param_grad']:.1e}")
         emit_result({"world_size": t, "backend": ctx.backend, "batch": args.batch, "seq": s, "hidden": h,
                      "heads": args.heads, "ffn": args.ffn, "errors": errors, "comm": comm,
+                     "grad_placements": placements,
                      "formula": {k: tp.tp_bytes_per_layer(args.batch, s, h, t, 4, k == "sp") for k in ("tp", "sp")}})
 
 

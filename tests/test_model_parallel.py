@@ -193,7 +193,7 @@ def test_tensor_parallel_layers_equal_dense(nproc):
     assert sorted(ops(res["comm"]["scratch_mlp_sp"])) == sorted(
         [(op, ph, size) for op in ("all_gather", "reduce_scatter") for ph in ("forward", "backward")]
         + [("all_reduce", "backward", res["hidden"] * 4)])
-    pl = res["comm"]["dtensor_block_sp_grad_placements"]
+    pl = res["grad_placements"]
     assert pl["norm.weight"] == pl["norm.bias"] == "P(sum)", pl
     c = res["comm"]
     assert c["dtensor_mlp"] == {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}}
