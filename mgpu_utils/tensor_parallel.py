@@ -67,6 +67,17 @@ def check_split(size: int, n: int, what: str, fix: str) -> None:
         raise ValueError(f"{what} {size} does not split evenly over {n} ranks: {fix}")
 
 
+def sequence_slice(s: int, rank: int, n: int) -> slice:
+    """This rank's part of a sequence of length ``s`` for sequence parallelism (input of
+    ``TPMLP(..., sequence_parallel=True)``): positions ``rank*s/n .. (rank+1)*s/n``.
+
+    Raises:
+        ValueError: ``s`` not divisible by ``n`` (uneven parts would make the all-gather fail).
+    """
+    check_split(s, n, "sequence length", f"use a sequence length (--seq) that is a multiple of {n}")
+    return slice(rank * s // n, (rank + 1) * s // n)
+
+
 def valid_world_sizes(*sizes: int) -> list[int]:
     """World sizes that divide every one of ``sizes`` (e.g. heads, ffn, seq): the divisors of their gcd."""
     import math
@@ -178,7 +189,8 @@ class TPMLP(nn.Module):
     """Column-parallel fc1, row-parallel fc2, built from a dense :class:`MLP` (rank r keeps its shards).
 
     Input: x replicated ``(b, s, h)``, or with ``sequence_parallel`` this rank's sequence slice
-    ``(b, s/t, h)`` (s divisible by t); output in the same layout. One all-reduce forward and one
+    ``(b, s/t, h)`` (s divisible by t: take it with :func:`sequence_slice`, which checks); output in
+    the same layout. One all-reduce forward and one
     backward (or one all-gather + one reduce-scatter each way with sequence parallelism, plus the
     backward all-reduce of fc2's bias gradient, which saw only this rank's tokens: after backward
     ``b2.grad`` is the full gradient on every rank, nothing left for the caller to sum).

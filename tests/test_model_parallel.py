@@ -100,6 +100,9 @@ def test_argument_validation_names_the_fix():
         check_args(12, 32, 8, 2, 4, parts)
     with pytest.raises(ValueError, match="--batch 30 is not divisible by --micro 8"):
         check_args(16, 30, 8, 2, 4, parts)
+    assert tp.sequence_slice(12, 1, 4) == slice(3, 6)
+    with pytest.raises(ValueError, match="sequence length 10 does not split evenly over 4 ranks: use .*multiple of 4"):
+        tp.sequence_slice(10, 0, 4)
     assert tp.valid_world_sizes(8, 256, 12) == [1, 2, 4]
     assert tp.valid_world_sizes(6, 24, 18) == [1, 2, 3, 6]
     with pytest.raises(ValueError, match="hidden size 30 .* 4 ranks: use --hidden a multiple of --heads 4"):
