@@ -14,7 +14,8 @@ on GPUs use --stage-ms 0 and a larger --dim):
   lib_gpipe, lib_1f1b, lib_interleaved   torch.distributed.pipelining: ScheduleGPipe,
             Schedule1F1B, ScheduleInterleaved1F1B (--chunks stages per rank)
 
-Rank 0 returns the errors and every rank's timeline ({kind, mb, stage, start, end} in seconds).
+Rank 0 returns the errors (out_err None if the last stage returned no output) and every rank's
+timeline ({kind, mb, stage, start, end} in seconds since the earliest rank's start).
     torchrun --standalone --nproc-per-node 4 launch_scripts/pipeline_parallel.py --stage-ms 30
 """
 import argparse
@@ -26,7 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.pipeline import Recorder, Timed, build_model, layer_split_step, run_schedule, split_stages
+from mgpu_utils.pipeline import Recorder, Timed, build_model, check_args, layer_split_step, run_schedule, split_stages
 from mgpu_utils.schedules import schedule_actions
 
 LIBRARY = {"lib_gpipe": "ScheduleGPipe", "lib_1f1b": "Schedule1F1B", "lib_interleaved": "ScheduleInterleaved1F1B"}
@@ -57,11 +58,13 @@ def main():
     args = parse()
     with distributed() as ctx:
         r, p, dev = ctx.rank, ctx.world_size, ctx.device
+        parts = [s for s in args.parts.split(",") if s]
+        try:
+            check_args(args.layers, args.batch, args.micro, args.chunks, p, parts)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         if dist.is_initialized():
             dist.barrier()      # NCCL: every rank joins the first call (batch_isend_irecv's first use must)
-        parts = [s for s in args.parts.split(",") if s]
-        if args.batch % args.micro:
-            raise SystemExit(f"--batch {args.batch} is not divisible by --micro {args.micro}")
         model = build_model(args.layers, args.dim).to(dev)
         g = torch.Generator().manual_seed(1)
         x = torch.randn(args.batch, args.dim, generator=g).to(dev)
@@ -87,11 +90,11 @@ def main():
                 out, loss = layer_split_step(mods[r], x, y, loss_fn, r, p)
                 return loss, out
             if part in ("gpipe", "1f1b"):
-                return run_schedule(schedule_actions(part, p, args.micro)[r], mods, x_mbs, y_mbs, loss_fn, r, p), None
+                return run_schedule(schedule_actions(part, p, args.micro)[r], mods, x_mbs, y_mbs, loss_fn, r, p)
             losses = []
             kw = {"target": y, "losses": losses} if (n - 1) in mods else {}
-            sched.step(*((x,) if 0 in mods else ()), **kw)
-            return (sum(losses) / len(losses) if losses else None), None
+            out = sched.step(*((x,) if 0 in mods else ()), **kw)     # the merged output on the last stage
+            return (sum(losses) / len(losses) if losses else None), (out if (n - 1) in mods else None)
 
         for part in parts:
             mods, refs, n = setup(part)
@@ -105,23 +108,30 @@ def main():
                 cls = getattr(pipelining, LIBRARY[part])
                 sched = cls(stages[0] if len(stages) == 1 else stages, args.micro, loss_fn=loss_fn)
             loss, out = run(part, mods, n, sched)            # 1) real compute only: check
-            errs = [0.0, 0.0, 0.0]
+            errs = [0.0, 0.0, 0.0, 0.0]                      # last: 1 if the last stage returned no output
             if loss is not None:
                 errs[0] = abs(loss.item() - ref_loss.item())
-            if out is not None and r == p - 1:
-                errs[1] = (out - ref_out).abs().max().item()
+            if r == p - 1:
+                if out is None:
+                    errs[3] = 1.0
+                else:
+                    errs[1] = (out - ref_out).abs().max().item()
             for s in range(r, n, p):
                 for a, b in zip(mods[s].parameters(), refs[s].parameters()):
                     errs[2] = max(errs[2], (a.grad - b.grad).abs().max().item())
                     a.grad = None
-            loss_err, out_err, grad_err = max_over_ranks(errs, dev)
-            checks[part] = {"loss_err": loss_err, "out_err": out_err, "grad_err": grad_err}
+            loss_err, out_err, grad_err, no_out = max_over_ranks(errs, dev)
+            checks[part] = {"loss_err": loss_err, "out_err": None if no_out else out_err, "grad_err": grad_err}
             if dist.is_initialized():                        # 2) timed, with --stage-ms sleeps
                 dist.barrier()
             rec.start(args.stage_ms / 1e3 / len(mods))      # a stage's sleep, split over the rank's chunks
             run(part, mods, n, sched)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)                  # the step ends when the device is done
             t1 = rec.now()
             events = rec.stop()
+            t0 = -max_over_ranks([-rec.t0], dev)[0]          # earliest start over ranks: the common origin
+            t1 += rec.shift(t0)
             gathered = [None] * p if r == 0 else None
             if dist.is_initialized():
                 dist.gather_object(events, gathered, dst=0)

@@ -79,16 +79,20 @@ def main():
     args = p.parse_args()
     with distributed() as ctx:
         r, t, dev = ctx.rank, ctx.world_size, ctx.device
-        if args.heads % t or args.ffn % t or args.seq % t:
+        ok = tp.valid_world_sizes(args.heads, args.ffn, args.seq)
+        if t not in ok:
             raise SystemExit(f"needs a world size dividing heads={args.heads}, ffn={args.ffn} and seq={args.seq}, "
-                             f"got {t}: use --nproc-per-node 2 or 4")
+                             f"got {t}: use --nproc-per-node one of {ok}")
+        if args.hidden % args.heads:
+            raise SystemExit(f"--hidden {args.hidden} is not divisible by --heads {args.heads}: "
+                             f"use a multiple of {args.heads}")
         h, s = args.hidden, args.seq
         torch.manual_seed(0)                                  # the same dense layers on every rank
         mlp, attn, block = tp.MLP(h, args.ffn).to(dev), tp.Attention(h, args.heads).to(dev), Block(h, args.ffn).to(dev)
         g = torch.Generator().manual_seed(1)
         x = torch.randn(args.batch, s, h, generator=g).to(dev)
         dy = torch.randn(args.batch, s, h, generator=g).to(dev)   # upstream gradient: loss = sum(y * dy)
-        mine = slice(r * s // t, (r + 1) * s // t)
+        mine = tp.sequence_slice(s, r, t)
 
         def chunk(w, dim):
             return w.grad.chunk(t, dim)[r]
@@ -102,18 +106,11 @@ def main():
                 [(getattr(m, "b" + n).grad, chunk(getattr(d, n).bias, 0)) for n in "qkv"] + \
                 [(m.wo.grad, chunk(d.o.weight, 1)), (m.bo.grad, d.o.bias.grad)]
 
-        def sp_pairs(d):
-            def pairs(m):                                     # b2 saw only this rank's tokens: sum over ranks,
-                if t > 1:                                     # as Megatron does for parameters in SP regions
-                    dist.all_reduce(m.b2.grad)
-                return mlp_pairs(d)(m)
-            return pairs
-
-        errors, comm = {}, {}
+        errors, comm, placements = {}, {}, {}                 # placements: of dtensor block_sp's grads
         for name, dense, make, pairs, sl in [
                 ("mlp", mlp, lambda d: tp.TPMLP(d), mlp_pairs, None),
                 ("attention", attn, lambda d: tp.TPAttention(d, args.heads), attn_pairs, None),
-                ("mlp_sp", mlp, lambda d: tp.TPMLP(d, sequence_parallel=True), sp_pairs, mine)]:
+                ("mlp_sp", mlp, lambda d: tp.TPMLP(d, sequence_parallel=True), mlp_pairs, mine)]:
             d = copy.deepcopy(dense)
             errors["scratch_" + name] = compare(d, make(d), x, dy, pairs(d), sl)[0]
             comm["scratch_" + name] = list(tp.COMM_LOG)
@@ -137,10 +134,13 @@ def main():
             for name, dense, plan, sl in plans:
                 d, par = copy.deepcopy(dense), parallelize_module(copy.deepcopy(dense), mesh, plan)
 
-                def pairs(m, d=d):                            # DTensor grads, gathered to full tensors
+                def pairs(m, d=d, name=name):                 # DTensor grads, gathered to full tensors
+                    if name == "block_sp":                    # (a Partial grad is summed by full_tensor())
+                        placements.update({k: str(q.grad.placements[0]) for k, q in m.named_parameters()})
                     return [(a.grad.full_tensor(), b.grad) for a, b in zip(m.parameters(), d.parameters())]
 
                 errors["dtensor_" + name], comm["dtensor_" + name] = compare(d, par, x, dy, pairs, sl, CommDebugMode)
+
         else:
             ctx.log("SKIPPED DTensor part: init_device_mesh needs a process group (run under torchrun)")
         names = sorted(errors)
@@ -153,6 +153,7 @@ def main():
                     f"parameter grads {errors[n]['param_grad']:.1e}")
         emit_result({"world_size": t, "backend": ctx.backend, "batch": args.batch, "seq": s, "hidden": h,
                      "heads": args.heads, "ffn": args.ffn, "errors": errors, "comm": comm,
+                     "grad_placements": placements,
                      "formula": {k: tp.tp_bytes_per_layer(args.batch, s, h, t, 4, k == "sp") for k in ("tp", "sp")}})
 
 

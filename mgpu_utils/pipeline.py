@@ -2,8 +2,11 @@
 hand-written schedule executor (notebooks/05_model_parallel.ipynb, launch_scripts/pipeline_parallel.py).
 
 Every stage maps a ``(micro_batch, d)`` float tensor to the same shape, so every message between
-stages has one shape. Times are ``time.perf_counter()`` seconds relative to a start the caller sets
-(right after a barrier); all ranks of a single machine share that clock.
+stages has one shape. Times are ``time.perf_counter()`` seconds relative to the start each rank sets
+(:meth:`Recorder.start`, right after a barrier). Those starts differ by the barrier's exit skew, so
+the launch script shifts every rank's times to one origin (:meth:`Recorder.shift`, the earliest
+start over ranks): ``perf_counter`` is the system-wide monotonic clock, the same for every process
+of one machine (across nodes clocks differ, and this shift would not be exact).
 """
 
 from __future__ import annotations
@@ -64,6 +67,16 @@ class Recorder:
         self.enabled, self.sleep_s = False, 0.0
         return self.events
 
+    def shift(self, t0: float) -> float:
+        """Re-express the recorded events relative to the absolute ``perf_counter`` time ``t0`` (e.g.
+        the earliest start over ranks) instead of this rank's own start. Returns the offset added."""
+        off = self.t0 - t0
+        for ev in self.events:
+            ev["start"] += off
+            ev["end"] += off
+        self.t0 = t0
+        return off
+
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
@@ -112,6 +125,8 @@ class Timed(nn.Module):
             return self.module(x)
         if not x.requires_grad:
             x = x.detach().requires_grad_(True)
+        if x.is_cuda:                                   # NCCL's work.wait() does not block the host:
+            torch.cuda.synchronize(x.device)            # wait for the received input before the clock
         self.rec.begin("F", self.stage)
         out = self.module(_Mark.apply(x, self.rec, self.stage, "end"))
         if out.is_cuda:
@@ -162,11 +177,14 @@ def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, l
 
     Messages are posted with ``dist.batch_isend_irecv`` in the batches of
     :func:`mgpu_utils.schedules.p2p_plan` (a send and the next receive together: safe with NCCL).
-    Returns the summed loss on the rank that holds the last stage, else None.
+
+    Returns:
+        ``(loss, out)`` on the rank that holds the last stage: the summed loss and the last stage's
+        outputs of all micro-batches, concatenated (detached); ``(None, None)`` elsewhere.
     """
     m, n_stages = len(x_mbs), p * (1 + max(s for _, _, s in actions) // p)
     like = x_mbs[0]
-    msgs, saved, total = {}, {}, None                   # msgs: tensors produced for another stage
+    msgs, saved, total, outs = {}, {}, None, []         # msgs: tensors produced for another stage
     for a, batch in zip(list(actions) + [None], p2p_plan(actions, rank, p)):
         ops = []
         for op, peer, key in batch:
@@ -184,6 +202,7 @@ def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, l
             inp = x_mbs[mb] if s == 0 else msgs.pop(("F", mb, s - 1)).requires_grad_(True)
             out = stages[s](inp)
             if s == n_stages - 1:
+                outs.append(out.detach())
                 out = loss_fn(out, y_mbs[mb]) / m
                 total = out.detach() if total is None else total + out.detach()
             else:
@@ -194,4 +213,47 @@ def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, l
             out.backward() if s == n_stages - 1 else out.backward(msgs.pop(("B", mb, s + 1)))
             if s > 0:
                 msgs[("B", mb, s)] = inp.grad
-    return total
+    return total, (torch.cat(outs) if outs else None)
+
+
+def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes that autograd keeps for the backward of ``module(x)``: measured, not computed.
+
+    Runs one forward under ``torch.autograd.graph.saved_tensors_hooks`` and adds up the distinct
+    storages saved for backward, leaving out the module's parameters (they are stored anyway). A
+    tensor saved by two operations (the Tanh output of block k is also the input of Linear k+1) is
+    counted once. The input ``x`` counts if an operation saves it (a Linear does).
+    """
+    params = {q.untyped_storage().data_ptr() for q in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+def check_args(layers: int, batch: int, micro: int, chunks: int, world_size: int, parts: list[str]) -> None:
+    """Validate the pipeline script's sizes up front (launch_scripts/pipeline_parallel.py).
+
+    Raises:
+        ValueError: naming the argument to change, if --batch is not divisible by --micro, --layers
+            not by the number of stages (world size, times --chunks for the interleaved part), or
+            --micro not a multiple of the world size for the interleaved part.
+    """
+    if batch % micro:
+        raise ValueError(f"--batch {batch} is not divisible by --micro {micro}: use a multiple of {micro}")
+    inter = "lib_interleaved" in parts
+    n = world_size * (chunks if inter else 1)
+    if layers % n:
+        raise ValueError(f"--layers {layers} does not split into {n} equal stages "
+                         f"({world_size} ranks{f' x {chunks} chunks' if inter else ''}): use a multiple of {n}")
+    if inter and micro % world_size:
+        raise ValueError(f"the interleaved schedule needs --micro a multiple of the world size {world_size}, "
+                         f"got {micro}: use --micro {world_size * max(1, round(micro / world_size))} "
+                         f"(or leave lib_interleaved out of --parts)")

@@ -107,12 +107,14 @@ def schedule_actions(name: str, p: int, m: int, v: int = 2) -> list[list[tuple]]
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}")
 
 
-def simulate(actions: list[list[tuple]], t_f: float = 1.0, t_b: float = 2.0) -> list[list[dict]]:
+def simulate(actions: list[list[tuple]], t_f: float = 1.0, t_b: float = 2.0,
+             durations: dict | None = None) -> list[list[dict]]:
     """Predicted timeline: each rank runs its actions in order, each as soon as its input is there.
 
     F(i, s) needs F(i, s-1) (the activation from the previous stage); B(i, s) needs B(i, s+1)
     (the gradient from the next stage), or F(i, s) on the last stage. A chunk of a rank with v
-    chunks takes ``t_f / v`` and ``t_b / v``.
+    chunks takes ``t_f / v`` and ``t_b / v``, unless ``durations`` gives ``{(kind, mb, stage):
+    time}`` per action (e.g. measured ones, see :func:`measured_durations`). Messages cost nothing.
 
     Returns:
         Per rank, a list of ``{"kind", "mb", "stage", "start", "end"}`` (time units of t_f).
@@ -139,7 +141,8 @@ def simulate(actions: list[list[tuple]], t_f: float = 1.0, t_b: float = 2.0) -> 
                 if dep is not None and dep not in done:
                     break
                 start = max(free[r], done[dep] if dep else 0.0)
-                end = start + (t_f if kind == "F" else t_b) / v
+                end = start + (durations[(kind, mb, s)] if durations is not None
+                               else (t_f if kind == "F" else t_b) / v)
                 done[(kind, mb, s)] = free[r] = end
                 out[r].append({"kind": kind, "mb": mb, "stage": s, "start": start, "end": end})
                 pos[r] += 1
@@ -149,6 +152,11 @@ def simulate(actions: list[list[tuple]], t_f: float = 1.0, t_b: float = 2.0) -> 
             stuck = {r: actions[r][pos[r]] for r in range(p) if pos[r] < len(actions[r])}
             raise ValueError(f"the schedule deadlocks: next actions per rank {stuck}")
     return out
+
+
+def measured_durations(timeline: list[list[dict]]) -> dict:
+    """``{(kind, mb, stage): end - start}`` of every action of a (measured) timeline."""
+    return {(a["kind"], a["mb"], a["stage"]): a["end"] - a["start"] for acts in timeline for a in acts}
 
 
 def bubble_fraction(timeline: list[list[dict]], t0: float | None = None, t1: float | None = None) -> float:

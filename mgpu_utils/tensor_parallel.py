@@ -15,7 +15,11 @@ Notation: t = tensor-parallel ranks, x of shape ``(b, s, h)`` (batch, sequence, 
 * Sequence parallelism: between the blocks the activations are split along the sequence instead of
   replicated; f becomes an all-gather (backward: reduce-scatter), g a reduce-scatter (backward:
   all-gather). Same bytes as the all-reduce (all-reduce = reduce-scatter + all-gather), but the
-  LayerNorm/dropout activations are stored once, not t times.
+  LayerNorm/dropout activations are stored once, not t times. A parameter applied in the
+  sequence-split region (fc2's bias here; a LayerNorm's weight and bias) sees only this rank's
+  tokens, so its gradient is a partial sum: :class:`TPMLP` passes the bias through f
+  (:class:`CopyToTP`: identity forward, all-reduce backward), which sums it over the ranks, a small
+  ``h``-sized all-reduce per parameter (Megatron-LM all-reduces these gradients after backward).
 
 Every collective these functions issue is appended to :data:`COMM_LOG` as
 ``{"op", "phase" ("forward"|"backward"), "bytes"}`` (bytes of the full tensor the operation produces
@@ -57,9 +61,38 @@ def _all_gather(t, dim, phase):
     return out.movedim(0, dim)
 
 
+def check_split(size: int, n: int, what: str, fix: str) -> None:
+    """Raise ValueError(naming ``fix``) unless ``size`` splits evenly over ``n`` ranks."""
+    if size % n:
+        raise ValueError(f"{what} {size} does not split evenly over {n} ranks: {fix}")
+
+
+def sequence_slice(s: int, rank: int, n: int) -> slice:
+    """This rank's part of a sequence of length ``s`` for sequence parallelism (input of
+    ``TPMLP(..., sequence_parallel=True)``): positions ``rank*s/n .. (rank+1)*s/n``.
+
+    Raises:
+        ValueError: ``s`` not divisible by ``n`` (uneven parts would make the all-gather fail).
+    """
+    check_split(s, n, "sequence length", f"use a sequence length (--seq) that is a multiple of {n}")
+    return slice(rank * s // n, (rank + 1) * s // n)
+
+
+def valid_world_sizes(*sizes: int) -> list[int]:
+    """World sizes that divide every one of ``sizes`` (e.g. heads, ffn, seq): the divisors of their gcd."""
+    import math
+    g = math.gcd(*sizes)
+    return [d for d in range(1, g + 1) if g % d == 0]
+
+
 def _reduce_scatter(t, dim, phase):
-    """Sum over ranks, then keep this rank's 1/n slice along ``dim``."""
+    """Sum over ranks, then keep this rank's 1/n slice along ``dim``.
+
+    Raises:
+        ValueError: ``t.shape[dim]`` (the sequence length) is not divisible by the world size.
+    """
     r, n = _world()
+    check_split(t.shape[dim], n, f"dimension {dim} of size", "use a sequence length divisible by the world size")
     COMM_LOG.append({"op": "reduce_scatter", "phase": phase, "bytes": t.numel() * t.element_size()})
     if n == 1:
         return t
@@ -135,6 +168,7 @@ class Attention(nn.Module):
 
     def __init__(self, h: int, n_heads: int):
         super().__init__()
+        check_split(h, n_heads, "hidden size", f"use --hidden a multiple of --heads {n_heads}")
         self.head_dim = h // n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
 
@@ -155,8 +189,15 @@ class TPMLP(nn.Module):
     """Column-parallel fc1, row-parallel fc2, built from a dense :class:`MLP` (rank r keeps its shards).
 
     Input: x replicated ``(b, s, h)``, or with ``sequence_parallel`` this rank's sequence slice
-    ``(b, s/t, h)``; output in the same layout. One all-reduce forward and one backward (or one
-    all-gather + one reduce-scatter each way with sequence parallelism).
+    ``(b, s/t, h)`` (s divisible by t: take it with :func:`sequence_slice`, which checks); output in
+    the same layout. One all-reduce forward and one
+    backward (or one all-gather + one reduce-scatter each way with sequence parallelism, plus the
+    backward all-reduce of fc2's bias gradient, which saw only this rank's tokens: after backward
+    ``b2.grad`` is the full gradient on every rank, nothing left for the caller to sum).
+
+    Raises:
+        ValueError: ffn not divisible by the world size; with ``sequence_parallel``, an input whose
+            gathered sequence length is not divisible by it.
     """
 
     def __init__(self, dense: MLP, sequence_parallel: bool = False):
@@ -168,9 +209,13 @@ class TPMLP(nn.Module):
         self.b2 = nn.Parameter(dense.fc2.bias.detach().clone())      # added once, after the reduction
 
     def forward(self, x):
-        x = GatherFromSP.apply(x) if self.sp else CopyToTP.apply(x)
+        if self.sp:
+            x = GatherFromSP.apply(x)
+            partial = F.linear(F.gelu(F.linear(x, self.w1, self.b1)), self.w2)
+            return ScatterToSP.apply(partial) + CopyToTP.apply(self.b2)   # bias grad: summed over ranks
+        x = CopyToTP.apply(x)
         partial = F.linear(F.gelu(F.linear(x, self.w1, self.b1)), self.w2)
-        return (ScatterToSP.apply(partial) if self.sp else ReduceFromTP.apply(partial)) + self.b2
+        return ReduceFromTP.apply(partial) + self.b2
 
 
 class TPAttention(nn.Module):
