@@ -8,6 +8,10 @@ Small modules by concern, nothing runs at import time:
 * :mod:`mgpu_utils.exercises` - check exercise answers (hint or confirmation), solutions for instructors.
 * :mod:`mgpu_utils.plots`     - the course's figures.
 * :mod:`mgpu_utils.course`    - run every notebook headless (``make course``).
+
+By lesson: 01 ``hardware``, ``timing``; 04 ``bandwidth``, ``ring``; 05 ``schedules``, ``pipeline``,
+``tensor_parallel``; 06 ``planner``, ``text_data``, ``hybrid_plots``; 07 ``memory``, ``memory_calc``,
+``memory_model`` (also used by 06's planner); 08 ``interconnect``, ``staleness``, ``sync_plots``.
 """
 
 __version__ = "0.1.0"
