@@ -10,10 +10,13 @@ One Adam step of an MLP on real digits (--global-batch samples split over the ra
 
 Per rank and mode, measured with mgpu_utils.memory (storages of local tensors, DTensor.to_local()):
 parameter bytes held at the end of forward, gradient bytes after backward, optimizer-state bytes
-after the step. Checks against a single-process reference
-(Adam on the full batch, computed by every rank): the gradients (FSDP's sharded gradients gathered
-with full_tensor()) and the updated parameters. An averaging reduce-scatter that silently summed
-would show up as gradients world-size times too large.
+after the step, parameter bytes held after the step (params_sharded: FSDP has resharded them), and
+on CUDA the allocator's peak during the mode's step (cuda_peak_bytes: torch.cuda.max_memory_allocated
+above the bytes allocated before it, all-gather/reduce-scatter buffers and activations included).
+Checks against a single-process reference (Adam on the full batch, computed by every rank): the
+gradients (FSDP's sharded gradients gathered with full_tensor()) and the updated parameters, and the
+worst rank's |gradient norm ratio - 1| (an averaging reduce-scatter that silently summed would make
+the gradients world-size times too large).
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/zero_fsdp.py
@@ -45,6 +48,23 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def release():
+    """Drop the references DTensor's sharding-propagation caches keep to the DeviceMesh (and so to the
+    process group), in Python and in the C++ dispatch fast path, before the process group is destroyed.
+
+    Left alone they live until interpreter shutdown, where the process group's C++ destructor can
+    abort the process ("terminate called without an active exception") after the result was printed.
+    """
+    from torch.distributed.tensor import debug
+    if hasattr(debug, "_clear_sharding_prop_cache"):        # torch's own helper: Python and C++ caches
+        debug._clear_sharding_prop_cache()
+    from torch.distributed.tensor import DTensor
+    prop = DTensor._op_dispatcher.sharding_propagator
+    cached = getattr(prop, "_propagate_tensor_meta_cached", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
 def wrap(mode, model, device, lr, mesh):
     """(model, optimizer, local optimizer whose state this rank holds) for one mode."""
     if mode in ("ddp", "zero1"):
@@ -70,6 +90,10 @@ def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
     The wrapped model and optimizer live only inside this function, so they are freed (with any
     communication state they hold) before the next mode and before the process group goes away.
     """
+    if device.type == "cuda":                                   # the allocator's peak of this mode only
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
     model, opt, local_opt = wrap(mode, copy.deepcopy(base), device, lr, mesh)
     loss = F.cross_entropy(model(xl), yl)
     params_fwd = tensor_bytes(model.parameters())               # what forward left gathered
@@ -81,9 +105,12 @@ def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
             "grads": grad_bytes, "optimizer": tensor_bytes(optimizer_tensors(local_opt))}
     errs = torch.tensor([max((u - v).abs().max().item() for u, v in zip(grads, g_ref)),
                          max((full(p).detach() - q).abs().max().item() for p, q in zip(model.parameters(), p_ref)),
-                         # ratio of gradient norms: 1 if averaged, world size if summed
-                         torch.stack([u.norm() for u in grads]).norm().item()
-                         / torch.stack([v.norm() for v in g_ref]).norm().item()], device=device)
+                         # |ratio of gradient norms - 1|: 0 if averaged, world size - 1 if summed
+                         abs(torch.stack([u.norm() for u in grads]).norm().item()
+                             / torch.stack([v.norm() for v in g_ref]).norm().item() - 1)], device=device)
+    if device.type == "cuda":  # everything the step allocated at its peak, temporaries and buffers included
+        torch.cuda.synchronize(device)
+        mine["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
     return mine, errs
 
 
@@ -128,6 +155,7 @@ def main():
         mesh = init_device_mesh(device.type, (world,)) if world > 1 else None
         out = {}
         for mode in modes:
+            gc.collect()                                        # the previous mode's model is gone
             mine, errs = one_step(mode, base, xl, yl, g_ref, p_ref, device, args.lr, mesh)
             per_rank = [mine] * world
             if dist.is_initialized():
@@ -136,8 +164,10 @@ def main():
             ctx.log(f"{mode}: max |grad - ref| {errs[0]:.1e}, max |param - ref| after Adam {errs[1]:.1e}, "
                     f"bytes on rank 0 {mine}")
             out[mode] = {"zero_stage": STAGE[mode], "per_rank": per_rank, "max_grad_diff": errs[0].item(),
-                         "max_param_diff": errs[1].item(), "grad_norm_ratio": errs[2].item()}
-        gc.collect()                                            # free the wrapped models before teardown
+                         "max_param_diff": errs[1].item(), "max_grad_norm_ratio_error": errs[2].item()}
+        del mesh
+        release()                                               # before the process group is destroyed
+        gc.collect()
         if dist.is_initialized():
             dist.barrier()
         emit_result({"world_size": world, "backend": ctx.backend, "device": device.type, "params": n_params,

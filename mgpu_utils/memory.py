@@ -99,6 +99,10 @@ class SavedTensorCounter:
     ``.t()``) count once, with the storage's full size. ``torch.utils.checkpoint`` (non-reentrant)
     hides the tensors of a checkpointed region from outer hooks and saves only the region's inputs,
     which are counted, exactly what stays in memory.
+
+    The counter holds a reference to one tensor of every counted storage until the ``with`` block
+    ends, so a storage freed inside the block (a graph that was discarded) cannot hand its address
+    to a later tensor that would then be mistaken for already counted.
     """
 
     exclude: object = ()
@@ -106,12 +110,14 @@ class SavedTensorCounter:
 
     def __post_init__(self):
         self._seen = {storage_key(t) for t in self.exclude}
+        self._held = []                      # keeps counted storages alive: their addresses stay unique
         self._hooks = None
 
     def _pack(self, t: torch.Tensor):
         key = storage_key(t)
         if key not in self._seen:
             self._seen.add(key)
+            self._held.append(t)
             self.records.append((tuple(t.shape), str(t.dtype).replace("torch.", ""),
                                  _local(t).untyped_storage().nbytes()))
         return t
@@ -138,6 +144,7 @@ class SavedTensorCounter:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+        self._held = []
         return False
 
 

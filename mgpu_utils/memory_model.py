@@ -82,8 +82,8 @@ def model_state_bytes(n_params: float, *, precision: str = "mixed", optimizer: s
     The model's ``n_params`` are first split evenly by tensor (``tp``) and pipeline (``pp``)
     parallelism; ZeRO then shards over the ``dp`` data-parallel replicas: stage 1 the optimizer
     states, stage 2 also the gradients, stage 3 also the parameters (FSDP ``fully_shard`` = stage 3;
-    ``reshard_after_forward=False`` keeps parameters gathered between forward and backward, which
-    is stage 2 for the steady state).
+    ``reshard_after_forward=False`` keeps them gathered from forward to backward, like stage 2
+    only there: after backward and between steps the parameters are sharded, as in stage 3).
 
     Example (ZeRO paper, 7.5B parameters, 64 GPUs, mixed-precision Adam): stage 0/1/2/3 ->
     120 / 31.4 / 16.6 / 1.9 GB.

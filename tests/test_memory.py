@@ -36,6 +36,23 @@ def test_saved_tensor_counter_known_ops():
     assert saved.by_dtype() == {"float32": 800, "float64": 800}
 
 
+def test_saved_tensor_counter_survives_address_reuse():
+    """A storage freed inside the block must not hide a later tensor that gets the same address."""
+    import gc
+    import weakref
+    refs = []
+    with SavedTensorCounter() as saved:
+        for _ in range(5):
+            b = torch.ones(1000, requires_grad=True) * 2            # an intermediate (mul by 2 saves nothing)
+            torch.sin(b)                                # saves its input b: 4000 bytes; the output is discarded
+            refs.append(weakref.ref(b))
+            del b                                       # without a held reference b's storage is freed here
+        assert all(r() is not None for r in refs), "counted storages stay alive inside the block"
+    assert saved.bytes == 5 * 4000 and len(saved.records) == 5
+    gc.collect()
+    assert all(r() is None for r in refs), "and are released when the block ends"
+
+
 def test_state_bytes_fp32_adam_is_4_4_8_plus_step_counters():
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 3))
     opt = torch.optim.Adam(model.parameters())
@@ -135,7 +152,7 @@ def test_zero1_and_fsdp_equal_single_process_and_shard_as_predicted(nproc):
     n = r["params"]
     for mode, m in r["modes"].items():
         assert m["max_grad_diff"] < 1e-5 and m["max_param_diff"] < 1e-5, mode
-        assert abs(m["grad_norm_ratio"] - 1) < 1e-4, f"{mode}: gradients summed instead of averaged?"
+        assert m["max_grad_norm_ratio_error"] < 1e-4, f"{mode}: gradients summed instead of averaged?"
         calc = calculate(n, precision="fp32", optimizer="adam", zero_stage=m["zero_stage"], dp=nproc)
         for rank in m["per_rank"]:
             total = rank["params_after_forward"] + rank["grads"] + rank["optimizer"]
