@@ -30,11 +30,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_train import SmallCNN, load_data
+from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.hardware import LINKS
 from mgpu_utils.interconnect import emulated_link_hook
-from sync_async import batch_stream
+from mgpu_utils.models import SmallCNN
 
 HOOKS = {"fp32 (default)": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
          "bf16": default_hooks.bf16_compress_hook, "PowerSGD": powerSGD_hook}

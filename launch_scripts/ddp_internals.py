@@ -21,21 +21,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.dist import distributed, emit_result
-
-
-def make_mlp(width, depth, d_in=64, d_out=10):
-    """(B, d_in) -> (B, d_out); depth hidden Linear+ReLU layers of size width."""
-    layers, d = [], d_in
-    for _ in range(depth):
-        layers += [nn.Linear(d, width), nn.ReLU()]
-        d = width
-    return nn.Sequential(*layers, nn.Linear(d, d_out))
+from mgpu_utils.models import ddp_recording_buckets, make_mlp
 
 
 def now(device):
@@ -57,33 +46,6 @@ def norm(gs):
     return torch.sqrt(sum((g.double() ** 2).sum() for g in gs)).item()
 
 
-def wrap(model, cap_mb=None, warm=None):
-    """DDP around a model already on its device, with a hook that records every all-reduce.
-
-    Returns (model, sizes): sizes gets the byte size of each bucket DDP all-reduces. cap_mb=None
-    keeps DDP's default (25 MiB, and a small first bucket). warm=(x, y): one step first, then the
-    gradients and the record are cleared (DDP rebuilds its buckets after its first iteration).
-    Without a process group: the bare model.
-    """
-    sizes = []
-    if not dist.is_initialized():
-        return model, sizes
-    dev = next(model.parameters()).device
-    kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
-    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
-
-    def counting_hook(state, bucket):  # the same all-reduce as DDP's default, plus bookkeeping
-        sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
-        return default_hooks.allreduce_hook(state, bucket)
-
-    ddp.register_comm_hook(None, counting_hook)
-    if warm is not None:
-        F.cross_entropy(ddp(warm[0]), warm[1]).backward()
-        ddp.zero_grad(set_to_none=True)
-        sizes.clear()
-    return ddp, sizes
-
-
 def accumulate(ddp, xl, yl, k, forward_inside):
     """k micro-batches, all but the last under no_sync; forward_inside=False is the common bug."""
     mb = len(xl) // k
@@ -103,7 +65,7 @@ def bucket_sweep(model, x, y, caps, steps):
     """Time a DDP step for each bucket cap; the hook records each bucket's size (bytes)."""
     rows = []
     for cap in caps:
-        ddp, sizes = wrap(copy.deepcopy(model), cap, warm=(x, y))
+        ddp, sizes = ddp_recording_buckets(copy.deepcopy(model), cap, warm=(x, y))
         times = []
         for _ in range(steps):
             if dist.is_initialized():
@@ -153,17 +115,17 @@ def main():
         F.cross_entropy(ref(x), y).backward()
         g_ref = grads(ref)
 
-        ddp, calls = wrap(copy.deepcopy(model), warm=(xl, yl))      # 1. N ranks x batch b
+        ddp, calls = ddp_recording_buckets(copy.deepcopy(model), warm=(xl, yl))      # 1. N ranks x batch b
         F.cross_entropy(ddp(xl), yl).backward()
         g_ddp, per_step = grads(ddp), len(calls)
 
-        acc, acc_calls = wrap(copy.deepcopy(model), warm=(xl, yl))  # 2. no_sync accumulation
+        acc, acc_calls = ddp_recording_buckets(copy.deepcopy(model), warm=(xl, yl))  # 2. no_sync accumulation
         accumulate(acc, xl, yl, args.accum_steps, forward_inside=True)
         g_acc = grads(acc)
-        bug, bug_calls = wrap(copy.deepcopy(model), warm=(xl, yl))  # ... forward outside no_sync
+        bug, bug_calls = ddp_recording_buckets(copy.deepcopy(model), warm=(xl, yl))  # ... forward outside no_sync
         accumulate(bug, xl, yl, args.accum_steps, forward_inside=False)
 
-        bad, _ = wrap(copy.deepcopy(model))                          # 3. the mistake
+        bad, _ = ddp_recording_buckets(copy.deepcopy(model))                          # 3. the mistake
         (F.cross_entropy(bad(xl), yl) * world).backward()
         g_bad = grads(bad)
 

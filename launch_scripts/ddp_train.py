@@ -15,60 +15,16 @@ Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_train.py --epochs 8
 """
 import argparse
-import gzip
-import importlib.util
-import os
 import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler, TensorDataset
 
+from mgpu_utils.data import load_data, shard_batches
 from mgpu_utils.dist import distributed, emit_result
-
-
-def load_data(test_fraction=0.2, seed=0):
-    """Digits as tensors: X (N, 1, 8, 8) float32 in [0, 1], y (N,) int64; fixed stratified split.
-
-    Reads the file scikit-learn ships (sklearn/datasets/data/digits.csv.gz, what load_digits reads)
-    without importing scikit-learn: that saves ~2.5 s of start-up in every rank.
-    """
-    pkg = importlib.util.find_spec("sklearn").submodule_search_locations[0]
-    with gzip.open(os.path.join(pkg, "datasets", "data", "digits.csv.gz"), "rt") as f:
-        data = torch.tensor([[float(v) for v in line.split(",")] for line in f])
-    X, y = data[:, :64].view(-1, 1, 8, 8) / 16.0, data[:, 64].long()
-    g = torch.Generator().manual_seed(seed)
-    test = torch.cat([c[torch.randperm(len(c), generator=g)][:round(test_fraction * len(c))]
-                      for c in (torch.nonzero(y == k).flatten() for k in range(10))])
-    is_test = torch.zeros(len(y), dtype=torch.bool)
-    is_test[test] = True
-    return TensorDataset(X[~is_test], y[~is_test]), TensorDataset(X[is_test], y[is_test])
-
-
-class SmallCNN(nn.Module):
-    """(B, 1, 8, 8) -> (B, 10) logits; about 40k parameters."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
-
-
-def shard_batches(dataset, num_replicas, rank, epoch, batch_size, seed):
-    """Index batches of one rank for one epoch, exactly as DistributedSampler + DataLoader give them."""
-    sampler = DistributedSampler(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
-    sampler.set_epoch(epoch)  # without this every epoch repeats epoch 0's order
-    idx = list(sampler)
-    return [idx[i:i + batch_size] for i in range(0, len(idx), batch_size)]
+from mgpu_utils.models import SmallCNN
 
 
 def evaluate(model, test, rank, world, device):

@@ -19,16 +19,15 @@ Run:
 import argparse
 import contextlib
 import copy
-import gc
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddp_internals import make_mlp, wrap
-from ddp_train import load_data
+from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.memory import SavedTensorCounter, checkpointed
+from mgpu_utils.models import ddp_recording_buckets, make_mlp
 
 
 def accumulate(ddp, x, y, k, use_no_sync):
@@ -77,7 +76,7 @@ def main():
 
         res, errs = {}, []
         for name, use_no_sync in (("every", False), ("no_sync", True)):
-            ddp, sizes = wrap(copy.deepcopy(base), warm=(xl, yl))     # hook records each bucket's bytes
+            ddp, sizes = ddp_recording_buckets(copy.deepcopy(base), warm=(xl, yl))     # hook records each bucket's bytes
             accumulate(ddp, xl, yl, args.micro, use_no_sync)
             res[name] = {"allreduce_calls": len(sizes), "allreduce_bytes": sum(sizes)}
             errs.append(max_diff(ddp, g_ref))
@@ -85,15 +84,13 @@ def main():
         ckpt = []
         for every in [0] + [int(e) for e in args.every.split(",") if e]:
             model = copy.deepcopy(base)
-            ddp, _ = wrap(checkpointed(model, every), warm=(xl, yl))
+            ddp, _ = ddp_recording_buckets(checkpointed(model, every), warm=(xl, yl))
             with SavedTensorCounter(exclude=ddp.parameters()) as saved:
                 loss = F.cross_entropy(ddp(xl), yl)
             loss.backward()
             errs.append(max_diff(ddp, g_ref))
             ckpt.append({"every": every, "saved_bytes": saved.bytes, "saved_tensors": len(saved.records)})
 
-        del ddp, model
-        gc.collect()                                                 # free the DDP wrappers before teardown
         errs = torch.tensor(errs, device=device)
         if dist.is_initialized():
             dist.all_reduce(errs, op=dist.ReduceOp.MAX)              # worst rank

@@ -1,8 +1,8 @@
 """Local SGD (periodic parameter averaging every H steps) on digits, for several H, in one launch
 (notebooks/08_sync_vs_async.ipynb).
 
-Every rank trains its own copy of a small MLP (sync_async.make_mlp) on its own shard with plain SGD
-(--lr per local step of --batch-size samples); every H steps the ranks average their parameters with one
+Every rank trains its own copy of lesson 08's small MLP (mgpu_utils.models.make_mlp(128, 1, flatten=True))
+on its own shard with plain SGD (--lr per local step of --batch-size samples); every H steps the ranks average their parameters with one
 all-reduce. H=1 is synchronous data parallelism: averaging the parameters after one step from the same
 parameters equals one step with the averaged gradient. With --with-sync a last run, "sync", all-reduces the gradients
 every step (the reference for H=1). Between runs the model restarts from the same initial parameters.
@@ -26,10 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ddp_train import load_data
+from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.interconnect import ring_wire_bytes_per_rank
-from sync_async import batch_stream, make_mlp
+from mgpu_utils.models import make_mlp
 
 
 def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
@@ -93,7 +93,7 @@ def main():
         X, Y = (t.to(device) for t in train.tensors)
         Xt, Yt = (t.to(device) for t in test.tensors)
         torch.manual_seed(a.seed)
-        model = make_mlp().to(device)
+        model = make_mlp(128, 1, flatten=True).to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().clone()
         P = theta0.numel()
         batches = list(itertools.islice(batch_stream(train, world, rank, a.batch_size, a.seed), a.steps))

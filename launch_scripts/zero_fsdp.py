@@ -34,10 +34,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddp_internals import make_mlp
-from ddp_train import load_data
+from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.memory import optimizer_tensors, tensor_bytes
+from mgpu_utils.models import make_mlp
 
 MODES = ("ddp", "zero1", "fsdp2", "fsdp3")
 STAGE = {"ddp": 0, "zero1": 1, "fsdp2": 2, "fsdp3": 3}
@@ -46,23 +46,6 @@ STAGE = {"ddp": 0, "zero1": 1, "fsdp2": 2, "fsdp3": 3}
 def full(t):
     """The whole tensor on every rank: DTensor shards gathered (full_tensor), plain tensors as they are."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def release():
-    """Drop the references DTensor's sharding-propagation caches keep to the DeviceMesh (and so to the
-    process group), in Python and in the C++ dispatch fast path, before the process group is destroyed.
-
-    Left alone they live until interpreter shutdown, where the process group's C++ destructor can
-    abort the process ("terminate called without an active exception") after the result was printed.
-    """
-    from torch.distributed.tensor import debug
-    if hasattr(debug, "_clear_sharding_prop_cache"):        # torch's own helper: Python and C++ caches
-        debug._clear_sharding_prop_cache()
-    from torch.distributed.tensor import DTensor
-    prop = DTensor._op_dispatcher.sharding_propagator
-    cached = getattr(prop, "_propagate_tensor_meta_cached", None)
-    if hasattr(cached, "cache_clear"):
-        cached.cache_clear()
 
 
 def wrap(mode, model, device, lr, mesh):
@@ -87,8 +70,8 @@ def wrap(mode, model, device, lr, mesh):
 def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
     """One Adam step of a copy of base in this mode: (this rank's measured bytes, tensor of errors).
 
-    The wrapped model and optimizer live only inside this function, so they are freed (with any
-    communication state they hold) before the next mode and before the process group goes away.
+    The wrapped model and optimizer live only inside this function, so they are freed before the next
+    mode is measured.
     """
     if device.type == "cuda":                                   # the allocator's peak of this mode only
         torch.cuda.synchronize(device)
@@ -165,11 +148,6 @@ def main():
                     f"bytes on rank 0 {mine}")
             out[mode] = {"zero_stage": STAGE[mode], "per_rank": per_rank, "max_grad_diff": errs[0].item(),
                          "max_param_diff": errs[1].item(), "max_grad_norm_ratio_error": errs[2].item()}
-        del mesh
-        release()                                               # before the process group is destroyed
-        gc.collect()
-        if dist.is_initialized():
-            dist.barrier()
         emit_result({"world_size": world, "backend": ctx.backend, "device": device.type, "params": n_params,
                      "global_batch": args.global_batch, "width": args.width, "depth": args.depth, "modes": out})
 

@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 #: Prefix of the one line of JSON that rank 0 prints at the end of a launch script.
@@ -169,8 +170,13 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     why. Without torchrun: no process group, world size 1, same code path (collectives must be
     guarded by ``dist.is_initialized()`` or skipped when ``world_size == 1``).
 
-    On exit ``destroy_process_group()`` runs, also on error; an error is reported to stderr as a
-    traceback plus one ``MGPU_ERROR {...}`` line that :func:`mgpu_utils.launcher.launch` reads.
+    At the end of the ``with`` block, under torchrun, the rank ends through :func:`shutdown`: barrier
+    (on success), ``destroy_process_group()``, flush, and ``os._exit`` with the true exit status, so no
+    native abort at interpreter exit can turn a finished job into a failed one (the cause is written
+    in :func:`shutdown`). Code after the ``with`` block does not run: make it the last thing the script
+    does. An error is reported to stderr as a traceback plus one ``MGPU_ERROR {...}`` line that
+    :func:`mgpu_utils.launcher.launch` reads, and the rank exits with status 1 (``sys.exit(n)``: n).
+    Without torchrun the block exits as any ``with`` block does and exceptions propagate.
 
     Args:
         backend: force "gloo" or "nccl" (default: automatic, or ``$MGPU_BACKEND``).
@@ -212,12 +218,95 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
         raise
     try:
         yield ctx
-    except Exception as e:  # not SystemExit / KeyboardInterrupt: those are not the script's error
-        _report_error(env.rank, e)
-        raise
-    finally:
+    except BaseException as e:
+        code = _exit_code(e)
+        if isinstance(e, Exception):  # not SystemExit / KeyboardInterrupt: those are not the script's error
+            _report_error(env.rank, e)
+        if ctx.backend == "none":
+            raise                     # plain python: no process group, Python exits as usual
+        if not isinstance(e, SystemExit):
+            traceback.print_exception(e)  # what Python prints for an uncaught exception
+        elif e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        shutdown(code)
+    else:
+        if ctx.backend != "none":
+            shutdown(0)
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The status a Python process ends with when ``exc`` leaves the script (as ``python`` itself sets it)."""
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if isinstance(exc, KeyboardInterrupt):
+        return 128 + 2  # the shell's convention for "stopped by SIGINT"
+    return 1
+
+
+def shutdown(exit_code: int = 0) -> None:
+    """End a rank of a launch script: tear down ``torch.distributed``, flush, and exit with ``exit_code``.
+
+    Every launch script reaches this through :func:`distributed` (at the end of its ``with`` block), so
+    nothing after that block runs. The steps, in order:
+
+    1. on success, a barrier: no rank tears down its connections while a peer still talks to it;
+    2. ``destroy_process_group()``: every group, sub-groups (DeviceMesh, ``new_group``) included;
+       for gloo this stops and joins the worker threads of every group still registered;
+    3. the ``atexit`` callbacks and a flush of stdout/stderr (the result line is out);
+    4. ``os._exit(exit_code)``: the process ends *without* interpreter finalization and without C++
+       static destructors.
+
+    Why step 4. The abort it prevents ("terminate called without an active exception", SIGABRT,
+    exit code -6, after the result line was printed) was found in a core dump of
+    ``tensor_parallel.py``: the main thread was in ``Py_FinalizeEx``, and a gloo worker thread
+    (``ProcessGroupGloo::runLoop``) was destroying a finished ``AsyncAllreduceWork``. That work owns the
+    collective's tensors; releasing a tensor that has a Python object needs the GIL; CPython ends any
+    thread that asks for the GIL during finalization with ``pthread_exit``, whose forced unwind
+    crosses the work's ``noexcept`` destructor, and libstdc++ calls ``std::terminate``. Two facts make
+    it possible:
+
+    * the worker drops its reference to a work *after* the work is marked complete, and the main
+      thread, woken by the completion, may already be printing and exiting: a window of microseconds
+      on an idle machine, tens of milliseconds when 4 ranks share 2 cores (hence a few percent of runs);
+    * ``destroy_process_group()`` stops the gloo threads only when nothing else references the
+      process group. A DDP model, a DeviceMesh or DTensor (and its sharding caches) keep it, and its
+      threads, alive until the interpreter clears them at exit (measured: 4 threads before and after
+      ``destroy_process_group()`` with a DDP model or a DeviceMesh alive, 1 without).
+
+    So the fix cannot be a ``del model; gc.collect()`` in each script (references inside torch are out
+    of reach, and differ between torch versions): after step 2 nothing is destroyed at all. ``os._exit``
+    ends the process while the main thread still holds the GIL; the operating system reclaims memory,
+    threads and sockets. All communication has finished in steps 1-2, so no peer loses data.
+
+    Args:
+        exit_code: the process's exit status: 0 success, 1 a Python error (already reported by
+            :func:`distributed`), or the code passed to ``sys.exit``.
+
+    Never returns. Not for notebooks or tests: it ends the calling process.
+    """
+    import atexit
+
+    try:
+        import torch.distributed as dist
+
         if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                if exit_code == 0 and dist.get_world_size() > 1:
+                    dist.barrier()
+            finally:
+                dist.destroy_process_group()
+    except BaseException as e:  # a failing teardown is an error of this rank too: say so, exit non-zero
+        print(f"teardown failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        exit_code = exit_code or 1
+    try:
+        atexit._run_exitfuncs()  # what a normal exit runs first (logging flush, temporary files)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
+                pass
+        os._exit(exit_code)
 
 
 def emit_result(result: dict, rank: int | None = None) -> None:

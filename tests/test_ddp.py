@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from ddp_internals import make_mlp
+from mgpu_utils.models import make_mlp
 from mgpu_utils.launcher import launch
 
 
@@ -64,7 +64,7 @@ def test_single_flag_refuses_several_ranks():
 
 def test_digits_loader_reads_the_same_data_as_scikit_learn():
     from sklearn.datasets import load_digits
-    from ddp_train import load_data
+    from mgpu_utils.data import load_data
 
     train, test = load_data()
     X, y = load_digits(return_X_y=True)

@@ -99,7 +99,7 @@ def test_every_exercise_has_a_right_and_a_wrong_answer(ex_id, capsys):
 def test_exercise_answers_match_the_facts():
     import math
     from torch.utils.data import DistributedSampler
-    from ddp_train import load_data
+    from mgpu_utils.data import load_data
 
     from mgpu_utils.dist import choose_backend
 

@@ -122,3 +122,31 @@ def test_script_runs_without_torchrun():
     out = subprocess.run([sys.executable, str(ROOT / "launch_scripts" / "hello_dist.py")], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120, check=True).stdout
     assert '"world_size": 1' in out and '"backend": "none"' in out and "single process" in out
+
+
+EXIT_PATHS = str(ROOT / "tests" / "scripts" / "exit_paths.py")
+
+
+def test_shutdown_skips_finalization_but_runs_atexit():
+    """Success: exit 0 with the result, atexit callbacks ran, interpreter finalization did not (os._exit)."""
+    res = run_torchrun(EXIT_PATHS, 2, ["--mode", "ok"], show="none")
+    assert res.returncode == 0 and res.result["world_size"] == 2
+    for r in (0, 1):
+        assert f"ATEXIT rank {r}" in res.logs[r]["stdout"]
+        assert "FINALIZED" not in res.logs[r]["stdout"], "the rank must end with os._exit, not finalization"
+    plain = subprocess.run([sys.executable, EXIT_PATHS], capture_output=True, text=True, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert plain.returncode == 0 and "MGPU_RESULT" in plain.stdout   # plain python: an ordinary exit
+    assert "FINALIZED" in plain.stdout
+
+
+def test_shutdown_keeps_errors_and_exit_codes_truthful():
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(EXIT_PATHS, 2, ["--mode", "raise", "--rank", "1"], show="none")
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError" and err.message == "exit path boom"
+    assert "Traceback (most recent call last)" in err.logs[1]["stderr"] and "exit_paths.py" in err.logs[1]["stderr"]
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(EXIT_PATHS, 2, ["--mode", "sysexit", "--rank", "0", "--code", "4"], show="none")
+    assert info.value.rank == 0 and "exit code 4" in str(info.value)
+    assert run_torchrun(EXIT_PATHS, 2, ["--mode", "sysexit", "--code", "0"], show="none").returncode == 0

@@ -50,6 +50,34 @@ def test_launch_script_style(script):
     assert "MASTER_PORT" not in text and "mp.spawn" not in text
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_launch_script_imports_no_other_launch_script(script):
+    """A reader of one script opens at most mgpu_utils: shared code lives there, not in another script."""
+    names = {s.stem for s in SCRIPTS}
+    imported = set()
+    for node in ast.walk(ast.parse(script.read_text())):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert not imported & names, f"{script.name} imports launch script(s) {sorted(imported & names)}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_launch_script_ends_through_distributed(script):
+    """The ``with distributed()`` block is the last statement of main(), and main() the last call of the
+    script: the rank ends through mgpu_utils.dist.shutdown (os._exit), so code after it would never run."""
+    tree = ast.parse(script.read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    last = main.body[-1]
+    assert isinstance(last, ast.With) and any(
+        isinstance(i.context_expr, ast.Call) and getattr(i.context_expr.func, "id", "") == "distributed"
+        for i in last.items), f"{script.name}: main() must end with its `with distributed() as ctx:` block"
+    guard = tree.body[-1]
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "__name__ == '__main__'"
+    assert [ast.unparse(s) for s in guard.body] == ["main()"], f"{script.name}: end with `main()` under the guard"
+
+
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_shape_and_clean_outputs(nb_path):
     nb = json.loads(nb_path.read_text())

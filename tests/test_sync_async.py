@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from ddp_train import SmallCNN, load_data, shard_batches
-from sync_async import make_mlp
+from mgpu_utils.data import load_data, shard_batches
+from mgpu_utils.models import SmallCNN, make_mlp
 from mgpu_utils.hardware import LINKS
 from mgpu_utils.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
 from mgpu_utils.launcher import launch
@@ -103,7 +103,7 @@ def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
             epoch += 1
         streams.append(idx)
     torch.manual_seed(seed)
-    model = make_mlp()
+    model = make_mlp(128, 1, flatten=True)
     for step in range(steps):
         grads = []
         for w in range(n_workers):

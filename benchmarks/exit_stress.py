@@ -1,0 +1,100 @@
+"""Exit stress test: every launch script, K times at each world size, counting native aborts at exit.
+
+A rank that has printed its result can still die at interpreter exit ("terminate called without an
+active exception", SIGABRT, exit code -6): see mgpu_utils.dist.shutdown for the cause and the fix. Such a
+race shows up in a few percent of runs, so one green run proves little. This launches each script in
+launch_scripts/ through mgpu_utils.launcher (exactly as notebooks and tests do, with the small arguments
+the tests use) K times per world size and prints, per script and world size: runs, native aborts (a rank
+killed by SIGABRT or printing "terminate called"), and non-zero exits of any kind. Target: 0 and 0.
+
+--jobs 2 runs two launches at once: more processes than cores, the condition that widens the race.
+Exit status 1 if any run aborted or failed.
+
+Run:
+    python benchmarks/exit_stress.py -k 10 --nproc 2 4
+"""
+import argparse
+import collections
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
+
+# The arguments the tests use (small and quick); per world size where the script needs it.
+CASES = {
+    "collective_errors.py": ["--case", "ok"],
+    "collectives_bench.py": ["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1],
+    "collectives_demo.py": [],
+    "comm_hooks.py": ["--steps", 12, "--eval-every", 6, "--powersgd-start", 2, "--emu-steps", 1,
+                      "--links", "PCIe 4.0 x16", "--emu-hooks", "fp32 (default)", "PowerSGD"],
+    "ddp_internals.py": ["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", ""],
+    "ddp_train.py": ["--epochs", 1, "--batch-size", 16],
+    "grad_accumulation.py": ["--micro", 4, "--global-batch", 64],
+    "hello_dist.py": [],
+    "hybrid_gpt2.py": {2: ["--layouts", "1x2,2x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
+                       4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},
+    "local_sgd.py": ["--H", 1, 2, "--with-sync", "--steps", 8, "--eval-every", 2],
+    "pipeline_parallel.py": ["--stage-ms", 0],
+    "ring_allreduce.py": ["--sizes-kib", ""],
+    "sync_async.py": ["--steps", 12, "--delay-ms", 0],
+    "tensor_parallel.py": [],
+    "zero_fsdp.py": [],
+}
+
+
+def args_for(script: str, nproc: int) -> list:
+    """The command-line arguments of ``script`` at world size ``nproc`` (KeyError: not in CASES)."""
+    a = CASES[script]
+    return a[nproc] if isinstance(a, dict) else a
+
+
+def one_run(script: str, nproc: int) -> tuple[str, float, str]:
+    """Launch once; returns (outcome, seconds, detail). outcome: "ok", "abort" or "fail"."""
+    t0 = time.perf_counter()
+    try:
+        run_torchrun(script, nproc, args_for(script, nproc), show="none", timeout_s=600)
+        return "ok", time.perf_counter() - t0, ""
+    except LaunchError as e:
+        stderr = "\n".join(v["stderr"] for v in e.logs.values())
+        native = "terminate called" in stderr or "SIGABRT" in str(e) or e.exc_type == "exit code -6"
+        return ("abort" if native else "fail"), time.perf_counter() - t0, str(e).splitlines()[0][:160]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("-k", type=int, default=10, help="runs per script and world size")
+    p.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes")
+    p.add_argument("--scripts", nargs="*", default=sorted(CASES), help="file names in launch_scripts/")
+    p.add_argument("--jobs", type=int, default=1, help="launches at once (2 oversubscribes a 2-core machine)")
+    a = p.parse_args()
+    missing = sorted({x.name for x in (ROOT / "launch_scripts").glob("*.py")} - set(CASES))
+    if missing:
+        print(f"warning: no arguments known for {missing}; add them to CASES", file=sys.stderr)
+    unknown = sorted(set(a.scripts) - set(CASES))
+    if unknown:
+        p.error(f"unknown scripts {unknown}; choose from {sorted(CASES)}")
+    jobs = [(s, n) for s in a.scripts for n in a.nproc for _ in range(a.k)]
+    stats = collections.defaultdict(collections.Counter)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        for i, ((s, n), (outcome, sec, detail)) in enumerate(zip(jobs, pool.map(lambda j: one_run(*j), jobs)), 1):
+            stats[(s, n)][outcome] += 1
+            stats[(s, n)]["seconds"] += sec
+            print(f"[{i}/{len(jobs)}] {s} x{n}: {outcome} ({sec:.1f} s) {detail}", flush=True)
+    width = max(len(s) for s in a.scripts)
+    print(f"\n{'script':<{width}}  ranks  runs  native aborts  non-zero exits  s/run")
+    for (s, n), c in sorted(stats.items()):
+        runs = c["ok"] + c["abort"] + c["fail"]
+        print(f"{s:<{width}}  {n:5d}  {runs:4d}  {c['abort']:13d}  {c['abort'] + c['fail']:14d}  {c['seconds'] / runs:5.1f}")
+    aborts = sum(c["abort"] for c in stats.values())
+    bad = sum(c["abort"] + c["fail"] for c in stats.values())
+    print(f"total: {len(jobs)} runs in {time.perf_counter() - t0:.0f} s, {aborts} native aborts, {bad} non-zero exits")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

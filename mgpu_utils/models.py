@@ -1,0 +1,92 @@
+"""The small models the launch scripts train: a CNN and an MLP factory (digits in, 10 logits out).
+
+Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
+``ddp_internals.py``); lessons 07 and 08 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
+communication hook that records the bytes of every bucket it all-reduces (lessons 03 and 07).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SmallCNN(nn.Module):
+    """(B, 1, 8, 8) float32 -> (B, 10) logits; two 3x3 convolutions and two linear layers, 38,282 parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_mlp(width: int, depth: int, d_in: int = 64, d_out: int = 10, flatten: bool = False) -> nn.Sequential:
+    """An MLP of ``depth`` hidden Linear+ReLU layers of size ``width``, then Linear to ``d_out``.
+
+    Args:
+        width: hidden size.
+        depth: number of hidden layers (>= 0); the model has ``depth + 1`` Linear layers.
+        d_in, d_out: input features and output logits.
+        flatten: start with ``nn.Flatten()`` so images (B, 1, 8, 8) go in directly (lesson 08);
+            without it the input is (B, d_in).
+
+    Returns:
+        ``nn.Sequential`` mapping (B, d_in) (or (B, 1, 8, 8) with ``flatten``) float32 to (B, d_out) logits.
+        ``make_mlp(128, 1, flatten=True)`` is lesson 08's 9,610-parameter model.
+
+    Raises:
+        ValueError: a negative depth or a non-positive width.
+    """
+    if depth < 0 or width < 1:
+        raise ValueError(f"make_mlp needs depth >= 0 and width >= 1, got depth={depth}, width={width}")
+    layers, d = ([nn.Flatten()] if flatten else []), d_in
+    for _ in range(depth):
+        layers += [nn.Linear(d, width), nn.ReLU()]
+        d = width
+    return nn.Sequential(*layers, nn.Linear(d, d_out))
+
+
+def ddp_recording_buckets(model: nn.Module, cap_mb: float | None = None, warm=None):
+    """DDP around a model already on its device, with a hook that records every all-reduce it launches.
+
+    The hook does exactly what DDP's default does (``default_hooks.allreduce_hook``: average the
+    bucket over the ranks) and appends the bucket's size in bytes to a list.
+
+    Args:
+        model: the module to wrap (its parameters on ``cuda:local_rank`` with NCCL, on the CPU with gloo).
+        cap_mb: DDP's ``bucket_cap_mb``; None keeps DDP's default (25 MiB, and a small first bucket).
+        warm: ``(x, y)``: run one step first, then clear the gradients and the record (DDP rebuilds
+            its buckets after its first iteration, so the record then shows the steady state).
+
+    Returns:
+        ``(ddp, sizes)``: the wrapped model and the list that receives each bucket's bytes. Without an
+        initialized process group: ``(model, [])``, the bare model.
+    """
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sizes: list[int] = []
+    if not dist.is_initialized():
+        return model, sizes
+    dev = next(model.parameters()).device
+    kw = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
+
+    def counting_hook(state, bucket):  # the same all-reduce as DDP's default, plus bookkeeping
+        sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, counting_hook)
+    if warm is not None:
+        F.cross_entropy(ddp(warm[0]), warm[1]).backward()
+        ddp.zero_grad(set_to_none=True)
+        sizes.clear()
+    return ddp, sizes
