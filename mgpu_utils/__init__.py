@@ -8,6 +8,8 @@ Small modules by concern, nothing runs at import time:
 * :mod:`mgpu_utils.exercises` - check exercise answers (hint or confirmation), solutions for instructors.
 * :mod:`mgpu_utils.plots`     - the course's figures.
 * :mod:`mgpu_utils.course`    - run every notebook headless (``make course``).
+* :mod:`mgpu_utils.data`      - the digits dataset, split and sharded per rank (lessons 03, 07, 08).
+* :mod:`mgpu_utils.models`    - the small CNN and MLPs the launch scripts train (lessons 03, 07, 08).
 
 By lesson: 01 ``hardware``, ``timing``; 04 ``bandwidth``, ``ring``; 05 ``schedules``, ``pipeline``,
 ``tensor_parallel``; 06 ``planner``, ``text_data``, ``hybrid_plots``; 07 ``memory``, ``memory_calc``,

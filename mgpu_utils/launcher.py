@@ -97,8 +97,8 @@ def resolve_script(script) -> Path:
         if cand.is_file():
             return cand.resolve()
     avail = ", ".join(sorted(x.name for x in SCRIPTS_DIR.glob("*.py"))) or "none"
-    raise FileNotFoundError(f"launch script {str(script)!r} not found (looked in the current directory and "
-                            f"{SCRIPTS_DIR}). Available: {avail}")
+    raise FileNotFoundError(f"launch script {str(script)!r} not found (looked in the current directory and in "
+                            f"launch_scripts/ of the repository). Available: {avail}")
 
 
 def _validate(nproc, backend) -> str | None:
@@ -165,14 +165,14 @@ def _rank_failure(rank: int, entry: dict):
     for line in reversed(err.splitlines()):
         if line.startswith(ERROR_MARKER):
             info = json.loads(line[len(ERROR_MARKER):])
-            msg = info["message"]
+            msg = display_paths(info["message"])
             return (info["time"], bool(_SECONDARY.search(msg)), info["type"], msg)
     if "Traceback (most recent call last)" in err:
         tail = err[err.rfind("Traceback (most recent call last)"):].splitlines()
         for line in reversed(tail):
             m = _EXC_LINE.match(line.strip())
             if m:
-                msg = m.group(2) or ""
+                msg = display_paths(m.group(2) or "")
                 return (entry["stderr_mtime"], bool(_SECONDARY.search(line)), m.group(1), msg)
     return None
 
@@ -185,10 +185,23 @@ def _exit_codes(torchrun_err: str) -> dict:
     return codes
 
 
+def display_paths(text: str) -> str:
+    """``text`` with this machine's absolute paths shortened: the repository root is dropped
+    (``launch_scripts/hello_dist.py``) and the installed packages read ``site-packages/torch/...``.
+
+    Rank output and error reports go through it, so stored notebook outputs and error messages read the
+    same on every machine."""
+    import sysconfig
+
+    for prefix, short in ((sysconfig.get_paths()["purelib"], "site-packages"), (str(REPO_ROOT), "")):
+        text = text.replace(prefix + os.sep, short + os.sep if short else "")
+    return text
+
+
 def _format_rank_output(rank: int, entry: dict, streams=("stdout", "stderr"), max_lines: int | None = None) -> str:
     out = []
     for stream in streams:
-        for line in entry[stream].splitlines():
+        for line in display_paths(entry[stream]).splitlines():
             if line.startswith(RESULT_MARKER) or line.startswith(ERROR_MARKER):
                 continue
             line = _TORCH_PREFIX.sub("", line)  # torch's own "[rank1]: " prefix on tracebacks
@@ -243,7 +256,7 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
         exc_type, message = f"exit code {code}", f"rank {rank} {how} without a Python traceback"
         text = f"rank {rank} failed: {how} (no Python traceback: out of memory, os._exit or a native crash?)"
     else:
-        rank, exc_type, message = None, f"exit code {returncode}", torchrun_err.strip()[-2000:]
+        rank, exc_type, message = None, f"exit code {returncode}", display_paths(torchrun_err.strip()[-2000:])
         text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
     others = sorted(set(failures) - {rank})
     if others:

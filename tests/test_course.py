@@ -10,14 +10,17 @@ def _nb(path, code):
     nbformat.write(nb, path)
 
 
-def test_course_runs_notebooks_and_reports_failures(tmp_path, capsys):
+def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd):
     src = tmp_path / "nbs"
     src.mkdir()
     _nb(src / "01_ok.ipynb", ["x = 6 * 7", "print(x)"])
     _nb(src / "02_bad.ipynb", ["raise ValueError('broken lesson')"])
     out = tmp_path / "build"
     assert course.main(["--out", str(out), str(src)]) == 1
-    table = capsys.readouterr().out
+    captured = capfd.readouterr()                      # file descriptors: the kernel's own stderr too
+    table = captured.out
+    assert "02_bad.ipynb" in captured.err and "/2 [" in captured.err, "a per-cell progress bar on stderr"
+    assert "without encryption" not in captured.err and "Parent appears to have exited" not in captured.err
     assert "01_ok.ipynb" in table and "ok" in table and "FAILED" in table and "broken lesson" in table
     executed = nbformat.read(out / "01_ok.ipynb", 4)
     assert executed.cells[1].outputs[0]["text"] == "42\n"

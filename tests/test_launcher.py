@@ -45,6 +45,8 @@ def test_failing_rank_is_named_quickly():
     err = info.value
     assert err.rank == 1 and err.exc_type == "ValueError" and err.message == "boom"
     assert "rank 1" in str(err) and "boom" in str(err)
+    assert 'File "launch_scripts/hello_dist.py"' in str(err), "repository-relative paths in error reports"
+    assert str(ROOT) not in str(err)
 
 
 def test_plain_script_traceback_and_silent_exit_are_diagnosed():

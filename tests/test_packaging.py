@@ -96,3 +96,22 @@ def test_notebook_shape_and_clean_outputs(nb_path):
         src = "".join(c["source"]).rstrip()
         if re.search(r"plots\.\w+\(", src.splitlines()[-1] if src else ""):
             assert src.endswith(";"), f"plot cells end with ';' ({nb_path.name})"
+
+
+_MACHINE_PATH = re.compile("|".join([re.escape(str(ROOT)), r"/home/", r"/root/", r"/tmp/", r"/content/"]))
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_from_one_clean_pass(nb_path):
+    """Outputs of a top-to-bottom run in a fresh kernel, readable on any machine: execution counts 1..n,
+    no machine's absolute path, no stale '(planned)' for a lesson that exists."""
+    nb = json.loads(nb_path.read_text())
+    counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"]
+    assert counts == list(range(1, len(counts) + 1)), f"{nb_path.name}: execution counts {counts}, expected 1..n"
+    for i, c in enumerate(nb["cells"]):
+        assert "(planned)" not in "".join(c["source"]), f"{nb_path.name} cell {i}: '(planned)'"
+        for o in c.get("outputs", []):
+            text = json.dumps(o)
+            assert "(planned)" not in text, f"{nb_path.name} cell {i}: '(planned)' in an output"
+            m = _MACHINE_PATH.search(text)
+            assert not m, f"{nb_path.name} cell {i}: machine path in output: ...{text[max(0, m.start() - 80):m.end() + 40]}"
