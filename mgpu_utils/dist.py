@@ -224,8 +224,11 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
             _report_error(env.rank, e)
         if ctx.backend == "none":
             raise                     # plain python: no process group, Python exits as usual
-        if not isinstance(e, SystemExit):
-            traceback.print_exception(e)  # what Python prints for an uncaught exception
+        if not isinstance(e, SystemExit):  # what Python prints for an uncaught exception, from the script's frames
+            tb = e.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                tb = tb.tb_next          # this context manager's own frame is not where the error is
+            traceback.print_exception(type(e), e, tb)
         elif e.code is not None and not isinstance(e.code, int):
             print(e.code, file=sys.stderr)
         shutdown(code)
