@@ -253,8 +253,9 @@ def shutdown(exit_code: int = 0) -> None:
     nothing after that block runs. The steps, in order:
 
     1. on success, a barrier: no rank tears down its connections while a peer still talks to it;
-    2. ``destroy_process_group()``: every group, sub-groups (DeviceMesh, ``new_group``) included;
-       for gloo this stops and joins the worker threads of every group still registered;
+    2. on success, ``destroy_process_group()``: every group, sub-groups (DeviceMesh, ``new_group``)
+       included; for gloo this stops and joins the worker threads of groups nothing else references.
+       After an error neither 1 nor 2 runs (see the comment in the code: no waiting on dead peers);
     3. the ``atexit`` callbacks and a flush of stdout/stderr (the result line is out);
     4. ``os._exit(exit_code)``: the process ends *without* interpreter finalization and without C++
        static destructors.
@@ -292,12 +293,13 @@ def shutdown(exit_code: int = 0) -> None:
     try:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            try:
-                if exit_code == 0 and dist.get_world_size() > 1:
-                    dist.barrier()
-            finally:
-                dist.destroy_process_group()
+        # On an error, no teardown at all: a peer may wait in a collective this rank will never join,
+        # and a teardown that talks to peers (NCCL's) would wait for it until the timeout. os._exit
+        # closes every connection at once; the peers fail fast and torchrun stops them.
+        if exit_code == 0 and dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() > 1:
+                dist.barrier()
+            dist.destroy_process_group()
     except BaseException as e:  # a failing teardown is an error of this rank too: say so, exit non-zero
         print(f"teardown failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         exit_code = exit_code or 1
