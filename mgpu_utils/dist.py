@@ -34,6 +34,11 @@ ERROR_MARKER = "MGPU_ERROR "
 BACKEND_ENV = "MGPU_BACKEND"
 #: Environment variable with the collective timeout in seconds (default 120).
 TIMEOUT_ENV = "MGPU_COLLECTIVE_TIMEOUT_S"
+#: Set by the launcher to the machine's GPU count when it hid the GPUs from ranks that run on CPU/gloo.
+HIDDEN_GPUS_ENV = "MGPU_HIDDEN_GPUS"
+#: What the ranks' backend line adds when the GPUs are hidden from them (see :func:`choose_backend`).
+HIDDEN_NOTE = ("; the GPU(s) are hidden from the ranks (CUDA_VISIBLE_DEVICES=''), so no library takes a CUDA "
+               "path with their CPU tensors")
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,11 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
     """Pick the communication backend for ``local_world_size`` processes on one machine.
 
     NCCL when every local rank has its own CUDA GPU, gloo otherwise (CPU tier, or fewer GPUs than
-    ranks: two ranks on one GPU make NCCL fail with "Duplicate GPU detected").
+    ranks: two ranks on one GPU make NCCL fail with "Duplicate GPU detected"). Ranks that run on CPU
+    on a machine with GPUs (Colab: 1 GPU, 4 ranks) get the GPUs hidden by the launcher
+    (``CUDA_VISIBLE_DEVICES=''``, and ``$MGPU_HIDDEN_GPUS`` tells them how many there were): otherwise
+    library code that checks ``torch.cuda.is_available()`` takes CUDA paths with CPU tensors (torch's
+    PowerSGD hook calls ``torch.cuda.synchronize`` on the CPU device and fails).
 
     Args:
         local_world_size: processes on this machine (>= 1).
@@ -104,6 +113,7 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
     if num_gpus is None:
         import torch
         num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    hidden = int(os.environ.get(HIDDEN_GPUS_ENV) or 0) if num_gpus == 0 else 0  # a rank the launcher hid GPUs from
     forced = forced if forced is not None else (os.environ.get(BACKEND_ENV) or None)
     if forced is not None:
         forced = forced.lower()
@@ -112,13 +122,13 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
         if forced == "nccl" and num_gpus < local_world_size:
             raise ValueError(f"NCCL needs one GPU per rank: {local_world_size} local ranks but {num_gpus} GPU(s). "
                              f"Use backend='gloo' or at most {num_gpus} processes.")
-        return forced, f"{forced} (forced)"
-    if num_gpus == 0:
+        return forced, f"{forced} (forced)" + (HIDDEN_NOTE if forced == "gloo" and (num_gpus or hidden) else "")
+    if num_gpus == 0 and not hidden:
         return "gloo", "gloo on CPU: no CUDA GPU visible, so ranks are simulated as CPU processes"
     if num_gpus >= local_world_size:
         return "nccl", f"nccl: {num_gpus} GPU(s) for {local_world_size} local rank(s), one GPU per rank"
-    return "gloo", (f"gloo on CPU: {local_world_size} local ranks but only {num_gpus} GPU(s); "
-                    "NCCL would need one GPU per rank")
+    return "gloo", (f"gloo on CPU: {local_world_size} local ranks but only {num_gpus or hidden} GPU(s); "
+                    "NCCL would need one GPU per rank" + HIDDEN_NOTE)
 
 
 @dataclass

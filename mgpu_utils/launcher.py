@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, RESULT_MARKER, parse_result
+from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, HIDDEN_GPUS_ENV, RESULT_MARKER, parse_result
 
 #: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,13 @@ def _validate(nproc, backend) -> str | None:
                              f"(two ranks on one GPU fail with 'Duplicate GPU detected'). Use backend='gloo' "
                              f"(or None for automatic) or nproc<={gpus}.")
     return backend
+
+
+def _visible_gpus() -> int:
+    """CUDA GPUs this process sees (0 without CUDA): decides whether ranks on gloo get the GPUs hidden."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
@@ -275,7 +282,9 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         nproc: number of processes (ranks) on this machine, >= 1.
         args: extra command-line arguments for the script (converted with ``str``).
         timeout_s: wall-clock limit in seconds; past it every child is killed.
-        backend: None (automatic: NCCL with one GPU per rank, else gloo), "gloo" or "nccl".
+        backend: None (automatic: NCCL with one GPU per rank, else gloo), "gloo" or "nccl". When the
+            ranks run on gloo on a machine with GPUs (fewer GPUs than ranks, or gloo forced), they get
+            ``CUDA_VISIBLE_DEVICES=''``: they run on CPU, and library code must not take CUDA paths.
         env: extra environment variables for the ranks.
         show: "all" prints every rank's output (rank 0 first), "rank0" only rank 0's, "none" nothing.
             Rank 0's output appears while the job runs; the other ranks' when it ends, grouped by
@@ -306,6 +315,11 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         child_env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, cores // nproc))
     if backend:
         child_env[BACKEND_ENV] = backend
+    gpus = _visible_gpus()
+    wanted = (child_env.get(BACKEND_ENV) or "").lower() or None   # forced here or by $MGPU_BACKEND
+    if gpus and (wanted == "gloo" or (wanted is None and gpus < nproc)):
+        child_env["CUDA_VISIBLE_DEVICES"] = ""                        # ranks on CPU must not see the GPUs
+        child_env[HIDDEN_GPUS_ENV] = str(gpus)
     log_dir = tempfile.mkdtemp(prefix="mgpu_launch_")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            f"--log-dir={log_dir}", "--redirects=3", str(path), *map(str, args)]

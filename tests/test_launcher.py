@@ -152,3 +152,26 @@ def test_shutdown_keeps_errors_and_exit_codes_truthful():
         run_torchrun(EXIT_PATHS, 2, ["--mode", "sysexit", "--rank", "0", "--code", "4"], show="none")
     assert info.value.rank == 0 and "exit code 4" in str(info.value)
     assert run_torchrun(EXIT_PATHS, 2, ["--mode", "sysexit", "--code", "0"], show="none").returncode == 0
+
+
+MIXED = str(ROOT / "tests" / "scripts" / "mixed_tier.py")
+
+
+def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
+    """Colab's case, simulated: 1 visible GPU, 2 ranks. The ranks run on gloo/CPU with the GPU hidden, so
+    torch's PowerSGD hook (which synchronises CUDA whenever it is available) runs; the backend line says why."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # this process "sees" one GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    res = run_torchrun(MIXED, 2, show="none")
+    r = res.result
+    assert r["backend"] == "gloo" and r["device"] == "cpu" and r["cuda_visible_devices"] == ""
+    assert "only 1 GPU(s)" in r["reason"] and "hidden from the ranks" in r["reason"]
+    forced = run_torchrun(MIXED, 1, backend="gloo", show="none").result        # gloo forced, 1 rank, 1 GPU
+    assert forced["cuda_visible_devices"] == "" and forced["reason"].startswith("gloo (forced); the GPU(s) are hidden")
+    # the simulation is faithful: with the GPU left visible, the same hooks path fails on CPU tensors
+    bare = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", MIXED],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert bare.returncode != 0 and "synchronize" in bare.stdout + bare.stderr

@@ -52,7 +52,10 @@ def _powersgd_elements(model, rank=1, min_rate=2):
     return total
 
 
-def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(tmp_path):
+def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(tmp_path, monkeypatch):
+    # CPU tensors on purpose; on a machine with a GPU, torch's PowerSGD hook would synchronise CUDA
+    # (it checks torch.cuda.is_available(), not the tensors' device): hide the GPU, as the launcher does.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
