@@ -89,6 +89,66 @@ def get_dist_env(environ: dict | None = None) -> DistEnv:
     return DistEnv(rank, local_rank, world, local_world, True)
 
 
+def _nvidia_driver_present() -> bool:
+    """True when the NVIDIA kernel driver is loaded (a GPU is there, whatever PyTorch makes of it)."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def _supported(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a build with ``arch_list`` (``torch.cuda.get_arch_list()``) runs on a GPU of ``capability``.
+
+    CUDA's compatibility rules: a cubin for ``sm_XY`` runs on compute capability X.Z with Z >= Y (same
+    major: an ``sm_86`` cubin runs on an L4, 8.9); PTX (``compute_XY``) is compiled by the driver for any
+    capability >= X.Y."""
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, num = arch.partition("_")
+        digits = "".join(ch for ch in num if ch.isdigit())
+        if len(digits) < 2:
+            continue
+        a_major, a_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return True
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
+def gpu_status() -> tuple[int, int, str]:
+    """How many CUDA GPUs the course can use, and in one line why not the others.
+
+    The pinned PyTorch (a CUDA 13 build) has kernels for compute capability 7.5 and newer only
+    (``torch.cuda.get_arch_list()``), and needs a driver recent enough for CUDA 13. An older GPU (V100,
+    P100) fails in every kernel with "no kernel image is available"; an older driver makes
+    ``torch.cuda.is_available()`` False. Both would otherwise fall back to the CPU tier silently.
+
+    Returns:
+        ``(visible, usable, note)``: GPUs CUDA shows, those this build can run (usable GPUs come
+        first in CUDA's order, or none: the course then uses none of them), and "" or a one-line
+        explanation naming the fix (see the README's GPU requirements).
+    """
+    import torch
+
+    hide = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hide is not None and hide.strip() in ("", "-1"):
+        return 0, 0, ""               # hidden on purpose (by the launcher for ranks on CPU, or by the user)
+    if not torch.cuda.is_available():
+        if torch.version.cuda and _nvidia_driver_present():
+            return 0, 0, (f"an NVIDIA driver is loaded but this PyTorch (CUDA {torch.version.cuda}) cannot use it: "
+                          f"the driver is probably older than CUDA {torch.version.cuda} needs. Update the driver, or "
+                          "install a PyTorch wheel for an older CUDA (README, GPU requirements)")
+        return 0, 0, ""
+    visible, arch = torch.cuda.device_count(), torch.cuda.get_arch_list()
+    for i in range(visible):
+        cap = torch.cuda.get_device_capability(i)
+        if not _supported(cap, arch):
+            name = torch.cuda.get_device_name(i)
+            return visible, 0, (f"GPU {i} ({name}, compute capability {cap[0]}.{cap[1]}) is older than this PyTorch "
+                                f"build supports ({', '.join(arch)}): its kernels would fail with 'no kernel image is "
+                                "available'. Install a PyTorch wheel built for it (README, GPU requirements)")
+    return visible, visible, ""
+
+
 def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: str | None = None) -> tuple[str, str]:
     """Pick the communication backend for ``local_world_size`` processes on one machine.
 
@@ -101,7 +161,8 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
 
     Args:
         local_world_size: processes on this machine (>= 1).
-        num_gpus: visible CUDA devices (default ``torch.cuda.device_count()``).
+        num_gpus: usable CUDA devices (default: :func:`gpu_status`, which leaves out GPUs this PyTorch
+            build cannot run and says why in the reason).
         forced: "gloo" or "nccl" to override (default: ``$MGPU_BACKEND`` if set).
 
     Returns:
@@ -110,9 +171,10 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
     Raises:
         ValueError: unknown forced backend, or NCCL forced with fewer GPUs than local ranks.
     """
+    note = ""
     if num_gpus is None:
-        import torch
-        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _, num_gpus, note = gpu_status()
+        note = f" ({note})" if note else ""
     hidden = int(os.environ.get(HIDDEN_GPUS_ENV) or 0) if num_gpus == 0 else 0  # a rank the launcher hid GPUs from
     forced = forced if forced is not None else (os.environ.get(BACKEND_ENV) or None)
     if forced is not None:
@@ -124,6 +186,8 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
                              f"Use backend='gloo' or at most {num_gpus} processes.")
         return forced, f"{forced} (forced)" + (HIDDEN_NOTE if forced == "gloo" and (num_gpus or hidden) else "")
     if num_gpus == 0 and not hidden:
+        if note:
+            return "gloo", "gloo on CPU: no usable CUDA GPU, so ranks are simulated as CPU processes" + note
         return "gloo", "gloo on CPU: no CUDA GPU visible, so ranks are simulated as CPU processes"
     if num_gpus >= local_world_size:
         return "nccl", f"nccl: {num_gpus} GPU(s) for {local_world_size} local rank(s), one GPU per rank"

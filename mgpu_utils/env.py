@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 
-from mgpu_utils.dist import choose_backend
+from mgpu_utils.dist import choose_backend, gpu_status
 
 
 def _cpu_model() -> str:
@@ -81,7 +81,8 @@ def course_tier(nproc: int = 4, num_gpus: int | None = None) -> dict:
 
     Args:
         nproc: ranks per launch (the notebooks' ``NPROC``, default 4; ``make course`` sets ``MGPU_NPROC``).
-        num_gpus: visible GPUs (default: ask torch).
+        num_gpus: usable GPUs (default: :func:`mgpu_utils.dist.gpu_status`: GPUs that this PyTorch
+            build cannot run, or an NVIDIA driver too old for it, give 0 and a reason that says so).
 
     The tier describes the machine (how many GPUs); backend and device describe what a launch with
     ``nproc`` ranks uses: with 2 GPUs and 4 ranks the tier is "multi-gpu" but the ranks run on CPU
@@ -96,10 +97,12 @@ def course_tier(nproc: int = 4, num_gpus: int | None = None) -> dict:
     """
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
+    note = ""
     if num_gpus is None:
-        import torch
-        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _, num_gpus, note = gpu_status()             # GPUs this PyTorch build can run, and why not others
     backend, reason = choose_backend(nproc, num_gpus=num_gpus, forced=None)
+    if note:
+        reason += f" ({note})"
     tier = "cpu" if num_gpus == 0 else ("single-gpu" if num_gpus == 1 else "multi-gpu")
     device = "cuda:<local_rank>" if backend == "nccl" else "cpu"
     return {"tier": tier, "backend": backend, "device": device, "reason": reason, "gpus": num_gpus}

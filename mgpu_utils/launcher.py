@@ -110,8 +110,10 @@ def _validate(nproc, backend) -> str | None:
     if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be None (automatic), 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl":
-        import torch
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        from mgpu_utils.dist import gpu_status
+        _, gpus, note = gpu_status()
+        if note:
+            raise ValueError(f"backend='nccl' cannot use the GPUs: {note}")
         if gpus < nproc:
             raise ValueError(f"backend='nccl' needs one GPU per rank: nproc={nproc} but {gpus} GPU(s) visible "
                              f"(two ranks on one GPU fail with 'Duplicate GPU detected'). Use backend='gloo' "
@@ -119,11 +121,12 @@ def _validate(nproc, backend) -> str | None:
     return backend
 
 
-def _visible_gpus() -> int:
-    """CUDA GPUs this process sees (0 without CUDA): decides whether ranks on gloo get the GPUs hidden."""
-    import torch
+def _visible_gpus() -> tuple[int, int]:
+    """(CUDA GPUs this process sees, those this PyTorch build can run): whether ranks get the GPUs hidden."""
+    from mgpu_utils.dist import gpu_status
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible, usable, _ = gpu_status()
+    return visible, usable
 
 
 def _kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
@@ -315,9 +318,9 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         child_env["OMP_NUM_THREADS"] = str(threads_per_rank or max(1, cores // nproc))
     if backend:
         child_env[BACKEND_ENV] = backend
-    gpus = _visible_gpus()
+    gpus, usable = _visible_gpus()
     wanted = (child_env.get(BACKEND_ENV) or "").lower() or None   # forced here or by $MGPU_BACKEND
-    if gpus and (wanted == "gloo" or (wanted is None and gpus < nproc)):
+    if gpus and (wanted == "gloo" or (wanted is None and usable < nproc)):
         child_env["CUDA_VISIBLE_DEVICES"] = ""                        # ranks on CPU must not see the GPUs
         child_env[HIDDEN_GPUS_ENV] = str(gpus)
     log_dir = tempfile.mkdtemp(prefix="mgpu_launch_")

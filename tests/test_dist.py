@@ -50,3 +50,59 @@ def test_result_roundtrip(capsys, monkeypatch):
     assert capsys.readouterr().out == ""
     assert parse_result("nothing here") is None
     assert parse_result(RESULT_MARKER + json.dumps({"x": 1}) + "\n" + RESULT_MARKER + '{"x": 2}') == {"x": 2}
+
+
+def _fake_gpu(monkeypatch, capability, name="simulated GPU", count=1):
+    import torch
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("MGPU_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+
+
+def test_a_gpu_older_than_the_build_is_not_used_and_the_reason_says_why(monkeypatch):
+    from mgpu_utils.dist import gpu_status
+    from mgpu_utils.env import course_tier
+    _fake_gpu(monkeypatch, (7, 0), "Tesla V100-SXM2-16GB", count=2)
+    visible, usable, note = gpu_status()
+    assert (visible, usable) == (2, 0)
+    assert "Tesla V100-SXM2-16GB" in note and "compute capability 7.0" in note and "sm_75" in note
+    backend, reason = choose_backend(2)
+    assert backend == "gloo" and "no usable CUDA GPU" in reason and "V100" in reason
+    tier = course_tier(2)
+    assert tier["backend"] == "gloo" and "compute capability 7.0" in tier["reason"]
+    _fake_gpu(monkeypatch, (8, 0), "NVIDIA A100-SXM4-80GB", count=2)      # a supported GPU is used
+    assert gpu_status() == (2, 2, "") and choose_backend(2)[0] == "nccl"
+    _fake_gpu(monkeypatch, (8, 9), "NVIDIA L4")                 # 8.9 runs the sm_86 cubin (same major)
+    assert gpu_status() == (1, 1, "")
+    _fake_gpu(monkeypatch, (6, 0), "Tesla P100-PCIE-16GB")      # Pascal: nothing in the list runs on it
+    assert gpu_status()[1] == 0
+
+
+@pytest.mark.parametrize("cap,archs,ok", [((7, 5), ["sm_75"], True), ((7, 0), ["sm_75", "sm_80"], False),
+                                          ((8, 9), ["sm_86"], True), ((9, 0), ["sm_86"], False),
+                                          ((9, 0), ["sm_80", "compute_80"], True), ((7, 5), ["compute_80"], False),
+                                          ((12, 0), ["sm_100", "sm_120"], True), ((10, 3), ["sm_100"], True)])
+def test_cuda_compatibility_rules(cap, archs, ok):
+    from mgpu_utils.dist import _supported
+    assert _supported(cap, archs) is ok
+
+
+def test_an_old_driver_is_named_instead_of_a_silent_cpu_fallback(monkeypatch):
+    import torch
+    from mgpu_utils import dist
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("MGPU_BACKEND", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(dist, "_nvidia_driver_present", lambda: True)
+    _, usable, note = dist.gpu_status()
+    assert usable == 0 and "driver" in note and "older than CUDA" in note
+    assert "driver" in choose_backend(4)[1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                     # hidden on purpose: nothing to explain
+    assert dist.gpu_status() == (0, 0, "")
+    monkeypatch.setattr(dist, "_nvidia_driver_present", lambda: False)   # a CPU-only machine
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert dist.gpu_status() == (0, 0, "") and "no CUDA GPU visible" in choose_backend(4)[1]

@@ -164,6 +164,8 @@ def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # this process "sees" one GPU
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "simulated GPU")
     res = run_torchrun(MIXED, 2, show="none")
     r = res.result
     assert r["backend"] == "gloo" and r["device"] == "cpu" and r["cuda_visible_devices"] == ""

@@ -14,6 +14,8 @@ import torch
 if os.environ.get("CUDA_VISIBLE_DEVICES") != "":  # a visible GPU, as CUDA would report it
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_capability = lambda i=0: (8, 0)
+    torch.cuda.get_device_name = lambda i=0: "simulated GPU"
 
 import torch.nn.functional as F  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook  # noqa: E402
