@@ -131,6 +131,49 @@ def plot_buckets(rows: list, compute_seconds: float):
     return fig
 
 
+def plot_speedup(rows: list, cores: int | None = None):
+    """Strong scaling: speed-up and parallel efficiency against world size (rows from ddp_speedup.py).
+
+    Args:
+        rows: dicts with ``world_size``, ``step_seconds`` (median seconds per step, same global
+            batch in every row) and ``threads_per_rank``; the row with world size 1 is the baseline.
+        cores: physical CPU cores; world sizes above it are drawn hatched as oversubscribed.
+
+    Introduced in ``notebooks/03_ddp.ipynb`` (section 5b).
+    """
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r["world_size"])
+    base = next(r["step_seconds"] for r in rows if r["world_size"] == 1)
+    n = [r["world_size"] for r in rows]
+    speedup = [base / r["step_seconds"] for r in rows]
+    eff = [100 * s / k for s, k in zip(speedup, n)]
+    over = [cores is not None and k > cores for k in n]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    a1.plot(n, n, "k--", label="ideal (speed-up = ranks)")
+    a1.plot(n, speedup, "o-", color=_color(0), label="measured")
+    for k, s in zip(n, speedup):
+        a1.annotate(f"{s:.2f}x", (k, s), textcoords="offset points", xytext=(6, -12), fontsize=10)
+    a1.set(xlabel="ranks (same global batch)", ylabel="speed-up over 1 rank", xticks=n,
+           title="Strong scaling: speed-up")
+    bars = a2.bar([str(k) for k in n], eff, color=[_color(1)] * len(n))
+    for b, o in zip(bars, over):
+        if o:
+            b.set_hatch("//")
+            b.set_facecolor("#F2C9A9")
+    for i, v in enumerate(eff):
+        a2.text(i, v, f"{v:.0f}%", ha="center", va="bottom", fontsize=10)
+    a2.axhline(100, color="k", ls="--")
+    threads = rows[0].get("threads_per_rank")
+    a2.set(xlabel="ranks" + (" (hatched: more ranks than physical cores)" if any(over) else ""),
+           ylabel="parallel efficiency (%)", ylim=(0, 115),
+           title=f"Efficiency = speed-up / ranks ({threads} thread per rank)")
+    a1.grid(alpha=0.3)
+    a1.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
 def plot_collective(name: str, before: list, after: list, rule: str = "", base: int = 10, reduced: bool = False):
     """Every rank's tensor before and after one operation, as two small tables (data from a real run).
 

@@ -73,3 +73,23 @@ def test_digits_loader_reads_the_same_data_as_scikit_learn():
     key = lambda t: sorted(map(tuple, t.tolist()))
     assert key(ours) == key(theirs)
     assert torch.bincount(test.tensors[1]).min() >= 35   # stratified: every class in the test set
+
+
+def test_speedup_script_times_the_same_training_at_every_world_size():
+    """ddp_speedup.py: N ranks train exactly what one rank trains on the same global batch, and report
+    a step time that includes communication (step >= compute share is not guaranteed by noise, so the
+    contract checked is the equivalence and the fields the notebook reads)."""
+    args = ["--global-batch", 64, "--width", 32, "--depth", 2, "--steps", 4, "--warmup", 1]
+    one = launch("ddp_speedup.py", nproc=1, args=args, show="none", threads_per_rank=1)
+    two = launch("ddp_speedup.py", nproc=2, args=args, show="none", threads_per_rank=1)
+    assert (one["local_batch"], two["local_batch"]) == (64, 32)
+    assert one["params"] == two["params"] == (64 * 32 + 32) + (32 * 32 + 32) + (32 * 10 + 10)
+    assert len(two["step_seconds_all"]) == 4 and two["threads_per_rank"] == 1
+    assert two["samples_per_s"] == pytest.approx(64 / two["step_seconds"])
+    # 5 SGD steps on the same global batches: the loss of the last step agrees to float rounding
+    assert_close(two["final_loss"], one["final_loss"], rtol=1e-5, atol=0)
+
+
+def test_speedup_script_names_an_indivisible_batch():
+    with pytest.raises(Exception, match="not divisible by world size 2"):
+        launch("ddp_speedup.py", nproc=2, args=["--global-batch", 63, "--steps", 1, "--warmup", 0], show="none")

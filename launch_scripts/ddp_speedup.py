@@ -1,0 +1,121 @@
+"""Strong scaling of one DDP training step on real digits: the same global batch, split over N ranks
+(notebooks/03_ddp.ipynb, section 5b).
+
+The step is compute-bound on purpose: an MLP of --depth hidden layers of --width units on the
+1,438 training digits, a global batch of --global-batch samples split evenly over the ranks, and
+each rank limited to --threads intra-op threads (default 1). One process with one thread on the
+whole global batch is world size 1 of the same script, so the speed-up N ranks give is
+time(1) / time(N), and the parallel efficiency is speed-up / N.
+
+Each timed step is forward, backward (DDP's bucketed all-reduce included) and an SGD step. Every rank
+waits at a barrier before the clock starts; the step time is rank 0's median over --steps steps after
+--warmup untimed ones. Before each step the same forward + backward runs on the local batch without
+DDP (no communication) and is timed the same way: its median is the compute share of the step.
+
+Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_batch, local_batch,
+params, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s and
+final_loss (the last step's loss on the whole global batch).
+
+Run:
+    torchrun --standalone --nproc-per-node 2 launch_scripts/ddp_speedup.py --threads 1
+"""
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.data import load_data
+from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.models import make_mlp
+
+
+def sync(device):
+    """Wait for queued GPU work so that a host clock measures it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main():
+    p = argparse.ArgumentParser(description="DDP strong scaling on digits")
+    g = p.add_argument_group("the step (defaults: about 0.2 s per step with one rank and one thread)")
+    g.add_argument("--global-batch", type=int, default=2048, help="samples per step over all ranks")
+    g.add_argument("--width", type=int, default=1024, help="hidden units per layer")
+    g.add_argument("--depth", type=int, default=3, help="hidden layers")
+    g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    g = p.add_argument_group("timing")
+    g.add_argument("--steps", type=int, default=12, help="timed steps (the median is reported)")
+    g.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    g.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (torch.set_num_threads)")
+    args = p.parse_args()
+
+    with distributed() as ctx:
+        world, rank, device = ctx.world_size, ctx.rank, ctx.device
+        if args.global_batch % world:
+            raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world}: "
+                             f"choose a multiple of {world}")
+        torch.set_num_threads(args.threads)
+        local = args.global_batch // world
+        train, _ = load_data()
+        x_all, y_all = train.tensors
+        torch.manual_seed(0)
+        model = make_mlp(args.width, args.depth, flatten=True).to(device)
+        ids = [ctx.local_rank] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids) if dist.is_initialized() else model
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+        gen = torch.Generator().manual_seed(1)
+
+        def batch():
+            """This rank's slice of a global batch drawn the same way on every rank."""
+            idx = torch.randint(0, len(x_all), (args.global_batch,), generator=gen)
+            idx = idx[rank * local:(rank + 1) * local]
+            return x_all[idx].to(device), y_all[idx].to(device)
+
+        def timed(fn):
+            """Seconds one call of fn takes, with every rank starting together."""
+            if dist.is_initialized():
+                dist.barrier()
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            return time.perf_counter() - t0
+
+        def ddp_step():
+            nonlocal loss
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()                       # DDP all-reduces the gradient buckets here
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        def compute_only():                       # the same forward + backward without DDP: no communication
+            F.cross_entropy(model(x), y).backward()
+            model.zero_grad(set_to_none=True)
+
+        times, compute, loss = [], [], None
+        for step in range(args.warmup + args.steps):  # interleaved, so both see the same machine state
+            x, y = batch()
+            c, t = timed(compute_only), timed(ddp_step)
+            if step >= args.warmup:
+                times.append(t)
+                compute.append(c)
+
+        step_s = statistics.median(times)
+        last = loss.detach().clone()              # the last step's loss on the global batch:
+        if dist.is_initialized():                 # equal shards, so the mean of the ranks' means
+            dist.all_reduce(last)
+            last /= world
+        ctx.log(f"world size {world}, {args.threads} thread(s) per rank, {local} samples per rank: "
+                f"step {1e3 * step_s:.1f} ms (compute {1e3 * statistics.median(compute):.1f} ms)")
+        emit_result({"world_size": world, "threads_per_rank": args.threads, "global_batch": args.global_batch,
+                     "local_batch": local, "params": sum(q.numel() for q in model.parameters()),
+                     "step_seconds": step_s, "step_seconds_all": times,
+                     "compute_seconds": statistics.median(compute),
+                     "samples_per_s": args.global_batch / step_s, "final_loss": last.item()}, rank)
+
+
+if __name__ == "__main__":
+    main()
