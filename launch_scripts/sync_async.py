@@ -120,6 +120,8 @@ def main():
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--delay-ms", type=float, default=40.0, help="sleep per step on the straggler; 0: no runs with one")
     g.add_argument("--straggler", type=int, default=1, help="the slow rank (a worker: 1..W)")
+    g.add_argument("--modes", nargs="+", choices=["sync", "async"], default=["sync", "async"],
+                   help="which trainings to run (e.g. --modes async for a staleness sweep)")
     g.add_argument("--dump", default="", help="rank 0 saves {run: final flat parameters} here (tests)")
     a = p.parse_args()
 
@@ -139,7 +141,7 @@ def main():
         ps_group, workers = dist.new_group(backend="gloo"), dist.new_group(ranks=list(range(1, world)))
         runs, finals = {}, {}
         for delay in [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else []):
-            for mode in ("sync", "async"):
+            for mode in a.modes:
                 name, out = mode + (" + straggler" if delay else ""), {"rank": rank}
                 d = delay if rank == a.straggler else 0.0
                 if mode == "sync" and rank > 0:

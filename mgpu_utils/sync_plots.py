@@ -160,26 +160,60 @@ def plot_hooks(result: dict):
     return fig
 
 
+def plot_staleness_sweep(runs: dict, lr: float):
+    """Test accuracy against gradients applied for asynchronous runs with different numbers of workers.
+
+    Args:
+        runs: ``{workers: run}`` where run is ``sync_async.py``'s ``runs["async"]`` (``--modes async``),
+            with ``curve`` [(gradients, seconds, accuracy)] and ``staleness_hist`` [(staleness, count)].
+        lr: the learning rate per gradient that every run used (for the title).
+
+    Introduced in ``notebooks/08_sync_vs_async.ipynb`` (where staleness hurts).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for i, (w, run) in enumerate(sorted(runs.items())):
+        g, _, acc = zip(*run["curve"])
+        mean = sum(k * c for k, c in run["staleness_hist"]) / run["updates"]
+        ax.plot(g, acc, marker=".", color=["#55A868", "#DD8452", "#C44E52", "#8172B3"][i % 4],
+                label=f"{w} worker{'s' if w > 1 else ''}: mean staleness {mean:.1f}")
+    ax.set(xlabel="gradients applied by the parameter server", ylabel="test accuracy", ylim=(0, 1),
+           title=f"Asynchronous SGD, lr {lr:g} per gradient: only the staleness changes")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center right")
+    fig.tight_layout()
+    return fig
+
+
 def plot_emulator(result: dict):
-    """Step time (fastest timed step) for each emulated link and hook (bars), with the modelled link time
-    (black tick)."""
+    """Modelled step time per emulated link and hook: the hook's median step on loopback (measured,
+    the compute and the real all-reduce) with the modelled link time of its bytes stacked on top.
+
+    Args:
+        result: ``comm_hooks.py``'s JSON: ``hooks[h]["median_step_s"]`` (seconds, median over the
+            accuracy run's steps) and ``emulator`` rows with ``link``, ``hook``, ``modelled_s`` (seconds of
+            one step's ring all-reduce of the bytes sent, charged ``scale`` times).
+    """
     import matplotlib.pyplot as plt
     import numpy as np
 
     links = list(dict.fromkeys(e["link"] for e in result["emulator"]))
     hooks = list(dict.fromkeys(e["hook"] for e in result["emulator"]))
+    colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
     fig, ax = plt.subplots(figsize=(12, 4))
     w = 0.8 / len(hooks)
     for j, h in enumerate(hooks):
         rows = {e["link"]: e for e in result["emulator"] if e["hook"] == h}
         x = np.arange(len(links)) + (j - (len(hooks) - 1) / 2) * w
-        ax.bar(x, [rows[k]["step_s"] * 1e3 for k in links], w, label=f"{h}: measured step")
-        ax.plot(x, [rows[k]["modelled_s"] * 1e3 for k in links], "k_", markersize=12, mew=2,
-                label="modelled link time" if j == 0 else None)
+        base = 1e3 * result["hooks"][h]["median_step_s"]
+        link_ms = [1e3 * rows[k]["modelled_s"] for k in links]
+        ax.bar(x, [base] * len(links), w, color=colors[j % 4], alpha=0.45,
+               label=f"{h}: median step on loopback (measured)")
+        ax.bar(x, link_ms, w, bottom=base, color=colors[j % 4], label=f"{h}: + modelled link time")
     ax.set_xticks(range(len(links)))
-    ax.set_xticklabels(links, fontsize=8)
-    ax.set_ylabel("ms per step")
-    ax.set_yscale("log")
+    ax.set_xticklabels([k.replace(" (", "\n(") for k in links], fontsize=9)
+    ax.set_ylabel("ms per step (model: measured + modelled)")
     ax.set_title(f"emulated links: gradient charged as {result['scale']:g} x this model's "
                  f"({result['params'] * result['scale'] / 1e6:.0f} M parameters), {result['world_size']} ranks")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))

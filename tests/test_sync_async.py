@@ -156,6 +156,19 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once():
     assert r["runs"]["sync + straggler"]["seconds"] >= 0.9 * 15 * 0.015   # every step waits (less start skew)
 
 
+def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale():
+    """The staleness sweep of lesson 08 runs ``--modes async``: only async runs, and one worker's
+    gradients are all fresh (staleness exactly 0), while two workers' are not."""
+    one = launch("sync_async.py", nproc=2, show="none",
+                 args=["--modes", "async", "--steps", "8", "--delay-ms", "0", "--eval-every", "4"])
+    assert set(one["runs"]) == {"async"}
+    assert one["runs"]["async"]["staleness_hist"] == [[0, 8]]
+    two = launch("sync_async.py", nproc=3, show="none",
+                 args=["--modes", "async", "--steps", "8", "--delay-ms", "0", "--eval-every", "4"])
+    hist = two["runs"]["async"]["staleness_hist"]
+    assert set(two["runs"]) == {"async"} and max(s for s, _ in hist) >= 1
+
+
 def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
     dump = tmp_path / "finals.pt"
     steps, lr = 8, 0.3
