@@ -164,3 +164,12 @@ def test_tree_all_reduce_schedule_replayed(n):
                 have.add(r + mask)
         mask >>= 1
     assert have == set(range(n))
+
+
+def test_allreduce_latency_probe_reports_every_element_count():
+    """allreduce_latency.py (lesson 04): element counts 1..2n plus the large ones, all positive times,
+    and a ping-pong; the script itself asserts the all-reduce of ones gives the world size."""
+    r = launch("allreduce_latency.py", nproc=3, show="none", args=["--repeats", 3, "--large", "256"])
+    assert r["world_size"] == 3
+    assert [int(k) for k in r["allreduce_s"]] == [1, 2, 3, 4, 5, 6, 256]
+    assert all(v > 0 for v in r["allreduce_s"].values()) and r["pingpong_s"] > 0
