@@ -47,6 +47,48 @@ def draw_ranks(nproc: int = 4, backend: str = "gloo"):
     return fig
 
 
+def draw_data_parallel_step(gpus: int = 3):
+    """Schematic of one ``nn.DataParallel`` step on ``gpus`` GPUs, one lane per GPU: scatter the batch,
+    replicate the module from GPU 0, parallel_apply (one thread per GPU), gather the outputs on GPU 0,
+    the loss and backward (gradients summed onto GPU 0's parameters), and the optimizer step on GPU 0.
+
+    Introduced in ``notebooks/02_data_parallel.ipynb`` (section 3).
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.9 * gpus))
+    phases = [("scatter\nbatch", 1.3, "#d9d9d9", "all"), ("replicate\nmodule", 1.3, "#c6dbef", "all"),
+              ("parallel_apply:\nforward (threads)", 2.0, "#9ecae1", "all"), ("gather\noutputs", 1.2, "#d9d9d9", "all"),
+              ("loss", 0.8, "#fdd0a2", "gpu0"), ("backward:\ngrads summed\non GPU 0", 2.0, "#fdae6b", "all"),
+              ("optimizer\nstep", 1.2, "#bcbddc", "gpu0")]
+    x = 0.0
+    for label, w, color, who in phases:
+        for g in range(gpus):
+            y = gpus - 1 - g
+            if who == "gpu0" and g > 0:
+                ax.barh(y, w, left=x, height=0.6, color="white", edgecolor="#bbbbbb", hatch="..")
+                continue
+            ax.barh(y, w, left=x, height=0.6, color=color, edgecolor="k")
+            ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=9)
+        x += w
+    starts = [sum(w for _, w, _, _ in phases[:i]) for i in range(len(phases))]
+    top = gpus - 1
+    for g in range(1, gpus):                      # scatter, replicate: from GPU 0; gather, grads: to GPU 0
+        for i, down in ((0, True), (1, True), (3, False), (5, False)):
+            x0 = starts[i] + 0.12 + 0.08 * g
+            a, b = (top - 0.3, top - g + 0.3) if down else (top - g + 0.3, top - 0.3)
+            ax.annotate("", xy=(x0, b), xytext=(x0, a), arrowprops=dict(arrowstyle="->", color="#333333", lw=1))
+    ax.set_yticks(range(gpus))
+    ax.set_yticklabels([f"GPU {gpus - 1 - i}" + (" (master)" if i == gpus - 1 else "") for i in range(gpus)],
+                       fontsize=10)
+    ax.set_xticks([])
+    ax.set_xlabel("one step, in one process (schematic; dotted: the GPU waits)")
+    ax.set_xlim(0, x + 0.1)
+    ax.set_title("nn.DataParallel: the input and the model leave GPU 0 every step; loss and update stay on it")
+    fig.tight_layout()
+    return fig
+
+
 def draw_ddp_step(nproc: int = 3, layers: int = 4):
     """Schematic of one DDP step: forward, backward layer by layer, bucketed all-reduce overlapping
     backward, then the same optimizer step on every rank. From 03_ddp."""
