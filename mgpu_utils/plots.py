@@ -121,6 +121,52 @@ def draw_ddp_step(nproc: int = 3, layers: int = 4):
     return fig
 
 
+def draw_zero_stages(ranks: int = 4):
+    """Which rank holds which part of the model states under ZeRO stages 0-3 (mixed-precision Adam).
+
+    One panel per stage, one row per rank; each row is the model states of one parameter in bytes:
+    2 (16-bit weights), 2 (16-bit gradients), 12 (fp32 master weights and Adam's two moments). A
+    sharded kind is cut into ``ranks`` slices and rank r keeps slice r (coloured); the rest is held by
+    the other ranks (white). Titles give the bytes per parameter each rank keeps (ZeRO paper, fig. 1).
+
+    Introduced in ``notebooks/07_memory.ipynb`` (section 5).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    kinds = [("weights (2 B)", 2, "#4C72B0"), ("grads (2 B)", 2, "#DD8452"), ("optimizer states (12 B)", 12, "#55A868")]
+    sharded = {0: set(), 1: {2}, 2: {1, 2}, 3: {0, 1, 2}}      # stage -> indices of the sharded kinds
+    fig, axes = plt.subplots(1, 4, figsize=(13, 1.3 + 0.55 * ranks), sharey=True)
+    for stage, ax in enumerate(axes):
+        per_rank = sum(b / ranks if i in sharded[stage] else b for i, (_, b, _) in enumerate(kinds))
+        for r in range(ranks):
+            y, x = ranks - 1 - r, 0.0
+            for i, (_, b, color) in enumerate(kinds):
+                if i in sharded[stage]:
+                    w = b / ranks
+                    for q in range(ranks):
+                        ax.add_patch(Rectangle((x + q * w, y), w, 0.7, fc=color if q == r else "white",
+                                               ec="#444444", lw=0.6))
+                else:
+                    ax.add_patch(Rectangle((x, y), b, 0.7, fc=color, ec="#444444", lw=0.6))
+                x += b
+        ax.set_xlim(0, 16)
+        ax.set_ylim(-0.2, ranks)
+        ax.set_xticks([0, 2, 4, 16])
+        ax.set_xlabel("bytes per parameter")
+        ax.set_title(f"stage {stage}: {per_rank:g} B per rank" + ("\n(plain data parallel)" if stage == 0 else
+                     "\n(shards " + ", ".join(kinds[i][0].split(" (")[0] for i in sorted(sharded[stage])) + ")"),
+                     fontsize=10)
+    axes[0].set_yticks([ranks - 1 - r + 0.35 for r in range(ranks)])
+    axes[0].set_yticklabels([f"rank {r}" for r in range(ranks)])
+    handles = [Rectangle((0, 0), 1, 1, fc=c, ec="#444444") for _, _, c in kinds]
+    handles.append(Rectangle((0, 0), 1, 1, fc="white", ec="#444444"))
+    fig.legend(handles, [k for k, _, _ in kinds] + ["held by another rank"], loc="lower center", ncol=4,
+               fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
 def plot_training(runs: dict):
     """Loss and test accuracy per epoch for one or more runs.
 
