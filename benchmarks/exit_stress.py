@@ -26,12 +26,14 @@ from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
 
 # The arguments the tests use (small and quick); per world size where the script needs it.
 CASES = {
+    "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
     "collective_errors.py": ["--case", "ok"],
     "collectives_bench.py": ["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1],
     "collectives_demo.py": [],
     "comm_hooks.py": ["--steps", 12, "--eval-every", 6, "--powersgd-start", 2, "--emu-steps", 1,
                       "--links", "PCIe 4.0 x16", "--emu-hooks", "fp32 (default)", "PowerSGD"],
     "ddp_internals.py": ["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", ""],
+    "ddp_speedup.py": ["--global-batch", 64, "--width", 32, "--depth", 2, "--steps", 2, "--warmup", 1],
     "ddp_train.py": ["--epochs", 1, "--batch-size", 16],
     "grad_accumulation.py": ["--micro", 4, "--global-batch", 64],
     "hello_dist.py": [],

@@ -16,8 +16,10 @@ Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_
 params, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s and
 final_loss (the last step's loss on the whole global batch).
 
+For a speed-up, start at most one rank per physical core (4 ranks on a 2-core laptop only take turns).
+
 Run:
-    torchrun --standalone --nproc-per-node 2 launch_scripts/ddp_speedup.py --threads 1
+    torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_speedup.py --threads 1
 """
 import argparse
 import statistics
