@@ -104,7 +104,8 @@ _MACHINE_PATH = re.compile("|".join([re.escape(str(ROOT)), r"/home/", r"/root/",
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
 def test_stored_outputs_from_one_clean_pass(nb_path):
     """Outputs of a top-to-bottom run in a fresh kernel, readable on any machine: execution counts 1..n,
-    no machine's absolute path, no stale '(planned)' for a lesson that exists."""
+    no machine's absolute path, no stale '(planned)' for a lesson that exists, and no stderr stream: a
+    warning (a FutureWarning, matplotlib's findfont) is something a student should never see."""
     nb = json.loads(nb_path.read_text())
     counts = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"]
     assert counts == list(range(1, len(counts) + 1)), f"{nb_path.name}: execution counts {counts}, expected 1..n"
@@ -113,5 +114,7 @@ def test_stored_outputs_from_one_clean_pass(nb_path):
         for o in c.get("outputs", []):
             text = json.dumps(o)
             assert "(planned)" not in text, f"{nb_path.name} cell {i}: '(planned)' in an output"
+            if o.get("output_type") == "stream" and o.get("name") == "stderr":
+                raise AssertionError(f"{nb_path.name} cell {i}: stderr in the output: {''.join(o['text'])[:300]}")
             m = _MACHINE_PATH.search(text)
             assert not m, f"{nb_path.name} cell {i}: machine path in output: ...{text[max(0, m.start() - 80):m.end() + 40]}"
