@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 KERNEL := mgpu-course
 NPROC  ?= 4
 
-.PHONY: lab course test setup clean
+.PHONY: lab course test mutation setup clean
 
 setup: $(STAMP)
 
@@ -31,5 +31,12 @@ course: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# Mutation testing of the pure-computation modules (pyproject.toml [tool.mutmut]); not part of `make test`.
+mutation: $(STAMP)
+	$(PY) -m pip install --quiet "mutmut==3.8.1"
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children 2 || true
+	$(PY) benchmarks/mutation_report.py
+
 clean:
-	rm -rf build .pytest_cache
+	rm -rf build .pytest_cache mutants

@@ -1,12 +1,11 @@
 """2-D parallel training (data x tensor) of a small GPT-2 on stdlib docstrings (notebooks/06_hybrid_parallel.ipynb).
 
-The ranks form a (dp, tp) device mesh. In each row (a "tp" group) the blocks are tensor-parallel, Megatron
-layout (parallelize_module): q, k, v and the MLP's first layer split by output columns, the attention output
-projection and the MLP's second layer by input rows, whose partial sums one all-reduce adds. Across rows (a
-"dp" group) ranks see different data and average gradients with one all-reduce per step. HF's Conv1D is
-swapped for nn.Linear first (to_linear_gpt2; the script asserts the logits do not change). After the meshes
-rank 0 trains the unmodified single-process GPT2LMHeadModel on the same global batches (--no-reference skips
-it). Rank 0 prints one JSON line (MGPU_RESULT): per-step losses of every --layouts mesh and the reference.
+A (dp, tp) device mesh: in a row ("tp" group) the blocks are Megatron tensor-parallel (parallelize_module:
+q, k, v and fc1 split by output columns, the attention projection and fc2 by input rows, one all-reduce
+each); across rows ("dp" group) ranks see different data and average gradients with one all-reduce per step.
+HF's Conv1D is swapped for nn.Linear first (the logits are asserted unchanged). Rank 0 then trains the plain
+GPT2LMHeadModel on the same batches (--no-reference skips it) and prints one JSON line (MGPU_RESULT):
+per-step losses and step-0 gradient norms of every --layouts mesh and of the reference.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/hybrid_gpt2.py --layouts 2x2,1x4,4x1
@@ -67,8 +66,7 @@ def to_linear_gpt2(model):
     for block in model.transformer.h:
         block.attn.c_attn = QKV(block.attn.c_attn)
         block.attn.c_proj = _linear(block.attn.c_proj.weight, block.attn.c_proj.bias)
-        block.mlp.c_fc = _linear(block.mlp.c_fc.weight, block.mlp.c_fc.bias)
-        block.mlp.c_proj = _linear(block.mlp.c_proj.weight, block.mlp.c_proj.bias)
+        block.mlp.c_fc, block.mlp.c_proj = (_linear(c.weight, c.bias) for c in (block.mlp.c_fc, block.mlp.c_proj))
     return model
 
 
@@ -93,11 +91,17 @@ def tensor_parallel(model, tp_mesh):
     return model
 
 
+def grad_norms(model):
+    """{parameter name: L2 norm of its whole gradient}; a DTensor gradient is gathered over its mesh first."""
+    return {k: (q.grad.full_tensor() if isinstance(q.grad, DTensor) else q.grad).norm().item()
+            for k, q in model.named_parameters() if q.grad is not None}
+
+
 def train(model, batches, lr, dp_group=None, comm=None):
     """AdamW over ``batches`` (int64 (b, seq) byte ids: this rank's rows). With ``dp_group``: the parameters
     (local shards) are first broadcast from dp rank 0, as DDP does at construction; after each backward the
     gradients are averaged over it (one flat all-reduce; parameters without a gradient are skipped: all ranks
-    run the same code, so they agree). Returns the losses averaged over the dp group (= global batch)."""
+    run the same code, so they agree). Returns the losses over the global batch and step 0's gradient norms."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     with torch.no_grad():
@@ -121,9 +125,10 @@ def train(model, batches, lr, dp_group=None, comm=None):
             for g, new in zip(grads, flat.split([g.numel() for g in grads])):
                 g.copy_(new.view_as(g))
             dist.all_reduce(stat, group=dp_group)
+        norms0 = grad_norms(model) if step == 0 else norms0
         opt.step()
         losses.append(stat.item() / dp)                   # mean over the global batch
-    return losses
+    return losses, norms0
 
 
 def main():
@@ -160,7 +165,7 @@ def main():
                 model = tensor_parallel(model, mesh["tp"])
             rows = slice(d * n // dp, (d + 1) * n // dp)  # this dp rank's rows of every global batch
             comm, t0 = CommDebugMode(), time.perf_counter()   # comm counts DTensor collectives of step 0
-            losses = train(model, [xb[rows] for xb in batches], args.lr, dp_group, comm)
+            losses, norms0 = train(model, [xb[rows] for xb in batches], args.lr, dp_group, comm)
             sec = time.perf_counter() - t0
             with torch.no_grad():
                 val_loss = model(val_x, labels=val_x).loss.item()
@@ -169,7 +174,7 @@ def main():
             ctx.log(f"mesh {dp}x{tp}: loss {losses[0]:.4f} -> {losses[-1]:.4f}, val {val_loss:.4f}, "
                     f"{sec / args.steps * 1e3:.1f} ms/step, {local_params} parameters on this rank")
             out["layouts"][f"{dp}x{tp}"] = {"dp": dp, "tp": tp, "loss": losses, "val_loss": val_loss,
-                                            "ms_per_step": sec / args.steps * 1e3,
+                                            "ms_per_step": sec / args.steps * 1e3, "grad_norms_step0": norms0,
                                             "tp_comm_counts_step0": counts, "params_on_rank0": local_params}
             if dist.is_initialized():
                 dist.barrier()
@@ -179,11 +184,12 @@ def main():
                 a, b = ref(val_x).logits, swapped(val_x).logits
             torch.testing.assert_close(b, a)              # the Conv1D -> Linear swap changes nothing
             t0 = time.perf_counter()
-            out["reference"] = {"loss": train(ref, batches, args.lr), "swap_max_logit_diff": (a - b).abs().max().item(),
+            out["reference"] = {"loss": train(ref, batches, args.lr)[0], "swap_max_logit_diff": (a - b).abs().max().item(),
                                 "ms_per_step": (time.perf_counter() - t0) / args.steps * 1e3,
                                 "params_total": sum(q.numel() for q in ref.parameters())}
             with torch.no_grad():
                 out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()
+            out["reference"]["grad_norms_step0"] = train(swapped, batches[:1], args.lr)[1]   # the meshes' names
 
         out.update(layers=args.layers, embd=args.embd, heads=args.heads, seq=args.seq, steps=args.steps,
                    global_batch=n, lr=args.lr)

@@ -25,6 +25,8 @@ def calculate(n_params: float | None = None, *, layers: int = 0, hidden: int = 0
     then defaults to the GPT count) for model states plus Korthikanti activations (1F1B with one
     micro-batch per stage in flight times ``pp``). ``precision``/``optimizer`` pick the bytes per
     parameter (:data:`mgpu_utils.memory_model.BYTES_PER_PARAM`), ``zero_stage`` 0-3 shards over ``dp``.
+    Activation values take 4 bytes with ``precision="fp32"`` and 2 otherwise, as in the planner
+    (:mod:`mgpu_utils.planner`); dropout masks 1 byte.
 
     Returns:
         :class:`~mgpu_utils.memory_model.MemoryBreakdown` in bytes.
@@ -36,7 +38,7 @@ def calculate(n_params: float | None = None, *, layers: int = 0, hidden: int = 0
         return memory_per_gpu(layers, hidden, heads, vocab, seq_len, micro_batch, n_params=n_params,
                               precision=precision, optimizer=optimizer, zero_stage=zero_stage, dp=dp,
                               tp=tp, pp=pp, recompute=recompute, sequence_parallel=sequence_parallel,
-                              schedule="1f1b", n_micro=pp)
+                              schedule="1f1b", n_micro=pp, act_bytes=4 if precision == "fp32" else 2)
     if n_params is None:
         raise ValueError("give n_params, or a transformer shape with layers and hidden")
     return model_state_bytes(n_params, precision=precision, optimizer=optimizer, zero_stage=zero_stage,

@@ -3,6 +3,7 @@ import csv
 
 import numpy as np
 import pytest
+import torch
 
 from mgpu_utils.bandwidth import (algbw_gbps, bus_factor, busbw_gbps, fit_ring_allreduce,
                                   ring_allreduce_model)
@@ -139,31 +140,74 @@ def test_ring_stepper_and_static_figure():
     assert widget.children[0].max == 4
 
 
-@pytest.mark.parametrize("n", list(range(1, 17)))
-def test_tree_all_reduce_schedule_replayed(n):
-    """Replay tree_all_reduce's sends and receives in pure Python (non-powers of two included):
-    every send meets a receive posted by its peer in the same phase, and every rank ends with the sum."""
-    val = {r: {r} for r in range(n)}
-    mask, sent = 1, set()
-    while mask < n:                                   # reduce phase, level by level
-        for r in range(n):
-            if r in sent or not r & mask:
-                continue
-            parent = r - mask
-            assert parent not in sent and parent & mask == 0
-            val[parent] |= val[r]
-            sent.add(r)
-        mask <<= 1
-    assert val[0] == set(range(n))
-    have = {0}
-    mask = 1 << max(0, (n - 1).bit_length() - 1)
-    while mask >= 1:                                  # broadcast phase, top level first
-        for r in range(n):
-            if r % (2 * mask) == 0 and r + mask < n:
-                assert r in have and r + mask not in have
-                have.add(r + mask)
-        mask >>= 1
-    assert have == set(range(n))
+class ThreadDist:
+    """A stand-in for torch.distributed inside one process: n threads are the ranks. send copies the
+    tensor into the (src, dst) queue; recv waits on it, and a wait past the timeout means the schedule
+    deadlocked. isend/irecv inside batch_isend_irecv post the sends first, then the receives."""
+
+    def __init__(self, n):
+        import queue
+        import threading
+        self.n, self.local = n, threading.local()
+        self.q = {(s, d): queue.Queue() for s in range(n) for d in range(n)}
+        self.P2POp = lambda op, tensor, peer: (op, tensor, peer)
+
+    def get_rank(self):
+        return self.local.rank
+
+    def get_world_size(self):
+        return self.n
+
+    def send(self, t, dst):
+        self.q[self.local.rank, dst].put(t.clone())
+
+    def recv(self, t, src):
+        t.copy_(self.q[src, self.local.rank].get(timeout=10))
+
+    def isend(self, t, dst):
+        self.send(t, dst)
+
+    def irecv(self, t, src):
+        self.recv(t, src)
+
+    def batch_isend_irecv(self, ops):
+        for op, t, peer in sorted(ops, key=lambda o: o[0] != self.isend):   # sends first
+            op(t, peer)
+        return []
+
+
+@pytest.mark.parametrize("algorithm", ["tree_all_reduce", "naive_all_reduce", "ring_all_reduce"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16])
+def test_from_scratch_all_reduce_in_threads(algorithm, n, monkeypatch):
+    """The real functions of ring_allreduce.py, each rank a thread over an in-process transport (non-powers
+    of two and lengths not divisible by n included): every rank must end with the sum, and no receive may
+    wait forever."""
+    import threading
+
+    import ring_allreduce
+
+    fake = ThreadDist(n)
+    monkeypatch.setattr(ring_allreduce, "dist", fake)
+    fn, length = getattr(ring_allreduce, algorithm), 7
+    tensors = [torch.arange(length, dtype=torch.float64) * 10 ** r for r in range(n)]   # distinct per rank
+    errors = []
+
+    def rank_main(r):
+        fake.local.rank = r
+        try:
+            fn(tensors[r])
+        except Exception as e:                       # a timeout in recv: the schedule deadlocked
+            errors.append((r, repr(e)))
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    expected = torch.arange(length, dtype=torch.float64) * sum(10 ** r for r in range(n))
+    for r in range(n):
+        torch.testing.assert_close(tensors[r], expected, rtol=0, atol=0, msg=f"{algorithm}, n={n}, rank {r}")
 
 
 def test_allreduce_latency_probe_reports_every_element_count():

@@ -30,6 +30,19 @@ def reference_losses():
     return losses
 
 
+def reference_grad_norms():
+    """Step-0 gradient norm of every parameter of the single-process model with the script's Linear swap
+    (same parameter names as the meshes; the swap itself is checked by the script against HF's Conv1D)."""
+    from hybrid_gpt2 import make_model, to_linear_gpt2
+
+    train, _ = split(byte_corpus())
+    model = to_linear_gpt2(make_model(seq=SEQ))
+    x = get_batch(train, 0, GLOBAL_BATCH, SEQ - 1, 0)
+    logits = model(x).logits
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 256), x[:, 1:].reshape(-1)).backward()
+    return {n: q.grad.norm().item() for n, q in model.named_parameters() if q.grad is not None}
+
+
 def local_params(L, h, V, s, t):
     """Parameters on one tp rank: block matrices and column biases split, LayerNorms, row biases and
     embeddings replicated (GPT-2 has 12h^2 + 13h per block: 12h^2 + 7h split, 6h replicated)."""
@@ -41,14 +54,25 @@ def ref():
     return reference_losses()
 
 
+@pytest.fixture(scope="module")
+def ref_norms():
+    return reference_grad_norms()
+
+
 @pytest.mark.parametrize("nproc,layouts", [(4, "2x2,1x4"), (2, "1x2,2x1")])
-def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref):
+def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref, ref_norms):
     res = launch("hybrid_gpt2.py", nproc=nproc, show="none",
                  args=["--layouts", layouts, "--steps", STEPS, "--global-batch", GLOBAL_BATCH, "--lr", LR,
                        "--no-reference"])
     assert set(res["layouts"]) == set(layouts.split(","))
     for name, r in res["layouts"].items():
         assert_close(r["loss"], ref, atol=LOSS_ATOL, rtol=0, msg=lambda m: f"mesh {name}: {m}")
+        # AdamW normalises the gradient scale, so losses alone miss a missing dp average: compare the
+        # step-0 gradient of every parameter (its norm), relative to its own size
+        got = r["grad_norms_step0"]
+        assert set(got) == set(ref_norms), f"mesh {name}: parameters with gradients differ"
+        for pname, want in ref_norms.items():
+            assert abs(got[pname] - want) <= 1e-4 * want + 1e-9, f"mesh {name}, {pname}: {got[pname]} vs {want}"
         tp = r["tp"]
         # Megatron: 2 all-reduces forward + 2 backward per layer (CommDebugMode counted step 0)
         assert r["tp_comm_counts_step0"] == ({"all_reduce": 4 * res["layers"]} if tp > 1 else {})

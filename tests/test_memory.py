@@ -131,7 +131,11 @@ def test_calculator_reproduces_the_zero_paper(stage, gb):
 
 def test_calculator_transformer_shape_and_plot():
     m = calculate(layers=4, hidden=64, heads=4, seq_len=32, micro_batch=2, vocab=100, precision="fp32", dp=2)
-    assert m.activations == 4 * activation_bytes_per_layer(32, 2, 64, 4)
+    # by hand, fp32: per layer s*b*h*(16 values x 4 B + 2 masks x 1 B) + a*s^2*b*(2 values x 4 B + 1 mask x 1 B)
+    s, b, h, a = 32, 2, 64, 4
+    assert m.activations == 4 * (s * b * h * (16 * 4 + 2) + a * s * s * b * (2 * 4 + 1))
+    mixed = calculate(layers=4, hidden=64, heads=4, seq_len=32, micro_batch=2, vocab=100, dp=2)
+    assert mixed.activations == 4 * s * b * h * (34 + 5 * a * s / h)        # Korthikanti: 16-bit values
     with pytest.raises(ValueError, match="n_params"):
         calculate()
     import matplotlib

@@ -52,3 +52,66 @@ def test_every_precision_works_with_every_optimizer():
     precisions = {p for p, _ in BYTES_PER_PARAM}
     optimizers = {o for _, o in BYTES_PER_PARAM}
     assert set(BYTES_PER_PARAM) == {(p, o) for p in precisions for o in optimizers}
+
+
+# ---- formulas, each against a value written out by hand (a one-line bug in the code must fail here)
+
+def test_calculator_counts_pipeline_micro_batches_in_flight():
+    """1F1B: the first stage holds pp micro-batches of its L/pp layers (Narayanan et al. 2021)."""
+    from mgpu_utils.memory_calc import calculate
+    s, b, h, a = 32, 1, 64, 4
+    per_layer = s * b * h * (34 + 5 * a * s / h)                    # Korthikanti, 16-bit values
+    m = calculate(layers=8, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, pp=4)
+    assert m.activations == (8 // 4) * 4 * per_layer
+    assert calculate(layers=8, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, pp=1).activations == 8 * per_layer
+
+
+def test_calculator_applies_recomputation():
+    from mgpu_utils.memory_calc import calculate
+    s, b, h, a = 32, 2, 64, 4
+    full = calculate(layers=4, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, recompute="full")
+    assert full.activations == 4 * 2 * s * b * h                       # only each layer's 16-bit input
+    sel = calculate(layers=4, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, recompute="selective")
+    assert sel.activations == 4 * 34 * s * b * h                        # the 5as/h attention term is gone
+
+
+def test_full_recomputation_with_sequence_parallelism_is_split_over_tp():
+    s, b, h, a = 2048, 1, 12288, 96
+    assert activation_bytes_per_layer(s, b, h, a, tp=8, sequence_parallel=True, recompute="full") == 2 * s * b * h / 8
+    assert activation_bytes_per_layer(s, b, h, a, tp=8, recompute="full") == 2 * s * b * h   # without SP: replicated
+
+
+def test_planner_counts_six_tp_all_reduces_per_layer_with_full_recomputation():
+    """2 forward + 2 backward all-reduces per layer and micro-batch; full recomputation repeats the 2
+    forward ones (Korthikanti et al. 2023): 6, each a ring all-reduce of s*b*h values."""
+    from mgpu_utils.planner import Cluster, ModelSpec, evaluate
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    ring = 2 * (2 - 1) / 2 * 32 * 1 * 64 * 2                          # tp = 2, micro-batch 1, 2-byte values
+    none = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8)
+    full = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8, recompute="full")
+    m = 8 // 2                                                          # micro-batches per step
+    assert none.comm_bytes["tp"] == 4 * m * 4 * ring
+    assert full.comm_bytes["tp"] == 4 * m * 6 * ring
+
+
+def test_tp_bytes_per_layer_by_hand():
+    """GPT-3 layer, b=1, s=2048, h=12288, bf16, t=8: 2 all-reduces of 48 MiB per pass, each sending
+    2*(7/8)*48 MiB per rank."""
+    from mgpu_utils.tensor_parallel import tp_bytes_per_layer
+    r = tp_bytes_per_layer(1, 2048, 12288, 8, bytes_per_el=2)
+    assert r["tensor_bytes"] == 48 * 2**20
+    assert r["sent_per_rank_per_pass"] == 2 * (2 * 7 / 8 * 48 * 2**20) == 176_160_768
+    assert r["collectives_per_pass"] == 2
+    sp = tp_bytes_per_layer(1, 2048, 12288, 8, bytes_per_el=2, sequence_parallel=True)
+    assert sp["collectives_per_pass"] == 4 and sp["sent_per_rank_per_pass"] == 4 * (7 / 8 * 48 * 2**20)
+
+
+def test_calculator_and_planner_agree_on_activations():
+    """One convention: 4-byte activation values for fp32, 2 otherwise, 1-byte masks, in both."""
+    from mgpu_utils.memory_calc import calculate
+    from mgpu_utils.planner import Cluster, ModelSpec, evaluate
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    for precision in ("fp32", "mixed"):
+        lay = evaluate(toy, Cluster(4, memory_gb=1), 4, 1, 1, global_batch=4, precision=precision)
+        calc = calculate(layers=4, hidden=64, heads=4, seq_len=32, micro_batch=1, vocab=256, precision=precision, dp=4)
+        assert lay.memory.activations == calc.activations, precision

@@ -1,0 +1,49 @@
+"""Comparisons whose tolerance follows the scale of the values compared.
+
+``torch.testing.assert_close``'s default ``atol=1e-5`` is larger than most gradients of a deep MLP
+(lesson 03's 11-layer MLP: 93% of the gradient entries are below it), so a layer left un-averaged,
+or zeroed, still passes. :func:`assert_tensors_close` scales the absolute tolerance by each tensor's
+own largest entry. Introduced in ``notebooks/03_ddp.ipynb`` (the proof of equivalence).
+"""
+
+from __future__ import annotations
+
+
+def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> float:
+    """Assert that each tensor of ``actual`` equals the one of ``expected`` within ``rel`` of its scale.
+
+    For every pair: ``|a - e| <= rel * |e| + rel * max|e|`` element-wise (``rtol = rel`` and
+    ``atol = rel * max|e|``), so a tensor of gradients around 1e-6 is held to about 1e-10, not 1e-5.
+
+    Args:
+        actual, expected: sequences of tensors of equal shapes (any float dtype, any device).
+        rel: the relative tolerance (1e-4 suits fp32 results that differ only in summation order).
+        names: optional labels for the tensors (default: their index), used in the error message.
+
+    Returns:
+        The largest ``max|a - e| / max|e|`` over the pairs (0 for identical tensors).
+
+    Raises:
+        AssertionError: different numbers of tensors, different shapes, or a pair out of tolerance;
+            the message names the tensor, its largest difference and its scale.
+    """
+    import torch
+
+    actual, expected = list(actual), list(expected)
+    if len(actual) != len(expected):
+        raise AssertionError(f"{len(actual)} tensors against {len(expected)} expected")
+    names = list(names) if names is not None else [str(i) for i in range(len(expected))]
+    worst = 0.0
+    for name, a, e in zip(names, actual, expected):
+        a, e = a.detach().double().cpu(), e.detach().double().cpu()
+        if a.shape != e.shape:
+            raise AssertionError(f"tensor {name}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+        scale = e.abs().max().item() if e.numel() else 0.0
+        diff = (a - e).abs()
+        bad = diff > rel * e.abs() + rel * scale
+        if bool(bad.any()):
+            raise AssertionError(f"tensor {name}: differs by up to {diff.max().item():.3g} where its entries reach "
+                                 f"{scale:.3g} (allowed: {rel:g} of that scale)")
+        if scale > 0:
+            worst = max(worst, diff.max().item() / scale)
+    return worst

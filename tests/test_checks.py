@@ -1,0 +1,47 @@
+"""mgpu_utils.checks: a tolerance that follows each tensor's scale catches what assert_close's default misses."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.testing import assert_close
+
+from mgpu_utils.checks import assert_tensors_close
+from mgpu_utils.models import make_mlp
+
+
+def mlp_grads():
+    torch.manual_seed(0)
+    model = make_mlp(256, 10)
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    F.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_identical_tensors_pass_and_report_zero():
+    g = mlp_grads()
+    assert assert_tensors_close(g, [t.clone() for t in g]) == 0.0
+
+
+def test_a_zeroed_layer_passes_the_default_but_not_the_scaled_check():
+    """Lesson 03's MLP: a layer whose gradient is lost passes assert_close's default atol=1e-5."""
+    g = mlp_grads()
+    broken = [t.clone() for t in g]
+    small = min(range(len(g) - 2), key=lambda i: g[i].abs().max().item())   # a deep, small-gradient layer
+    broken[small].zero_()
+    assert_close(broken, g)                                  # the weak check stays green ...
+    with pytest.raises(AssertionError, match=f"tensor {small}: differs"):
+        assert_tensors_close(broken, g)                      # ... this one fails
+
+
+def test_a_missing_average_and_rounding_noise():
+    g = mlp_grads()
+    with pytest.raises(AssertionError):
+        assert_tensors_close([2 * t for t in g], g)          # summed over 2 ranks, never averaged
+    noisy = [t * (1 + 1e-6) for t in g]                      # float32 summation-order noise passes
+    assert assert_tensors_close(noisy, g) < 1e-5
+
+
+def test_mismatched_counts_and_shapes_are_named():
+    with pytest.raises(AssertionError, match="2 tensors against 1"):
+        assert_tensors_close([torch.ones(2), torch.ones(2)], [torch.ones(2)])
+    with pytest.raises(AssertionError, match="tensor w: shape"):
+        assert_tensors_close([torch.ones(3)], [torch.ones(2)], names=["w"])
