@@ -85,21 +85,6 @@ def test_transformer_block_matches_korthikanti_at_fp32():
 
 # ---------------------------------------------------------------- accumulation and checkpointing equivalence
 
-def test_accumulation_equals_big_batch():
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-    x, y = torch.randn(24, 8), torch.randint(0, 4, (24,))
-    big, acc = copy.deepcopy(net), copy.deepcopy(net)
-    F.cross_entropy(big(x), y).backward()
-    for i in range(3):
-        (F.cross_entropy(acc(x[8 * i:8 * (i + 1)]), y[8 * i:8 * (i + 1)]) / 3).backward()
-    assert_close([p.grad for p in acc.parameters()], [p.grad for p in big.parameters()])
-    wrong = copy.deepcopy(net)                              # without / k: k times too large
-    for i in range(3):
-        F.cross_entropy(wrong(x[8 * i:8 * (i + 1)]), y[8 * i:8 * (i + 1)]).backward()
-    assert_close([p.grad / 3 for p in wrong.parameters()], [p.grad for p in big.parameters()])
-
-
 @pytest.mark.parametrize("every", [1, 2, 4])
 def test_checkpointing_same_grads_and_keeps_only_segment_inputs(every):
     s, b, h, a, layers = 8, 2, 16, 2, 4

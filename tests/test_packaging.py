@@ -118,3 +118,21 @@ def test_stored_outputs_from_one_clean_pass(nb_path):
                 raise AssertionError(f"{nb_path.name} cell {i}: stderr in the output: {''.join(o['text'])[:300]}")
             m = _MACHINE_PATH.search(text)
             assert not m, f"{nb_path.name} cell {i}: machine path in output: ...{text[max(0, m.start() - 80):m.end() + 40]}"
+
+
+def test_notebooks_compare_enough_outputs_and_none_is_a_fixed_sentence():
+    """nbval compares the outputs of the cells marked NBVAL_CHECK_OUTPUT: at least 30 of them, and each
+    one's stored output must be computed (a line of it that is also written in the cell's source would
+    be a sentence that can never change)."""
+    marked = []
+    for nb_path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for i, c in enumerate(json.loads(nb_path.read_text())["cells"]):
+            src = "".join(c["source"])
+            if c["cell_type"] == "code" and "NBVAL_CHECK_OUTPUT" in src:
+                text = "".join("".join(o.get("text", "")) for o in c.get("outputs", []) if o.get("output_type") == "stream")
+                lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+                assert lines, f"{nb_path.name} cell {i}: marked for comparison but prints nothing"
+                fixed = [ln for ln in lines if ln in src]
+                assert len(fixed) < len(lines), f"{nb_path.name} cell {i}: every printed line is written in the source: {fixed[:2]}"
+                marked.append((nb_path.name, i))
+    assert len(marked) >= 30, f"only {len(marked)} cells are compared by nbval"

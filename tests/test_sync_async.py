@@ -180,7 +180,8 @@ def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
     torch.testing.assert_close(finals["sync"], ref)
     torch.testing.assert_close(finals["H=1"], ref)
     assert (finals["H=2"] - ref).abs().max() > 1e-4               # averaging less often is not the same
-    P = r["params"]
+    P = (64 * 128 + 128) + (128 * 10 + 10)                       # make_mlp(128, 1): 64 -> 128 -> 10, by hand
+    assert r["params"] == P
     for name, calls in [("H=1", 8), ("H=2", 4), ("sync", 8)]:
         run = r["runs"][name]
         assert run["allreduce_calls"] == calls and run["payload_bytes"] == calls * 4 * P
