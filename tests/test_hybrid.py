@@ -71,8 +71,9 @@ def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref, ref_norms):
         # step-0 gradient of every parameter (its norm), relative to its own size
         got = r["grad_norms_step0"]
         assert set(got) == set(ref_norms), f"mesh {name}: parameters with gradients differ"
+        floor = 1e-6 * max(ref_norms.values())   # key biases: 0 in exact arithmetic (softmax shift invariance)
         for pname, want in ref_norms.items():
-            assert abs(got[pname] - want) <= 1e-4 * want + 1e-9, f"mesh {name}, {pname}: {got[pname]} vs {want}"
+            assert abs(got[pname] - want) <= 1e-4 * (want + floor), f"mesh {name}, {pname}: {got[pname]} vs {want}"
         tp = r["tp"]
         # Megatron: 2 all-reduces forward + 2 backward per layer (CommDebugMode counted step 0)
         assert r["tp_comm_counts_step0"] == ({"all_reduce": 4 * res["layers"]} if tp > 1 else {})
