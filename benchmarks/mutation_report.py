@@ -1,9 +1,10 @@
 """Score of the last `mutmut run` per module (run by `make mutation`; not part of `make test`).
 
 A mutant is a copy of the code with one small change (an operator flipped, a constant changed, an
-argument dropped). The suite *kills* it when some test fails. The score of a module is
-killed / (mutants - equivalent), where an equivalent mutant changes nothing a caller can observe and
-is listed, with the reason, in tests/mutation_equivalent.txt (one ``mutant_name  # reason`` per line).
+argument dropped). The suite *kills* it when some test fails (or hangs past mutmut's time limit). The
+score of a module is killed / (mutants - equivalent), where an equivalent mutant changes nothing a
+caller can observe and is listed, with the reason, in tests/mutation_equivalent.txt (one
+``mutant_name  # reason`` per line).
 Every other survivor is printed: each one is a bug the tests would not catch.
 
 Reads mutmut's result files (mutants/**/*.py.meta). Exits 1 when a gated module scores below --min
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLED = {1, 3}          # a test failed (3: pytest internal error, also a kill), as mutmut counts them
+TIMEOUT = {24, 36, 152, 255, -24}   # the mutant made a test hang past mutmut's limit: detected, so killed
 SURVIVED = {0}
 NO_TESTS = {5, 33}       # no test reaches the mutated function: a survivor too
 
@@ -60,7 +62,7 @@ def main() -> int:
         for name, code in codes.items():
             if name in equivalent:
                 count["equivalent"] += 1
-            elif code in KILLED:
+            elif code in KILLED or code in TIMEOUT:
                 count["killed"] += 1
             else:
                 count["survived"] += 1
