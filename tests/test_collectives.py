@@ -217,3 +217,20 @@ def test_allreduce_latency_probe_reports_every_element_count():
     assert r["world_size"] == 3
     assert [int(k) for k in r["allreduce_s"]] == [1, 2, 3, 4, 5, 6, 256]
     assert all(v > 0 for v in r["allreduce_s"].values()) and r["pingpong_s"] > 0
+
+
+def test_alpha_beta_fit_weights_relative_errors_and_names_bad_input():
+    """Noisy data: the fit minimises relative errors (weights 1/T), so a 10% error on the smallest message
+    moves alpha as much as a 10% error on the largest; n = 2 is the smallest ring; bad input is named."""
+    sizes = np.array([1e3, 1e5, 1e7])
+    t = ring_allreduce_model(sizes, 2, alpha_s=50e-6, bandwidth_bps=1e9)
+    alpha, bw = fit_ring_allreduce(sizes, t, 2)
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and bw == pytest.approx(1e9, rel=1e-6)
+    noisy = t * np.array([1.1, 1.0, 1.0])
+    weighted = np.polyfit(sizes, noisy, 1, w=1 / noisy)                 # by hand: the weighted least squares
+    assert fit_ring_allreduce(sizes, noisy, 2) == pytest.approx((max(weighted[1], 0) / 2, 1 / weighted[0]))
+    assert fit_ring_allreduce(sizes, np.array([1e-9, 1e-4, 1e-2]), 2)[0] == 0.0   # negative intercept: clipped
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        fit_ring_allreduce(sizes, t, 1)
+    with pytest.raises(ValueError, match="2 or more distinct sizes"):
+        fit_ring_allreduce([1024, 1024, 1024], [1e-3, 1e-3, 1e-3], 4)

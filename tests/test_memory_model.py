@@ -115,3 +115,29 @@ def test_calculator_and_planner_agree_on_activations():
         lay = evaluate(toy, Cluster(4, memory_gb=1), 4, 1, 1, global_batch=4, precision=precision)
         calc = calculate(layers=4, hidden=64, heads=4, seq_len=32, micro_batch=1, vocab=256, precision=precision, dp=4)
         assert lay.memory.activations == calc.activations, precision
+
+
+def test_memory_breakdown_in_gb():
+    from mgpu_utils.memory_model import MemoryBreakdown
+    m = MemoryBreakdown(params=1e9, grads=2e9, optimizer=3e9, activations=4e9)
+    assert m.total == 10e9
+    assert m.gb() == {"params": 1.0, "grads": 2.0, "optimizer": 3.0, "activations": 4.0, "total": 10.0}
+
+
+def test_planner_table_prints_every_column_by_hand():
+    """One feasible layout of the toy model: each column of the row written out from evaluate()'s fields."""
+    from mgpu_utils.planner import Cluster, ModelSpec, evaluate, table
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    x = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8, precision="fp32")
+    head, row = table([x], unit="kB", time_unit="us").splitlines()
+    assert head.split() == ["dp", "tp", "pp", "m", "kB/GPU", "dp", "kB", "tp", "kB", "pp", "kB", "dp", "us", "tp", "us",
+                            "pp", "us", "bubble", "step", "us", "note"]
+    want = [2, 2, 1, x.n_micro, f"{x.memory.total / 1e3:.1f}", f"{x.comm_bytes['dp'] / 1e3:.2f}",
+            f"{x.comm_bytes['tp'] / 1e3:.2f}", f"{x.comm_bytes['pp'] / 1e3:.2f}", f"{x.comm_s['dp'] / 1e-6:.2f}",
+            f"{x.comm_s['tp'] / 1e-6:.2f}", f"{x.comm_s['pp'] / 1e-6:.2f}", f"{x.bubble:.3f}", f"{x.step_s / 1e-6:.2f}", "ok"]
+    assert row.split() == [str(w) for w in want]
+    gb = table([x]).splitlines()[1].split()                            # default units: GB and seconds
+    assert gb[4] == f"{x.memory.total / 1e9:.1f}" and gb[12] == f"{x.step_s:.2f}"
+    big = evaluate(toy, Cluster(4, memory_gb=1e-6), 2, 2, 1, global_batch=8, precision="fp32")   # too small a GPU
+    assert "GB per GPU" in table([big]).splitlines()[1]
+    assert len(table([x, x, x], limit=2).splitlines()) == 3             # header + 2 rows
