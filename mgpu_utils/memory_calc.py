@@ -45,12 +45,12 @@ def calculate(n_params: float | None = None, *, layers: int = 0, hidden: int = 0
                              dp=dp, tp=tp, pp=pp)
 
 
-def _as_dict(m) -> dict:
+def _as_dict(m) -> dict:  # pragma: no mutate block
     return {k: float(getattr(m, k) if isinstance(m, MemoryBreakdown) else m.get(k, 0.0)) for k in KINDS}
 
 
 def plot_memory(rows: dict, unit: float = 1e9, unit_name: str = "GB", title: str = "memory per GPU",
-                capacity: float | None = None, ax=None):
+                capacity: float | None = None, ax=None):  # pragma: no mutate block
     """Stacked bars: one per entry of ``rows`` ({label: MemoryBreakdown or dict of KINDS in bytes}).
 
     Each bar's total is written on top; ``capacity`` (bytes, e.g. 80e9) draws a dashed line.
@@ -87,7 +87,7 @@ DEFAULTS = dict(n_params=0, layers=32, hidden=4096, heads=32, seq_len=2048, micr
                 precision="mixed", optimizer="adam", zero_stage=0, dp=8, tp=1, pp=1, recompute="none")
 
 
-def calculator(show_static: bool = True, **defaults):
+def calculator(show_static: bool = True, **defaults):  # pragma: no mutate block
     """An ipywidgets memory calculator: a parameter count and/or a GPT shape, precision, optimizer, ZeRO stage, dp/tp/pp,
     recomputation -> a stacked bar of the memory per GPU for ZeRO stages 0-3 (the chosen one marked).
     ``n_params`` 0 means the GPT count of the shape; ``layers`` 0 means model states of ``n_params``

@@ -204,7 +204,7 @@ _KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452"}
 
 
 def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: str = "time (t_f units)",
-                  scale: float = 1.0, t0: float | None = None):
+                  scale: float = 1.0, t0: float | None = None):  # pragma: no mutate block
     """Gantt chart: one row per rank, forwards blue, backwards orange, labelled with the micro-batch
     (and ``.c`` chunk when a rank holds several chunks); white space is the bubble.
 
@@ -253,7 +253,7 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
     return fig
 
 
-def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):
+def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no mutate block
     """ipywidgets explorer: sliders for p and m, a schedule menu; draws the predicted timeline
     (:func:`simulate`) with its bubble and peak in-flight micro-batches. Returns the widget box."""
     import ipywidgets as w
@@ -352,7 +352,7 @@ def check_p2p_deadlock_free(plans: list[list[list[tuple]]]) -> int:
     return matched
 
 
-def draw_layer_split(p: int = 4, layers: int = 8):
+def draw_layer_split(p: int = 4, layers: int = 8):  # pragma: no mutate block
     """Concept picture: a stack of ``layers`` layers cut into ``p`` stages, stage r on rank r;
     activations travel down the pipeline in forward, gradients back up in backward. Returns the Figure."""
     import matplotlib.pyplot as plt

@@ -234,3 +234,13 @@ def test_alpha_beta_fit_weights_relative_errors_and_names_bad_input():
         fit_ring_allreduce(sizes, t, 1)
     with pytest.raises(ValueError, match="2 or more distinct sizes"):
         fit_ring_allreduce([1024, 1024, 1024], [1e-3, 1e-3, 1e-3], 4)
+
+
+def test_alpha_beta_fit_with_exactly_two_sizes_and_exact_messages():
+    sizes = [1e3, 1e7]
+    t = ring_allreduce_model(np.array(sizes), 2, alpha_s=50e-6, bandwidth_bps=1e9)
+    assert fit_ring_allreduce(sizes, t, 2) == pytest.approx((50e-6, 1e9), rel=1e-6)     # 2 distinct sizes suffice
+    with pytest.raises(ValueError, match=r"^the model needs at least 2 ranks$"):
+        fit_ring_allreduce(sizes, t, 1)
+    with pytest.raises(ValueError, match=r"^need measurements at 2 or more distinct sizes$"):
+        fit_ring_allreduce([1e3, 1e3], [1e-3, 1e-3], 2)

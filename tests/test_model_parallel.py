@@ -214,3 +214,21 @@ def test_scripts_run_as_plain_python():
                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
         assert out.returncode == 0, out.stderr[-2000:]
         assert "SKIPPED" in out.stdout and "MGPU_RESULT" in out.stdout
+
+
+def test_schedule_defaults_errors_and_explicit_window():
+    """Defaults (one micro-batch for naive, two chunks for interleaved), the exact error messages, and a
+    bubble over an explicit [t0, t1] window, by hand."""
+    from mgpu_utils.schedules import interleaved_actions, naive_actions, one_f_one_b_actions
+    assert naive_actions(3) == naive_actions(3, 1) and len(naive_actions(3)[0]) == 2
+    assert interleaved_actions(2, 4) == interleaved_actions(2, 4, 2) == schedule_actions("interleaved", 2, 4)
+    assert interleaved_actions(2, 4, 1) == one_f_one_b_actions(2, 4)
+    assert schedule_actions("naive", 2, 3) == naive_actions(2, 3)
+    with pytest.raises(ValueError, match=r"^interleaved 1F1B needs m divisible by p, got m=3, p=2$"):
+        interleaved_actions(2, 3)
+    with pytest.raises(ValueError, match=r"^schedule must be one of .*, got 'zigzag'$"):
+        schedule_actions("zigzag", 2, 4)
+    tl = [[{"start": 1.0, "end": 2.0}], [{"start": 2.0, "end": 3.0}]]
+    assert bubble_fraction(tl) == pytest.approx(1 - 2 / (2 * 2))                 # window 1..3
+    assert bubble_fraction(tl, t0=0.0) == pytest.approx(1 - 2 / (2 * 3))         # window 0..3
+    assert bubble_fraction(tl, t0=0.0, t1=4.0) == pytest.approx(1 - 2 / (2 * 4))  # window 0..4
