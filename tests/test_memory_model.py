@@ -141,3 +141,33 @@ def test_planner_table_prints_every_column_by_hand():
     big = evaluate(toy, Cluster(4, memory_gb=1e-6), 2, 2, 1, global_batch=8, precision="fp32")   # too small a GPU
     assert "GB per GPU" in table([big]).splitlines()[1]
     assert len(table([x, x, x], limit=2).splitlines()) == 3             # header + 2 rows
+
+
+def test_planner_table_units_pipeline_columns_and_unsplittable_rows():
+    """MB and ms columns, a pipeline layout (non-zero pp columns), a layout that cannot split (memory
+    undefined: dashes and every problem, joined by '; '), and plan()'s order, checked by hand."""
+    from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan, table
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    x = evaluate(toy, Cluster(4, memory_gb=1), 2, 1, 2, global_batch=8, precision="fp32")   # pp = 2
+    row = table([x], unit="MB", time_unit="ms").splitlines()[1].split()
+    assert row[4:8] == [f"{x.memory.total / 1e6:.1f}", f"{x.comm_bytes['dp'] / 1e6:.2f}",
+                        f"{x.comm_bytes['tp'] / 1e6:.2f}", f"{x.comm_bytes['pp'] / 1e6:.2f}"]
+    assert row[8:11] == [f"{x.comm_s[k] / 1e-3:.2f}" for k in ("dp", "tp", "pp")] and x.comm_bytes["pp"] > 0
+    big = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
+    assert table([big]).splitlines()[1].split()[12] == f"{big.step_s:.2f}" and big.step_s > 1   # seconds
+    bad = evaluate(toy, Cluster(8, gpus_per_node=4, memory_gb=1), 1, 8, 1, global_batch=8)   # tp=8: 2 problems
+    assert bad.memory is None and len(bad.problems) == 2
+    line = table([bad, x], unit="MB").splitlines()
+    assert len(line) == 3 and line[1] == f"{1:>5} {8:>3} {1:>3} {bad.n_micro:>5} {'-':>7}" + " " * 55 + "; ".join(bad.problems)
+    lays = plan(toy, Cluster(8, gpus_per_node=4, memory_gb=1), global_batch=8, precision="fp32")
+    assert all(isinstance(l.dp, int) for l in lays)
+    feasible = [l for l in lays if l.feasible]
+    assert 0 < len(feasible) < len(lays) and lays[:len(feasible)] == feasible      # feasible ones first
+    assert [l.step_s for l in feasible] == sorted(l.step_s for l in feasible)      # by estimated step time
+    assert lays[-1].memory is None                      # a layout that cannot split sorts last
+
+
+def test_parse_layouts_names_the_product_it_needs():
+    from mgpu_utils.planner import parse_layouts
+    with pytest.raises(ValueError, match=r"needs world size dp\*tp = 6, got 4"):
+        parse_layouts("3x2", 4, 4, 12)
