@@ -8,7 +8,7 @@ Three algorithms, each using only send/recv (isend/irecv):
           sends one chunk of S/n to its right neighbour: 2(n-1)/n * S bytes per rank, for any n.
 Each result is checked against dist.all_reduce (fp32 and bf16; lengths shorter than n, divisible and not
 divisible by n; integer-valued data so every summation order gives exactly the same answer), then all
-four are timed (barrier before each call, slowest rank's time; nccl-tests instead averages back-to-back
+four are timed, interleaved (barrier before each call, slowest rank's time; nccl-tests instead averages back-to-back
 calls, which reads lower for small messages).
 
 Run:
@@ -127,23 +127,30 @@ def check(rank, world, device, lengths):
     return cases
 
 
-def timed(fn, t, repeats, device):
-    """Median over repeats of the slowest rank's time for fn(t), in seconds (after one warm-up)."""
-    fn(t.clone())
-    times = []
-    for _ in range(repeats):
-        x = t.clone()
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)   # the slowest rank decides
-        times.append(dt.item())
-    return statistics.median(times)
+def timed(fns, t, repeats, device):
+    """Median over repeats of the slowest rank's time for each fn(t), in seconds (after one warm-up each).
+
+    The algorithms are interleaved: each repeat times every one once, in an order rotated by one per
+    repeat, so a slow spell of a shared machine falls on all of them alike and their ratios stay stable.
+    """
+    for fn in fns.values():
+        fn(t.clone())
+    names = list(fns)
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            x = t.clone()
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fns[name](x)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)   # the slowest rank decides
+            times[name].append(dt.item())
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main():
@@ -163,9 +170,9 @@ def main():
         rows = []
         for kib in (int(v) for v in args.sizes_kib.split(",") if v):
             t = torch.randn(kib * 1024 // 4, device=ctx.device)
-            for name in args.algorithms.split(","):
-                sec = timed(ALGORITHMS[name], t, args.repeats, ctx.device)
-                rows.append({"algorithm": name, "bytes": t.numel() * 4, "seconds": sec})
+            secs = timed({name: ALGORITHMS[name] for name in args.algorithms.split(",")}, t, args.repeats,
+                         ctx.device)
+            rows += [{"algorithm": name, "bytes": t.numel() * 4, "seconds": sec} for name, sec in secs.items()]
             ctx.log(f"{kib:>6} KiB: " + "  ".join(f"{r['algorithm']} {1e3 * r['seconds']:.2f} ms"
                                                    for r in rows[-len(args.algorithms.split(',')):]))
         emit_result({"world_size": world, "backend": ctx.backend, "checks_passed": cases, "timings": rows})
