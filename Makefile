@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 KERNEL := mgpu-course
 NPROC  ?= 4
 
-.PHONY: lab course test mutation setup clean
+.PHONY: lab course test gpu-check mutation setup clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ course: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The checks only a GPU can do (benchmarks/gpu_smoke.sh; torch already installed). SKIPPED without a GPU.
+gpu-check:
+	bash benchmarks/gpu_smoke.sh
 
 # Mutation testing of the pure-computation modules (pyproject.toml [tool.mutmut]); not part of `make test`.
 mutation: $(STAMP)

@@ -1,6 +1,6 @@
-"""Check the roofline numbers of lesson 01 on real hardware: bf16 matmul and HBM copy vs the spec.
+"""Check the roofline numbers of lesson 01 on real hardware: a tensor-core matmul and HBM copy vs the spec.
 
-Measures, on cuda:0, the dense bf16 throughput of an N x N x N matmul (2 N^3 FLOP per call, best of
+Measures, on cuda:0, the dense bf16 throughput (fp16 on GPUs without BF16 units: T4, V100) of an N x N x N matmul (2 N^3 FLOP per call, best of
 --iters after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
 --copy-gib GiB (a copy reads and writes every byte: 2 x size / time, the convention of the HBM spec).
 Prints both as fractions of the device's published peak (mgpu_utils.hardware), and one JSON line.
@@ -46,8 +46,9 @@ def main():
     name = torch.cuda.get_device_name(0)
     key = match_gpu(name)
     spec = GPUS.get(key)
-    a = torch.randn(args.n, args.n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(args.n, args.n, device="cuda", dtype=torch.bfloat16)
+    dtype = "fp16" if spec and spec["bf16_tflops"] is None else "bf16"     # T4, V100: no BF16 tensor cores
+    a = torch.randn(args.n, args.n, device="cuda", dtype=getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dtype]))
+    b = torch.randn_like(a)
     for _ in range(3):
         a @ b
     sec = cuda_time(lambda: a @ b, args.iters)
@@ -58,16 +59,17 @@ def main():
     dst.copy_(src)
     sec = cuda_time(lambda: dst.copy_(src), args.iters)
     gbps = 2 * src.numel() / sec / 1e9
-    result = {"device": name, "spec": key, "bf16_tflops": tflops, "copy_gbps": gbps}
-    if spec and spec["bf16_tflops"]:
-        result.update(bf16_fraction=tflops / spec["bf16_tflops"], copy_fraction=gbps / spec["hbm_gbps"])
-        print(f"{name}: bf16 matmul {args.n}^3 {tflops:.0f} TFLOPS = {result['bf16_fraction']:.0%} of "
-              f"{spec['bf16_tflops']} (dense spec); copy {gbps:.0f} GB/s = {result['copy_fraction']:.0%} of "
+    result = {"device": name, "spec": key, "dtype": dtype, "matmul_tflops": tflops, "copy_gbps": gbps}
+    if spec:
+        peak = spec[f"{dtype}_tflops"]
+        result.update(matmul_fraction=tflops / peak, copy_fraction=gbps / spec["hbm_gbps"])
+        print(f"{name} ({key}): {dtype} matmul {args.n}^3 {tflops:.0f} TFLOPS = {result['matmul_fraction']:.0%} of "
+              f"{peak} (dense spec); copy {gbps:.0f} GB/s = {result['copy_fraction']:.0%} of "
               f"{spec['hbm_gbps']} GB/s HBM")
     else:
-        print(f"{name}: bf16 matmul {tflops:.0f} TFLOPS, copy {gbps:.0f} GB/s (no spec on file for this GPU)")
+        print(f"{name}: {dtype} matmul {tflops:.0f} TFLOPS, copy {gbps:.0f} GB/s (no spec on file for this GPU)")
     print("MGPU_RESULT " + json.dumps(result))
-    ok = spec is not None and all(result.get(k, 0) >= args.target for k in ("bf16_fraction", "copy_fraction"))
+    ok = spec is not None and all(result.get(k, 0) >= args.target for k in ("matmul_fraction", "copy_fraction"))
     sys.exit(0 if ok else 1)
 
 

@@ -4,8 +4,10 @@ For all_reduce, all_gather, reduce_scatter, broadcast and all_to_all over messag
 up to --max-mib (x4 steps): --warmup untimed runs, then --iters timed runs (CUDA events on GPUs;
 barrier + perf_counter on CPU), each run's time being the slowest rank's. Reports the median time,
 algbw = size / time and busbw = algbw x the nccl-tests factor (mgpu_utils.bandwidth), in GB/s
-(1e9 bytes/s). Rank 0 also measures the copy bandwidth of one large buffer (dst.copy_(src), bytes
-copied / time): on the CPU tier gloo moves every byte through memory, so that is the ceiling.
+(1e9 bytes/s). Rank 0 also measures the memory bandwidth of a copy of one large buffer (dst.copy_(src)),
+counted as lesson 01 and the HBM datasheets count it: a copy reads and writes every byte, 2 x size / time.
+On the CPU tier gloo moves every byte through memory (read once, written once), so half of it, the bytes
+copied per second, is the ceiling on busbw.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/collectives_bench.py --max-mib 64 --csv bench.csv
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from mgpu_utils.bandwidth import algbw_gbps, busbw_gbps
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
 from mgpu_utils.dist import distributed, emit_result
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
@@ -30,8 +33,8 @@ def make_op(op, size_bytes, n, device):
     big = torch.ones(count, device=device)
     small = torch.ones(count // n, device=device)
     calls = {"all_reduce": lambda: dist.all_reduce(big),
-             "all_gather": lambda: dist.all_gather_single(big, small),        # size = output
-             "reduce_scatter": lambda: dist.reduce_scatter_single(small, big),  # size = input
+             "all_gather": lambda: all_gather_single(big, small),        # size = output
+             "reduce_scatter": lambda: reduce_scatter_single(small, big),  # size = input
              "broadcast": lambda: dist.broadcast(big, src=0),
              "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(big), big)}
     return calls[op], count * 4
@@ -57,7 +60,8 @@ def time_once(fn, device):
 
 
 def copy_bandwidth(device, mib=64, iters=5):
-    """GB/s of dst.copy_(src) for a mib-MiB buffer (best of iters), counting the bytes copied once."""
+    """Memory bandwidth of dst.copy_(src) for a mib-MiB buffer (best of iters), GB/s, reads + writes:
+    2 x size / time, the convention of lesson 01 and of the HBM datasheets."""
     src = torch.ones(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
@@ -69,7 +73,7 @@ def copy_bandwidth(device, mib=64, iters=5):
         if device.type == "cuda":
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
-    return src.numel() * 4 / best / 1e9
+    return 2 * src.numel() * 4 / best / 1e9
 
 
 def main():
@@ -109,7 +113,8 @@ def main():
                 w = csv.DictWriter(f, fieldnames=list(rows[0]))
                 w.writeheader()
                 w.writerows(rows)
-        ctx.log(f"copy bandwidth of one {dev.type} buffer: {copy:.1f} GB/s")
+        ctx.log(f"memory bandwidth of a {dev.type} buffer copy: {copy:.1f} GB/s (reads + writes; "
+                f"{copy / 2:.1f} GB/s copied)")
         emit_result({"world_size": n, "backend": ctx.backend, "device": dev.type, "rows": rows,
                      "copy_GBps": copy})
 

@@ -15,6 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
 from mgpu_utils.dist import distributed, emit_result
 
 
@@ -48,10 +49,10 @@ def run_ops(x, rank, n):
     dist.all_reduce(c)
     out["all_reduce"] = c
     c = torch.empty(n * x.numel(), dtype=x.dtype, device=x.device)
-    dist.all_gather_single(c, x.clone())
+    all_gather_single(c, x.clone())
     out["all_gather"] = c
     c = torch.empty(2, dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_single(c, x.clone())
+    reduce_scatter_single(c, x.clone())
     out["reduce_scatter"] = c
     c = torch.empty_like(x)
     dist.all_to_all_single(c, x.clone())
@@ -65,9 +66,9 @@ def probe(device, n, rank):
            "all_reduce AVG": lambda t: dist.all_reduce(t, op=dist.ReduceOp.AVG),
            "all_reduce MAX": lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX),
            "broadcast": lambda t: dist.broadcast(t, 0),
-           "all_gather": lambda t: dist.all_gather_single(torch.empty(n * 2 * n, dtype=t.dtype,
+           "all_gather": lambda t: all_gather_single(torch.empty(n * 2 * n, dtype=t.dtype,
                                                                            device=device), t),
-           "reduce_scatter": lambda t: dist.reduce_scatter_single(torch.empty(2, dtype=t.dtype, device=device), t),
+           "reduce_scatter": lambda t: reduce_scatter_single(torch.empty(2, dtype=t.dtype, device=device), t),
            "all_to_all": lambda t: dist.all_to_all_single(torch.empty_like(t), t)}
     table = {}
     for name, op in ops.items():
@@ -88,7 +89,7 @@ def fallbacks_match(x, rank, n):
     s = x.clone().float()
     dist.all_reduce(s)
     rs = torch.empty(2, dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_single(rs, x.clone())
+    reduce_scatter_single(rs, x.clone())
     full = x.clone()
     dist.all_reduce(full)
     a2a = torch.empty_like(x)

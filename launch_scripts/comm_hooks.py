@@ -30,6 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.hardware import LINKS
@@ -93,7 +94,7 @@ def main():
     g.add_argument("--scale", type=float, default=1000.0, help="charge the link for scale x the bytes sent")
     a = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         if not dist.is_initialized():
             raise ValueError("DDP communication hooks need a process group: start with torchrun "
                              "--nproc-per-node 2 or more (e.g. 4)")

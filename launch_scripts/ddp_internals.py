@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import ddp_recording_buckets, make_mlp
 
@@ -99,7 +100,7 @@ def main():
     g.add_argument("--steps", type=int, default=5, help="timed steps per bucket size (median reported)")
     args = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank = ctx.world_size, ctx.rank
         if args.global_batch % (world * args.accum_steps):
             raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "

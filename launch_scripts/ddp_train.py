@@ -15,16 +15,17 @@ Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_train.py --epochs 8
 """
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data, shard_batches
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import SmallCNN
+from mgpu_utils.timing import synced_clock
 
 
 def evaluate(model, test, rank, world, device):
@@ -55,7 +56,7 @@ def main():
     g.add_argument("--save", default="", help="rank 0 saves the DDP model's state_dict() here")
     args = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if args.single and world != 1:
             raise ValueError(f"--single runs in one process; start it with plain python or --nproc-per-node 1 "
@@ -70,7 +71,7 @@ def main():
         hist = {"train_loss": [], "test_acc": [], "samples_per_s": [], "epoch_seconds": []}
         seen = 0
         for epoch in range(args.epochs):
-            t0, loss_sum, n_sum = time.perf_counter(), torch.zeros((), device=device), 0
+            t0, loss_sum, n_sum = synced_clock(device), torch.zeros((), device=device), 0
             # batches this process computes per step: its own shard, or all N shards when --single
             ranks = range(virtual) if args.single else [rank]
             per_rank = [shard_batches(train, virtual, r, epoch, args.batch_size, args.seed) for r in ranks]
@@ -87,7 +88,7 @@ def main():
             stats = torch.stack([loss_sum, torch.tensor(float(n_sum), device=device)])
             if dist.is_initialized():
                 dist.all_reduce(stats)
-            sec = time.perf_counter() - t0
+            sec = synced_clock(device) - t0
             hist["train_loss"].append((stats[0] / stats[1]).item())
             hist["test_acc"].append(evaluate(ddp, test, rank, world, device))
             hist["samples_per_s"].append(stats[1].item() / sec)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.memory import SavedTensorCounter, checkpointed
@@ -56,7 +57,7 @@ def main():
                    help="comma-separated checkpoint segment sizes in layers (a Linear and a ReLU are 2 layers)")
     args = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if args.global_batch % (world * args.micro):
             raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "

@@ -12,7 +12,6 @@ Run:
 """
 import argparse
 import contextlib
-import time
 import warnings
 
 import torch
@@ -24,9 +23,11 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.planner import parse_layouts
 from mgpu_utils.text_data import byte_corpus, corpus_sha256, get_batch, split
+from mgpu_utils.timing import synced_clock
 
 
 def make_model(layers=2, embd=64, heads=4, seq=64, seed=0):
@@ -147,7 +148,7 @@ def main():
                    help="skip the single-process reference on rank 0")
     args = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, device, n = ctx.world_size, ctx.device, args.global_batch
         layouts = parse_layouts(args.layouts, world, args.heads, n)
         train_bytes, val_bytes = split(byte_corpus())
@@ -156,7 +157,6 @@ def main():
         mk = lambda: make_model(args.layers, args.embd, args.heads, args.seq, args.seed).to(device)
         out = {"world_size": world, "backend": ctx.backend, "corpus_bytes": len(train_bytes) + len(val_bytes),
                "corpus_sha256": corpus_sha256(torch.cat([train_bytes, val_bytes])), "layouts": {}}
-
         for dp, tp in layouts:
             model, d, dp_group = to_linear_gpt2(mk()), 0, None
             if dist.is_initialized():                     # plain python (world size 1): no mesh
@@ -164,9 +164,9 @@ def main():
                 d, dp_group = mesh.get_local_rank("dp"), mesh.get_group("dp")
                 model = tensor_parallel(model, mesh["tp"])
             rows = slice(d * n // dp, (d + 1) * n // dp)  # this dp rank's rows of every global batch
-            comm, t0 = CommDebugMode(), time.perf_counter()   # comm counts DTensor collectives of step 0
+            comm, t0 = CommDebugMode(), synced_clock(ctx.device)   # comm counts DTensor collectives of step 0
             losses, norms0 = train(model, [xb[rows] for xb in batches], args.lr, dp_group, comm)
-            sec = time.perf_counter() - t0
+            sec = synced_clock(ctx.device) - t0
             with torch.no_grad():
                 val_loss = model(val_x, labels=val_x).loss.item()
             counts = {str(k).split(".")[-1]: v for k, v in comm.get_comm_counts().items()}
@@ -183,9 +183,9 @@ def main():
             with torch.no_grad():
                 a, b = ref(val_x).logits, swapped(val_x).logits
             torch.testing.assert_close(b, a)              # the Conv1D -> Linear swap changes nothing
-            t0 = time.perf_counter()
+            t0 = synced_clock(ctx.device)
             out["reference"] = {"loss": train(ref, batches, args.lr)[0], "swap_max_logit_diff": (a - b).abs().max().item(),
-                                "ms_per_step": (time.perf_counter() - t0) / args.steps * 1e3,
+                                "ms_per_step": (synced_clock(ctx.device) - t0) / args.steps * 1e3,
                                 "params_total": sum(q.numel() for q in ref.parameters())}
             with torch.no_grad():
                 out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()

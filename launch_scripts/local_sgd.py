@@ -26,10 +26,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.interconnect import ring_wire_bytes_per_rank
 from mgpu_utils.models import make_mlp
+from mgpu_utils.timing import synced_clock
 
 
 def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
@@ -40,32 +42,32 @@ def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
         vector_to_parameters(theta0.clone(), model.parameters())
     params = list(model.parameters())
     calls, comm_s, snaps = 0, 0.0, [(0, 0.0, theta0.clone())]
-    t0 = time.perf_counter()
+    t0 = synced_clock(X.device)
     for step, idx in enumerate(batches, start=1):
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(X[idx]), Y[idx]).backward()
         with torch.no_grad():
             if H == 0:                                    # synchronous: average the gradient, then step
                 g = torch.cat([p.grad.reshape(-1) for p in params])
-                tc = time.perf_counter()
+                tc = synced_clock(g.device)               # backward done before the clock starts
                 if dist.is_initialized():
                     dist.all_reduce(g)
-                comm_s, calls = comm_s + time.perf_counter() - tc, calls + 1
+                comm_s, calls = comm_s + synced_clock(g.device) - tc, calls + 1   # NCCL: wait for the GPU
                 vector_to_parameters(parameters_to_vector(params) - lr * g / world, params)
             else:                                         # local step ...
                 for p in params:
                     p.sub_(lr * p.grad)
                 if step % H == 0:                         # ... and every H steps average the parameters
                     theta = parameters_to_vector(params)
-                    tc = time.perf_counter()
+                    tc = synced_clock(theta.device)
                     if dist.is_initialized():
                         dist.all_reduce(theta)
-                    comm_s, calls = comm_s + time.perf_counter() - tc, calls + 1
+                    comm_s, calls = comm_s + synced_clock(theta.device) - tc, calls + 1
                     vector_to_parameters(theta / world, params)
         if step % eval_every == 0 or step == len(batches):
             theta = parameters_to_vector(params).detach().cpu().clone()   # waits for the device
             snaps.append((step, time.perf_counter() - t0, theta))
-    return snaps, calls, comm_s, time.perf_counter() - t0
+    return snaps, calls, comm_s, synced_clock(X.device) - t0
 
 
 def main():
@@ -81,7 +83,7 @@ def main():
     g.add_argument("--dump", default="", help="rank 0 saves {run: final flat parameters} here (tests)")
     a = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if any(h < 1 or a.steps % h or a.eval_every % h for h in a.H):
             raise ValueError(f"every H must be >= 1 and divide --steps ({a.steps}) and --eval-every "

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.pipeline import Recorder, Timed, build_model, check_args, layer_split_step, run_schedule, split_stages
 from mgpu_utils.schedules import schedule_actions
@@ -56,7 +57,7 @@ def max_over_ranks(values, device):
 
 def main():
     args = parse()
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         r, p, dev = ctx.rank, ctx.world_size, ctx.device
         parts = [s for s in args.parts.split(",") if s]
         try:

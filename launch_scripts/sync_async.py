@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.interconnect import ring_wire_bytes_per_rank
@@ -125,7 +126,7 @@ def main():
     g.add_argument("--dump", default="", help="rank 0 saves {run: final flat parameters} here (tests)")
     a = p.parse_args()
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if world < 2:
             raise ValueError(f"needs a parameter server and at least one worker, got world size {world}: "

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from mgpu_utils import tensor_parallel as tp
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 
 
@@ -77,7 +78,7 @@ def main():
     p.add_argument("--batch", type=int, default=2, help="batch b")
     p.add_argument("--seq", type=int, default=16, help="sequence length s (divisible by the world size)")
     args = p.parse_args()
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         r, t, dev = ctx.rank, ctx.world_size, ctx.device
         ok = tp.valid_world_sizes(args.heads, args.ffn, args.seq)
         if t not in ok:

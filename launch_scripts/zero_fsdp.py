@@ -34,6 +34,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.memory import optimizer_tensors, tensor_bytes
@@ -112,7 +113,7 @@ def main():
     if set(modes) - set(MODES):
         raise ValueError(f"unknown modes {sorted(set(modes) - set(MODES))}; choose from {MODES}")
 
-    with distributed() as ctx:
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         if args.global_batch % world:
             raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world}: use "

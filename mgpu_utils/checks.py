@@ -8,6 +8,8 @@ own largest entry. Introduced in ``notebooks/03_ddp.ipynb`` (the proof of equiva
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> float:
     """Assert that each tensor of ``actual`` equals the one of ``expected`` within ``rel`` of its scale.
@@ -47,3 +49,36 @@ def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> flo
         if scale > 0:
             worst = max(worst, diff.max().item() / scale)
     return worst
+
+
+@contextmanager
+def exact_fp32():
+    """Turn TF32 off for fp32 matmuls and convolutions inside the block, and restore the settings after.
+
+    On NVIDIA Ampere and newer GPUs, TF32 runs fp32 matmuls and convolutions with a 10-bit mantissa
+    (about 3 significant digits) on the tensor cores: a real speed feature, which cuDNN uses for fp32
+    convolutions by default (``torch.backends.cudnn.conv.fp32_precision == "tf32"``). An equivalence
+    check (DDP against one process, a sharded layer against the dense one) at ``rel=1e-4`` would then
+    compare rounding, not algorithms, so every check in this course runs its fp32 work inside this
+    block: ``torch.backends.cuda.matmul.fp32_precision`` and ``torch.backends.cudnn.conv.fp32_precision``
+    are set to ``"ieee"`` (on torch older than 2.9, ``allow_tf32 = False`` on both). It changes
+    nothing on a CPU, where fp32 is always IEEE. Used by the launch scripts whose results are compared
+    (``notebooks/03_ddp.ipynb`` explains TF32).
+    """
+    import torch
+
+    b = torch.backends
+    if hasattr(b.cuda.matmul, "fp32_precision"):
+        saved = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision)
+        b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = "ieee", "ieee"
+        try:
+            yield
+        finally:
+            b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = saved
+    else:                                                   # torch < 2.9
+        saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32)
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = False, False
+        try:
+            yield
+        finally:
+            b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved

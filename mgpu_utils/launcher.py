@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, HIDDEN_GPUS_ENV, RESULT_MARKER, parse_result
 
 #: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
@@ -245,6 +246,27 @@ class _Rank0Tail:
             print(text, flush=True)
 
 
+#: (pattern in the root-cause message, the fix to print): errors whose torch message does not say what to do.
+FIX_HINTS = [
+    (re.compile(r"busy or unavailable", re.I),
+     "the GPU is in exclusive-process compute mode (`nvidia-smi -q | grep -i 'compute mode'`) and another process "
+     "holds it, often this notebook's kernel after it used CUDA: restart the kernel and launch before any cell "
+     "touches the GPU, or ask for the Default compute mode (`nvidia-smi -c DEFAULT`, needs root)"),
+    (re.compile(r"no kernel image is available", re.I),
+     "this torch build has no kernels for this GPU's compute capability (README, 'GPU requirements': install a "
+     "wheel built for it, or run on the CPU tier with backend='gloo')"),
+    (re.compile(r"\bNCCL\b|nccl[A-Z]\w*Error", re.I),
+     "rerun with env={'NCCL_DEBUG': 'INFO'} to see what NCCL tried; in a container give it shared memory "
+     "(`--shm-size=1g`) or set NCCL_SHM_DISABLE=1; without peer-to-peer support set NCCL_P2P_DISABLE=1 "
+     "(README, 'NCCL troubleshooting')"),
+]
+
+
+def fix_hint(message: str) -> str | None:
+    """The one-line fix for a root-cause message that :data:`FIX_HINTS` knows, else None."""
+    return next((hint for pattern, hint in FIX_HINTS if pattern.search(message or "")), None)
+
+
 def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
     """Blame the root-cause rank: a rank's own Python error first, then a rank that crashed without a
     traceback (not the agent's SIGTERM), then errors that only say a peer went away."""
@@ -268,6 +290,9 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
     else:
         rank, exc_type, message = None, f"exit code {returncode}", display_paths(torchrun_err.strip()[-2000:])
         text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
+    hint = fix_hint(message)
+    if hint:
+        text += f"\nhint: {hint}"
     others = sorted(set(failures) - {rank})
     if others:
         text += f"\n(ranks {others} failed afterwards, as a consequence)"
@@ -304,7 +329,9 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         LaunchError: a rank failed; names the rank, its exception type and message.
         LaunchTimeout: the job ran past ``timeout_s``.
         KeyboardInterrupt: re-raised after every child has been killed.
+        RuntimeError: the loaded torch is older than :data:`mgpu_utils.compat.OLDEST_TORCH`.
     """
+    check_torch_version()
     backend = _validate(nproc, backend)
     if show not in ("all", "rank0", "none"):
         raise ValueError(f"show must be 'all', 'rank0' or 'none', got {show!r}")

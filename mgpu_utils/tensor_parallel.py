@@ -34,6 +34,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
 #: Every collective issued by the functions below: {"op", "phase", "bytes"}.
 COMM_LOG: list[dict] = []
 
@@ -57,7 +59,7 @@ def _all_gather(t, dim, phase):
         return t
     t = t.movedim(dim, 0).contiguous()
     out = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_single(out, t)
+    all_gather_single(out, t)
     return out.movedim(0, dim)
 
 
@@ -98,7 +100,7 @@ def _reduce_scatter(t, dim, phase):
         return t
     t = t.movedim(dim, 0).contiguous()
     out = torch.empty((t.shape[0] // n, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_single(out, t)
+    reduce_scatter_single(out, t)
     return out.movedim(0, dim)
 
 

@@ -56,3 +56,22 @@ def matmul_intensity(n: int, bytes_per_element: int) -> float:
     """Arithmetic intensity (FLOP per byte of memory traffic) of an n x n x n matmul, counting the
     minimum traffic: read A and B, write C, 3 n^2 elements. = 2n^3 / (3 n^2 b) = 2n / (3b)."""
     return matmul_flops(n) / (3 * n * n * bytes_per_element)
+
+
+def synced_clock(device=None) -> float:
+    """``time.perf_counter()`` (seconds) read after the device has finished its queued work.
+
+    CUDA kernels, and NCCL collectives, run asynchronously: a host clock read right after
+    ``dist.all_reduce`` or ``loss.backward()`` returns when the work is *queued*, not done, and
+    undercounts it (on NCCL even ``work.wait()`` does not block the host). On a CUDA ``device`` this
+    calls ``torch.cuda.synchronize(device)`` first; on the CPU (gloo) it is just the clock. Every
+    host-timed interval in the launch scripts starts and ends with it.
+
+    Args:
+        device: a ``torch.device`` or string ("cpu", "cuda", "cuda:1"); None means the CPU.
+    """
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

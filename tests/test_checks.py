@@ -45,3 +45,21 @@ def test_mismatched_counts_and_shapes_are_named():
         assert_tensors_close([torch.ones(2), torch.ones(2)], [torch.ones(2)])
     with pytest.raises(AssertionError, match="tensor w: shape"):
         assert_tensors_close([torch.ones(3)], [torch.ones(2)], names=["w"])
+
+
+def test_exact_fp32_turns_tf32_off_and_restores_it():
+    import torch
+    from mgpu_utils.checks import exact_fp32
+    b = torch.backends
+    before = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision)
+    b.cudnn.conv.fp32_precision = "tf32"                       # the cuDNN default
+    try:
+        with exact_fp32():
+            assert (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision) == ("ieee", "ieee")
+        assert b.cudnn.conv.fp32_precision == "tf32"
+        with pytest.raises(KeyError):                          # restored on an error too
+            with exact_fp32():
+                raise KeyError("x")
+        assert (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision) == (before[0], "tf32")
+    finally:
+        b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = before

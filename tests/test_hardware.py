@@ -16,14 +16,19 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("name,key", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
                                       ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA A100-SXM4-80GB", "A100"),
                                       ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
-                                      ("Tesla V100-SXM2-32GB", "V100"), ("NVIDIA L4", None)])
+                                      ("Tesla V100-SXM2-32GB", "V100"), ("NVIDIA L4", "L4"),
+                                      ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+                                      ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"), ("NVIDIA L40S", None),
+                                      ("NVIDIA RTX A6000", None)])
 def test_match_gpu(name, key):
     assert match_gpu(name) == key
 
 
 def test_spec_tables_are_complete():
     for g in GPUS.values():
-        assert g["sms"] > 0 and g["hbm_gbps"] > 0 and g["fp32_tflops"] > 0 and g["source"]
+        assert g["sms"] > 0 and g["hbm_gbps"] > 0 and g["fp32_tflops"] > 0 and g["fp16_tflops"] > 0 and g["source"]
+        assert g["bf16_tflops"] in (None, g["fp16_tflops"])            # dense tensor cores: bf16 = fp16 where both exist
+    assert GPUS["A100 40GB"]["hbm_gbps"] < GPUS["A100 80GB PCIe"]["hbm_gbps"] < GPUS["A100"]["hbm_gbps"]
     assert all(l["gbps"] > 0 and l["source"] for l in LINKS.values())
 
 
@@ -55,3 +60,14 @@ def test_gpu_check_skips_without_a_gpu_and_measures_with_one():
     assert "MGPU_RESULT " in proc.stdout, proc.stdout + proc.stderr
     on_file = match_gpu(torch.cuda.get_device_name(0)) is not None
     assert proc.returncode == (0 if on_file else proc.returncode), proc.stdout
+
+
+def test_gpu_smoke_script_skips_visibly_without_a_gpu():
+    """`make gpu-check` on a machine without a GPU: one SKIPPED line, exit 0. On a GPU machine it runs for
+    minutes, so here only its syntax is checked (run `make gpu-check` itself there)."""
+    script = ROOT / "benchmarks" / "gpu_smoke.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if torch.cuda.is_available():
+        return
+    proc = subprocess.run(["bash", str(script), sys.executable], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("SKIPPED: needs a CUDA GPU, found 0"), proc.stdout

@@ -177,3 +177,18 @@ def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
                           capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert bare.returncode != 0 and "synchronize" in bare.stdout + bare.stderr
+
+
+@pytest.mark.parametrize("message,words", [
+    ("CUDA error: all CUDA-capable devices are busy or unavailable", "exclusive-process compute mode"),
+    ("CUDA error: no kernel image is available for execution on the device", "compute capability"),
+    ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "NCCL_DEBUG"),
+    ("ncclUnhandledCudaError: Call to CUDA function failed.", "NCCL_P2P_DISABLE"),
+])
+def test_gpu_errors_get_a_fix_hint(message, words):
+    """GPU-only failures, simulated on the CPU by a rank raising torch's message: the error ends with the fix."""
+    from mgpu_utils.launcher import fix_hint
+    assert words in fix_hint(message) and fix_hint("ValueError: boom") is None
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1", "--message", message], show="none")
+    assert info.value.rank == 1 and "\nhint: " in str(info.value) and words in str(info.value)

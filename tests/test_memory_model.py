@@ -171,3 +171,19 @@ def test_parse_layouts_names_the_product_it_needs():
     from mgpu_utils.planner import parse_layouts
     with pytest.raises(ValueError, match=r"needs world size dp\*tp = 6, got 4"):
         parse_layouts("3x2", 4, 4, 12)
+
+
+def test_planner_orders_infeasible_layouts_and_prints_every_problem():
+    """Mutants the first runs left: infeasible layouts that have a memory estimate sort before those that
+    cannot split (memory None, step time undefined); pipeline time in ms; two problems joined by '; '."""
+    from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan, table
+    toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
+    lays = plan(toy, Cluster(8, gpus_per_node=4, memory_gb=0.01), global_batch=8, precision="fp32")
+    kinds = [(l.feasible, l.memory is not None) for l in lays]
+    assert kinds == sorted(kinds, reverse=True) and (False, True) in kinds and (False, False) in kinds
+    big = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
+    assert table([big], time_unit="ms").splitlines()[1].split()[10] == f"{big.comm_s['pp'] * 1e3:.2f}"
+    assert big.comm_s["pp"] > 0.1                                                    # hundreds of ms
+    two = evaluate(GPT3_175B, Cluster(1024, memory_gb=10), 4, 16, 16, global_batch=1536)
+    assert two.memory is not None and len(two.problems) == 2
+    assert table([two]).endswith("  " + two.problems[0] + "; " + two.problems[1])

@@ -14,6 +14,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--mode", choices=["raise", "exit", "sleep", "ok"], default="ok")
 p.add_argument("--rank", type=int, default=1, help="the rank that misbehaves")
 p.add_argument("--tag", default="", help="ignored; lets a test find these processes by command line")
+p.add_argument("--message", default="plain failure without helpers", help="the message of --mode raise")
 args = p.parse_args()
 
 rank = int(os.environ.get("RANK", 0))
@@ -21,7 +22,7 @@ dist.init_process_group("gloo")
 print(f"ready {rank}", flush=True)
 if rank == args.rank:
     if args.mode == "raise":   # plain script, no mgpu_utils: the launcher must parse the traceback
-        raise RuntimeError("plain failure without helpers")
+        raise RuntimeError(args.message)
     if args.mode == "exit":    # no traceback at all
         sys.stdout.flush()
         os._exit(3)

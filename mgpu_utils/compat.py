@@ -1,0 +1,65 @@
+"""One place for the torch.distributed names that changed between PyTorch releases.
+
+The course pins torch 2.14.1, but Colab (and many clusters) keep their own, older torch. Scripts and
+helpers call these wrappers instead of the 2.14-era names, so the same code runs on both:
+
+* ``all_gather_single`` (2.14) was ``all_gather_into_tensor`` (1.13 - 2.13, deprecated in 2.14 with a
+  FutureWarning);
+* ``reduce_scatter_single`` (2.14) was ``reduce_scatter_tensor`` (1.13 - 2.13, deprecated in 2.14).
+
+Each wrapper looks the name up when it is called (not at import), so it follows whatever torch is
+loaded. :data:`OLDEST_TORCH` is the oldest release the course supports (README, "Colab").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+#: The oldest torch release the course's scripts and tests run on (checked by hand, see README).
+OLDEST_TORCH = (2, 9)
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the loaded torch, e.g. ``(2, 14)`` for ``"2.14.1+cu130"``."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_torch_version() -> None:
+    """Raise ``RuntimeError`` naming the fix when the loaded torch is older than :data:`OLDEST_TORCH`."""
+    if torch_version() < OLDEST_TORCH:
+        raise RuntimeError(f"this course needs torch >= {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}, found "
+                           f"{torch.__version__}: pip install 'torch>={OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}' "
+                           f"(the course pins 2.14.1; see README, 'Colab')")
+
+
+def _pick(new: str, old: str):
+    fn = getattr(dist, new, None) or getattr(dist, old, None)
+    if fn is None:
+        raise RuntimeError(f"torch.distributed has neither {new} nor {old} (torch {torch.__version__}); "
+                           f"this course needs torch >= {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}")
+    return fn
+
+
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
+    """All-gather into one tensor: ``output`` (``world_size * input.numel()`` elements, same dtype and
+    device) receives every rank's ``input`` in rank order.
+
+    ``dist.all_gather_single`` on torch >= 2.14, ``dist.all_gather_into_tensor`` before. Returns the
+    work handle when ``async_op`` is true, else None. Raises what the collective raises (size mismatch:
+    ``ValueError``/``RuntimeError`` from torch), and ``RuntimeError`` when torch has neither name.
+    """
+    return _pick("all_gather_single", "all_gather_into_tensor")(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.ReduceOp.SUM, group=None,
+                          async_op: bool = False):
+    """Reduce-scatter from one tensor: ``input`` (``world_size * output.numel()`` elements) is reduced
+    with ``op`` over the ranks and rank r keeps chunk r in ``output``.
+
+    ``dist.reduce_scatter_single`` on torch >= 2.14, ``dist.reduce_scatter_tensor`` before. Returns the
+    work handle when ``async_op`` is true, else None; ``RuntimeError`` when torch has neither name.
+    """
+    return _pick("reduce_scatter_single", "reduce_scatter_tensor")(output, input, op=op, group=group,
+                                                                   async_op=async_op)
