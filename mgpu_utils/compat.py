@@ -1,11 +1,17 @@
 """One place for the torch.distributed names that changed between PyTorch releases.
 
 The course pins torch 2.14.1, but Colab (and many clusters) keep their own, older torch. Scripts and
-helpers call these wrappers instead of the 2.14-era names, so the same code runs on both:
+helpers call these wrappers instead of the newest names, so the same code runs on both:
 
-* ``all_gather_single`` (2.14) was ``all_gather_into_tensor`` (1.13 - 2.13, deprecated in 2.14 with a
-  FutureWarning);
-* ``reduce_scatter_single`` (2.14) was ``reduce_scatter_tensor`` (1.13 - 2.13, deprecated in 2.14).
+* ``all_gather_single`` (2.13 and newer) was ``all_gather_into_tensor`` (1.13 - 2.12; deprecated with a
+  FutureWarning since);
+* ``reduce_scatter_single`` (2.13 and newer) was ``reduce_scatter_tensor`` (the same releases).
+
+The rest of the course needs 2.13 as well: on 2.9.1 the library pipeline schedules abort in gloo (a
+message size mismatch), DTensor prints a partial placement as ``P`` and ``CommDebugMode`` also counts
+plain ``dist.all_reduce`` calls (measured with the test suite). So :func:`mgpu_utils.launcher.launch`
+refuses a torch older than :data:`OLDEST_TORCH` with the fix; the wrappers still let the collective
+scripts run on an older release when started by hand with torchrun.
 
 Each wrapper looks the name up when it is called (not at import), so it follows whatever torch is
 loaded. :data:`OLDEST_TORCH` is the oldest release the course supports (README, "Colab").
@@ -16,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-#: The oldest torch release the course's scripts and tests run on (checked by hand, see README).
-OLDEST_TORCH = (2, 9)
+#: The oldest torch release the course runs on: its tests and notebooks pass on 2.13.0 (README, "Colab").
+OLDEST_TORCH = (2, 13)
 
 
 def torch_version() -> tuple[int, int]:
@@ -46,7 +52,7 @@ def all_gather_single(output: torch.Tensor, input: torch.Tensor, group=None, asy
     """All-gather into one tensor: ``output`` (``world_size * input.numel()`` elements, same dtype and
     device) receives every rank's ``input`` in rank order.
 
-    ``dist.all_gather_single`` on torch >= 2.14, ``dist.all_gather_into_tensor`` before. Returns the
+    ``dist.all_gather_single`` where it exists (torch >= 2.13), ``dist.all_gather_into_tensor`` before. Returns the
     work handle when ``async_op`` is true, else None. Raises what the collective raises (size mismatch:
     ``ValueError``/``RuntimeError`` from torch), and ``RuntimeError`` when torch has neither name.
     """
@@ -58,7 +64,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.Red
     """Reduce-scatter from one tensor: ``input`` (``world_size * output.numel()`` elements) is reduced
     with ``op`` over the ranks and rank r keeps chunk r in ``output``.
 
-    ``dist.reduce_scatter_single`` on torch >= 2.14, ``dist.reduce_scatter_tensor`` before. Returns the
+    ``dist.reduce_scatter_single`` where it exists (torch >= 2.13), ``dist.reduce_scatter_tensor`` before. Returns the
     work handle when ``async_op`` is true, else None; ``RuntimeError`` when torch has neither name.
     """
     return _pick("reduce_scatter_single", "reduce_scatter_tensor")(output, input, op=op, group=group,

@@ -137,6 +137,9 @@ def gpu_status() -> tuple[int, int, str]:
             return 0, 0, (f"an NVIDIA driver is loaded but this PyTorch (CUDA {torch.version.cuda}) cannot use it: "
                           f"the driver is probably older than CUDA {torch.version.cuda} needs. Update the driver, or "
                           "install a PyTorch wheel for an older CUDA (README, GPU requirements)")
+        if not torch.version.cuda and _nvidia_driver_present():
+            return 0, 0, (f"an NVIDIA driver is loaded but this PyTorch ({torch.__version__}) is a CPU-only build: "
+                          "install a CUDA build to use the GPUs (README, GPU requirements)")
         return 0, 0, ""
     visible, arch = torch.cuda.device_count(), torch.cuda.get_arch_list()
     for i in range(visible):

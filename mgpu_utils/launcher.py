@@ -78,6 +78,8 @@ class LaunchResult:
         seconds: wall-clock time of the whole launch, in seconds.
         returncode: torchrun's exit status.
         command: the torchrun command line that was run.
+        restarts: how many times torchrun started the workers over (0 without ``max_restarts``).
+        attempt_failures: one line per restarted attempt, naming the rank that failed and why.
     """
 
     result: dict | None
@@ -85,6 +87,8 @@ class LaunchResult:
     seconds: float = 0.0
     returncode: int = 0
     command: list = field(default_factory=list)
+    restarts: int = 0
+    attempt_failures: list = field(default_factory=list)
 
 
 def resolve_script(script) -> Path:
@@ -157,17 +161,56 @@ def _kill_tree(proc: subprocess.Popen, grace_s: float = 3.0) -> None:
         pass
 
 
-def _read_logs(log_dir: str, nproc: int) -> dict:
+def _attempt(path: str) -> int:
+    """The attempt number N of a torchrun log path ``.../attempt_N/...`` (torchrun counts restarts from 0)."""
+    m = re.search(r"attempt_(\d+)", path)
+    return int(m.group(1)) if m else -1
+
+
+def _restarts(log_dir: str) -> int:
+    """How many times torchrun started the workers over: the highest attempt number in ``log_dir``."""
+    return max((_attempt(d) for d in glob.glob(os.path.join(log_dir, "*", "attempt_*"))), default=0)
+
+
+def _read_logs(log_dir: str, nproc: int, attempt: int | None = None) -> dict:
+    """Every rank's stdout and stderr of one attempt (default: the last, which finished or failed for good)."""
     logs = {}
     for r in range(nproc):
         entry = {}
         for stream in ("stdout", "stderr"):
-            files = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(r), f"{stream}.log"))
-            last = sorted(files)[-1] if files else None
+            files = glob.glob(os.path.join(log_dir, "*", f"attempt_{'*' if attempt is None else attempt}", str(r),
+                                           f"{stream}.log"))
+            last = max(files, key=_attempt) if files else None
             entry[stream] = Path(last).read_text(errors="replace") if last else ""
             entry[stream + "_mtime"] = os.path.getmtime(last) if last else float("inf")
         logs[r] = entry
     return logs
+
+
+_AGENT_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+def _attempt_failures(log_dir: str, nproc: int, torchrun_log: str, restarts: int) -> list[str]:
+    """One line per attempt that failed before the last one: its root-cause rank and why."""
+    agent = _AGENT_FAILURE.findall(torchrun_log)       # torchrun logs the first failed worker of each attempt
+    out = []
+    for a in range(restarts):
+        logs = _read_logs(log_dir, nproc, attempt=a)
+        failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
+        primary = {r: f for r, f in failures.items() if not f[1]}
+        silent = [r for r in logs if r not in failures]     # no error of its own, and no peer's either: killed
+        codes = {int(r): int(c) for c, r in agent}
+        if primary:
+            r = min(primary, key=lambda r: (primary[r][0], r))
+            out.append(f"attempt {a}: rank {r} failed with {primary[r][2]}: {primary[r][3]}")
+        elif silent:
+            r, code = silent[0], codes.get(silent[0], 0)
+            how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else "ended"
+            out.append(f"attempt {a}: rank {r} {how} without a Python traceback (the others failed as a consequence)")
+        else:
+            out.append(f"attempt {a}: failed (no rank reported why)")
+    return out
 
 
 def _rank_failure(rank: int, entry: dict):
@@ -229,11 +272,18 @@ class _Rank0Tail:
         self.log_dir, self.path, self.pos, self.buf = log_dir, None, 0, b""
 
     def poll(self, final: bool = False) -> None:
+        files = glob.glob(os.path.join(self.log_dir, "*", "attempt_*", "0", "stdout.log"))
+        newest = max(files, key=_attempt) if files else None
+        if newest != self.path and newest is not None:     # the first attempt, or a restart
+            if self.path is not None:
+                self.poll_file(final=True)
+                print(f"[launcher] restart {_attempt(newest)}: torchrun started the workers again", flush=True)
+            self.path, self.pos, self.buf = newest, 0, b""
         if self.path is None:
-            files = glob.glob(os.path.join(self.log_dir, "*", "attempt_*", "0", "stdout.log"))
-            if not files:
-                return
-            self.path = sorted(files)[-1]
+            return
+        self.poll_file(final)
+
+    def poll_file(self, final: bool = False) -> None:
         with open(self.path, "rb") as f:
             f.seek(self.pos)
             self.buf += f.read()
@@ -302,7 +352,8 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
 
 
 def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, backend: str | None = None,
-                 env: dict | None = None, show: str = "all", threads_per_rank: int | None = None) -> LaunchResult:
+                 env: dict | None = None, show: str = "all", threads_per_rank: int | None = None,
+                 max_restarts: int = 0) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node nproc script args`` and collect everything.
 
     Args:
@@ -319,9 +370,13 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             rank, so the output reads the same on every run.
         threads_per_rank: ``OMP_NUM_THREADS`` for each rank (default: ``$OMP_NUM_THREADS`` if set, else
             the CPU cores this process may use // nproc, at least 1).
+        max_restarts: passed to torchrun's ``--max-restarts``: when a rank fails, torchrun stops every
+            rank and starts them all again, up to this many times (``TORCHELASTIC_RESTART_COUNT`` tells a
+            script which attempt it is; notebooks/11_fault_tolerance.ipynb). The error, if the last
+            attempt fails too, names that attempt's failed rank.
 
     Returns:
-        :class:`LaunchResult` (``.result`` is rank 0's JSON dict).
+        :class:`LaunchResult` (``.result`` is rank 0's JSON dict, ``.restarts`` the restarts).
 
     Raises:
         ValueError / TypeError: bad ``nproc`` or ``backend`` (message names the fix).
@@ -333,6 +388,8 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
     """
     check_torch_version()
     backend = _validate(nproc, backend)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if show not in ("all", "rank0", "none"):
         raise ValueError(f"show must be 'all', 'rank0' or 'none', got {show!r}")
     path = resolve_script(script)
@@ -350,9 +407,14 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
     if gpus and (wanted == "gloo" or (wanted is None and usable < nproc)):
         child_env["CUDA_VISIBLE_DEVICES"] = ""                        # ranks on CPU must not see the GPUs
         child_env[HIDDEN_GPUS_ENV] = str(gpus)
+    if max_restarts:
+        # torchrun shares its rendezvous store with the workers' init_process_group by default, and a restarted
+        # group can then read the previous attempt's addresses and hang or fail to connect (pytorch/pytorch#135712;
+        # measured here: 2 of 5 restarts finished without this variable, 20 of 20 with it)
+        child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     log_dir = tempfile.mkdtemp(prefix="mgpu_launch_")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--log-dir={log_dir}", "--redirects=3", str(path), *map(str, args)]
+           f"--log-dir={log_dir}", "--redirects=3", f"--max-restarts={max_restarts}", str(path), *map(str, args)]
     t0 = time.perf_counter()
     agent_out = open(os.path.join(log_dir, "torchrun.log"), "w+")
     proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -392,8 +454,12 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             if text:
                 print(text, flush=True)
         result = parse_result(logs[0]["stdout"]) if logs else None
+        restarts = _restarts(log_dir)
+        failed = _attempt_failures(log_dir, nproc, torchrun_log, restarts)
+        if show != "none" and failed:
+            print("\n".join("[launcher] " + f for f in failed), flush=True)
         return LaunchResult(result, {r: {"stdout": e["stdout"], "stderr": e["stderr"]} for r, e in logs.items()},
-                            seconds, returncode, cmd)
+                            seconds, returncode, cmd, restarts, failed)
     finally:
         agent_out.close()
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -18,7 +18,7 @@ def test_new_names_are_used_when_present(monkeypatch):
 
 
 def test_old_names_are_used_on_older_torch(monkeypatch):
-    """Simulate torch 2.13: no *_single names, only all_gather_into_tensor / reduce_scatter_tensor."""
+    """Simulate torch 2.12 or older: no *_single names, only all_gather_into_tensor / reduce_scatter_tensor."""
     calls = []
     monkeypatch.delattr(dist, "all_gather_single", raising=False)
     monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
@@ -38,14 +38,14 @@ def test_neither_name_is_a_clear_error(monkeypatch):
         compat.all_gather_single(torch.empty(2), torch.empty(1))
 
 
-@pytest.mark.parametrize("version,ok", [("2.14.1+cu130", True), ("2.9.0", True), ("2.10.0a0+git", True),
-                                        ("2.8.0+cu126", False), ("1.13.1", False)])
+@pytest.mark.parametrize("version,ok", [("2.14.1+cu130", True), ("2.13.0+cpu", True), ("2.15.0a0+git", True),
+                                        ("2.12.1+cu126", False), ("2.9.1", False), ("1.13.1", False)])
 def test_oldest_torch(monkeypatch, version, ok):
     monkeypatch.setattr(torch, "__version__", version)
     if ok:
         compat.check_torch_version()
     else:
-        with pytest.raises(RuntimeError, match=r"torch >= 2\.9, found .*pip install"):
+        with pytest.raises(RuntimeError, match=r"torch >= 2\.13, found .*pip install"):
             compat.check_torch_version()
 
 
@@ -67,5 +67,5 @@ def test_wrappers_on_a_real_group_of_one(tmp_path):
 def test_launch_refuses_a_too_old_torch_before_starting_anything(monkeypatch):
     from mgpu_utils.launcher import launch
     monkeypatch.setattr(torch, "__version__", "2.4.1")
-    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.9, found 2\.4\.1"):
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13, found 2\.4\.1"):
         launch("hello_dist.py", nproc=2)

@@ -98,8 +98,12 @@ def test_an_old_driver_is_named_instead_of_a_silent_cpu_fallback(monkeypatch):
     monkeypatch.delenv("MGPU_BACKEND", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(dist, "_nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", None)                  # a CPU-only build on a GPU machine
     _, usable, note = dist.gpu_status()
-    assert usable == 0 and "driver" in note and "older than CUDA" in note
+    assert usable == 0 and "CPU-only build" in note and "install a CUDA build" in note
+    monkeypatch.setattr(torch.version, "cuda", "13.0")                # a CUDA build, the driver too old
+    _, usable, note = dist.gpu_status()
+    assert usable == 0 and "driver" in note and "older than CUDA 13.0" in note
     assert "driver" in choose_backend(4)[1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                     # hidden on purpose: nothing to explain
     assert dist.gpu_status() == (0, 0, "")

@@ -1,0 +1,154 @@
+"""A rank dies, torchrun restarts the job, and it resumes exactly (notebooks/11_fault_tolerance.ipynb).
+
+DDP training of a small MLP with dropout on the digits: each rank takes its shard of every global batch
+(shard_batches, as DistributedSampler), SGD with momentum, a StepLR schedule. Every --every steps the
+job writes a snapshot: model, optimizer (momentum), LR scheduler, the step, the position in the data
+(epoch and batch) and every rank's RNG state (dropout draws from it), gathered to rank 0, which writes
+one file atomically (torch.save to a temporary name in the same folder, then os.replace: a crash during
+a save leaves the previous snapshot, never a half-written one). Every rank resumes from it on start.
+
+--kill-rank R --kill-step S: rank R sends itself SIGKILL right before step S, on the first attempt
+only (TORCHELASTIC_RESTART_COUNT = 0), as the OOM killer or a hardware fault would. torchrun stops the
+other ranks and, with --max-restarts >= 1, starts all of them again. --hang-rank R --hang-step S
+instead makes rank R sleep inside step S (first attempt): the collective timeout turns the hang into an
+error. (The variable in the command below: restarts with --standalone need it, see mgpu_utils.launcher.)
+--drop PART leaves one part out of the snapshot, to measure what it is for. At the end the same
+job runs again uninterrupted, in the same processes, and rank 0 reports the largest parameter
+difference to it (max_param_diff_vs_uninterrupted) and how many batches the run trained on twice.
+
+Run:
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 1 launch_scripts/elastic_train.py --ckpt-dir /tmp/snap --kill-rank 1 --kill-step 13
+"""
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.checks import exact_fp32
+from mgpu_utils.data import load_data, shard_batches
+from mgpu_utils.dist import distributed, emit_result
+
+PARTS = ("optimizer", "scheduler", "sampler", "rng")
+
+
+def make_job(args, device):
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.lr_step, gamma=0.5)
+    return model, opt, sched
+
+
+def save_snapshot(path: Path, state: dict) -> None:
+    """torch.save to a temporary file next to ``path``, then an atomic rename onto it."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train(args, ctx, snapshot: Path | None, attempt: int):
+    """Train args.steps steps; with a snapshot path, resume from it and write it every args.every steps.
+    Returns (model, info)."""
+    world, rank, device = ctx.world_size, ctx.rank, ctx.device
+    torch.manual_seed(args.seed + 1000 * rank)            # each rank its own dropout stream
+    model, opt, sched = make_job(args, device)
+    ddp = DDP(model) if dist.is_initialized() else model
+    train_set, _ = load_data()
+    step, epoch, pos, seen, resumed_from, save_s = 0, 0, 0, [], None, []
+    if snapshot is not None and snapshot.exists():
+        s = torch.load(snapshot, map_location="cpu", weights_only=False)
+        model.load_state_dict(s["model"])
+        step, seen, resumed_from = s["step"], s["seen"], s["step"]
+        if "optimizer" in s:
+            opt.load_state_dict(s["optimizer"])
+        if "scheduler" in s:
+            sched.load_state_dict(s["scheduler"])
+        if "sampler" in s:
+            epoch, pos = s["sampler"]
+        else:                                              # without it: the epoch starts over
+            epoch, pos = step // args.steps_per_epoch, 0
+        if "rng" in s:
+            torch.set_rng_state(s["rng"][rank])
+    while step < args.steps:
+        batches = shard_batches(train_set, world, rank, epoch, args.batch // world, args.seed)[:args.steps_per_epoch]
+        while pos < len(batches) and step < args.steps:
+            if snapshot is not None and attempt == 0 and rank == args.kill_rank and step == args.kill_step:
+                os.kill(os.getpid(), signal.SIGKILL)      # no Python error, no cleanup: a hardware fault
+            if snapshot is not None and attempt == 0 and rank == args.hang_rank and step == args.hang_step:
+                time.sleep(3600)                          # a hung rank: its peers wait in the all-reduce
+            x, y = (t.to(device) for t in train_set[batches[pos]])
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            sched.step()
+            seen.append((epoch, pos))
+            step, pos = step + 1, pos + 1
+            if snapshot is not None and step % args.every == 0:
+                t0 = time.perf_counter()
+                rngs = [None] * world
+                if dist.is_initialized():
+                    dist.all_gather_object(rngs, torch.get_rng_state())
+                else:
+                    rngs = [torch.get_rng_state()]
+                if rank == 0:
+                    state = {"model": model.state_dict(), "step": step, "seen": seen, "optimizer": opt.state_dict(),
+                             "scheduler": sched.state_dict(), "sampler": (epoch, pos), "rng": rngs}
+                    for part in args.drop:
+                        state.pop(part)
+                    save_snapshot(snapshot, state)
+                if dist.is_initialized():
+                    dist.barrier()                        # nobody runs ahead of a snapshot being written
+                save_s.append(time.perf_counter() - t0)
+        epoch, pos = epoch + 1, 0
+    info = {"resumed_from_step": resumed_from, "lr_at_end": sched.get_last_lr()[0],
+            "batches_trained_twice": len(seen) - len(set(seen)), "snapshot_seconds": save_s}
+    return model, info
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt-dir", required=True, help="folder for the snapshot (created if missing)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--every", type=int, default=5, help="snapshot every this many steps")
+    p.add_argument("--batch", type=int, default=64, help="global batch, divisible by the world size")
+    p.add_argument("--steps-per-epoch", type=int, default=8, help="batches per epoch (a short epoch: several epochs)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr-step", type=int, default=6, help="StepLR: halve the learning rate every this many steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kill-rank", type=int, default=-1)
+    p.add_argument("--kill-step", type=int, default=-1)
+    p.add_argument("--hang-rank", type=int, default=-1)
+    p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument("--drop", nargs="*", default=[], choices=PARTS, help="parts left out of the snapshot")
+    args = p.parse_args()
+
+    with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
+        if args.batch % ctx.world_size:
+            raise ValueError(f"--batch {args.batch} is not divisible by the world size {ctx.world_size}: "
+                             f"use a multiple of {ctx.world_size}")
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        snapshot = Path(args.ckpt_dir) / "snapshot.pt"
+        if ctx.rank == 0:
+            snapshot.parent.mkdir(parents=True, exist_ok=True)
+        if attempt > 0:
+            ctx.log(f"attempt {attempt}: resuming from {snapshot.name}" if snapshot.exists() else
+                    f"attempt {attempt}: no snapshot yet, starting over")
+        model, info = train(args, ctx, snapshot, attempt)
+        reference, _ = train(args, ctx, None, attempt)     # the same job, uninterrupted
+        diff = max((a - b).abs().max().item() for a, b in zip(model.state_dict().values(),
+                                                              reference.state_dict().values()))
+        ctx.log(f"resumed from step {info['resumed_from_step']}; max |param - uninterrupted| = {diff:.1e}")
+        emit_result({"world_size": ctx.world_size, "restarts": attempt, "steps": args.steps, "every": args.every,
+                     "dropped": args.drop, "max_param_diff_vs_uninterrupted": diff,
+                     "snapshot_bytes": snapshot.stat().st_size if snapshot.exists() else 0, **info})
+
+
+if __name__ == "__main__":
+    main()

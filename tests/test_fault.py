@@ -1,0 +1,63 @@
+"""Lesson 11: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
+a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
+import shutil
+
+import numpy as np
+import pytest
+
+from mgpu_utils.fault import job_mtbf_s, lost_fraction, young_daly_interval
+from mgpu_utils.launcher import LaunchError, run_torchrun
+
+
+def test_young_interval_and_lost_work_by_hand():
+    assert young_daly_interval(50, 3600) == pytest.approx(600)             # sqrt(2 * 50 * 3600)
+    assert lost_fraction(600, 50, 3600) == pytest.approx(50 / 600 + 600 / 7200)
+    assert lost_fraction(600, 50, 3600, restart_s=36) == pytest.approx(50 / 600 + 600 / 7200 + 0.01)
+    taus = np.geomspace(10, 36000, 2001)
+    best = taus[np.argmin(lost_fraction(taus, 50, 3600))]
+    assert best == pytest.approx(600, rel=0.01)                            # the minimum is Young's interval
+    assert lost_fraction(600, 50, 3600) == pytest.approx(np.sqrt(2 * 50 / 3600))
+    assert job_mtbf_s(50_000, 10_000) == pytest.approx(18_000)             # 50,000 h per GPU, 10,000 GPUs: 5 h
+    for bad in (0, -1, "1", True):
+        with pytest.raises(ValueError, match="must be a number > 0"):
+            young_daly_interval(bad, 10)
+    with pytest.raises(ValueError, match="restart_s must be >= 0"):
+        lost_fraction(10, 1, 10, restart_s=-1)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path):
+    r = run_torchrun("elastic_train.py", nproc, ["--ckpt-dir", tmp_path, "--kill-rank", nproc - 1, "--kill-step", 13],
+                     max_restarts=1, show="none")
+    assert r.restarts == 1 and r.result["restarts"] == 1 and r.result["resumed_from_step"] == 10
+    assert r.result["max_param_diff_vs_uninterrupted"] <= 1e-6 and r.result["batches_trained_twice"] == 0
+    assert r.attempt_failures and f"rank {nproc - 1}" in r.attempt_failures[0]
+    assert not list(tmp_path.glob("*.tmp*")), "no half-written snapshot left behind"
+
+
+def test_every_part_of_the_snapshot_is_needed(tmp_path):
+    for part in ("optimizer", "scheduler", "sampler", "rng"):
+        shutil.rmtree(tmp_path / part, ignore_errors=True)
+        r = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path / part, "--kill-rank", 1, "--kill-step", 13,
+                                                 "--drop", part], max_restarts=1, show="none").result
+        assert r["restarts"] == 1 and r["max_param_diff_vs_uninterrupted"] > 1e-3, (part, r)
+        assert (r["batches_trained_twice"] > 0) == (part == "sampler"), (part, r)
+
+
+def test_without_restarts_the_killed_rank_is_named(tmp_path):
+    with pytest.raises(LaunchError) as info:
+        run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path, "--kill-rank", 1, "--kill-step", 3], show="none")
+    assert info.value.rank == 1 and "SIGKILL" in str(info.value)
+
+
+def test_a_hung_rank_times_out_and_the_job_resumes(tmp_path):
+    r = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path, "--hang-rank", 1, "--hang-step", 13],
+                     max_restarts=1, show="none", env={"MGPU_COLLECTIVE_TIMEOUT_S": 5})
+    assert r.restarts == 1 and r.result["max_param_diff_vs_uninterrupted"] <= 1e-6
+    assert "Timed out" in r.attempt_failures[0] or "timed out" in r.attempt_failures[0].lower()
+
+
+def test_max_restarts_is_validated():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
+            run_torchrun("hello_dist.py", 2, max_restarts=bad)
