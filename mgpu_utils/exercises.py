@@ -278,6 +278,27 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "steps / H"},
                     "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
         "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
+    "11.1": Exercise(
+        "A snapshot costs the job C = 2 minutes and the job fails on average once every M = 6 hours. By Young's "
+        "formula, every how many minutes of training should it write a snapshot?",
+        _float_answer(37.95, 0.01, [(lambda v: abs(v - 26.83) < 0.5, "sqrt(C M) leaves out the factor 2: sqrt(2 C M)"),
+                                    (lambda v: abs(v - 1440) < 5, "2 C M is the square of the interval: take the "
+                                     "square root"),
+                                    (lambda v: abs(v - 0.6325) < 0.01, "that is hours; the answer is in minutes"),
+                                    (lambda v: abs(v - 2277) < 10, "that is seconds; the answer is in minutes")],
+                      "sqrt(2 x 2 min x 360 min) = sqrt(1440) = 37.9 minutes; the snapshots then cost 2/37.9 = 5.3% "
+                      "of the time and the lost work as much again"),
+        "37.95 = young_daly_interval(120, 6 * 3600) / 60 (mgpu_utils.fault)."),
+    "11.2": Exercise(
+        "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step 23 (steps count from 0, "
+        "and the snapshot after step 20 was complete). After the restart, at which step does training resume?",
+        _int_answer(20, {23: "the state of steps 20-22 was never saved: the restart goes back to the newest snapshot",
+                         22: "only snapshots survive a crash, and the last one was written after step 20",
+                         25: "a snapshot in the future does not exist yet",
+                         0: "the snapshot is there to avoid exactly that",
+                         "default": "the newest complete snapshot: a multiple of 5 at most 23"},
+                    "20: the newest complete snapshot; steps 20, 21 and 22 are computed again (the lost work)"),
+        "20 = (23 // 5) * 5: the script reports it as resumed_from_step."),
 }
 
 

@@ -204,10 +204,19 @@ def _attempt_failures(log_dir: str, nproc: int, torchrun_log: str, restarts: int
             r = min(primary, key=lambda r: (primary[r][0], r))
             out.append(f"attempt {a}: rank {r} failed with {primary[r][2]}: {primary[r][3]}")
         elif silent:
-            r, code = silent[0], codes.get(silent[0], 0)
-            how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
-                else "ended"
-            out.append(f"attempt {a}: rank {r} {how} without a Python traceback (the others failed as a consequence)")
+            # torchrun logs only the first exit it sees in an attempt; ranks it stopped with SIGTERM are silent
+            # too, so a rank is named only when the log proves it (a signal other than SIGTERM)
+            signalled = [r for r in silent if codes.get(r, 0) < 0 and codes[r] != -signal.SIGTERM]
+            if signalled or len(silent) == 1:
+                r = (signalled or silent)[0]
+                code = codes.get(r, 0)
+                how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 and -code in \
+                    signal.valid_signals() else "ended"
+                out.append(f"attempt {a}: rank {r} {how} without a Python traceback (the others failed as a "
+                           f"consequence)")
+            else:
+                out.append(f"attempt {a}: ranks {silent} ended without a Python traceback: one died first (killed, "
+                           f"out of memory or a native crash), torchrun stopped the others")
         else:
             out.append(f"attempt {a}: failed (no rank reported why)")
     return out

@@ -31,7 +31,7 @@ def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path):
                      max_restarts=1, show="none")
     assert r.restarts == 1 and r.result["restarts"] == 1 and r.result["resumed_from_step"] == 10
     assert r.result["max_param_diff_vs_uninterrupted"] <= 1e-6 and r.result["batches_trained_twice"] == 0
-    assert r.attempt_failures and f"rank {nproc - 1}" in r.attempt_failures[0]
+    assert r.attempt_failures and str(nproc - 1) in r.attempt_failures[0].split("without")[0], r.attempt_failures
     assert not list(tmp_path.glob("*.tmp*")), "no half-written snapshot left behind"
 
 
