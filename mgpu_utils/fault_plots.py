@@ -35,6 +35,7 @@ def plot_lost_work(checkpoint_s: float, mtbfs_s: dict, restart_s: float = 0.0): 
     """Lost share of the time against the snapshot interval, one curve per cluster (``{label: MTBF s}``),
     each with its Young interval marked. Returns the Figure."""
     import matplotlib.pyplot as plt
+    import matplotlib.ticker as mticker
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -45,10 +46,14 @@ def plot_lost_work(checkpoint_s: float, mtbfs_s: dict, restart_s: float = 0.0): 
         best = young_daly_interval(checkpoint_s, m)
         ax.plot(best / 60, 100 * lost_fraction(best, checkpoint_s, m, restart_s), "o", color=color)
         ax.annotate(f"{best / 60:.0f} min", (best / 60, 100 * lost_fraction(best, checkpoint_s, m, restart_s)),
-                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8, color=color)
+                    textcoords="offset points", xytext=(0, 7), ha="center", fontsize=9, color=color)
     ax.set(xscale="log", yscale="log", xlabel="minutes of training between snapshots",
            ylabel="time lost (%)", title=f"Snapshot cost C = {checkpoint_s:g} s: lost time C/τ + τ/(2M); "
                                          f"dots at τ* = √(2CM)")
+    ax.set_yticks([1, 2, 5, 10, 20, 50])
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(mticker.NullFormatter())
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

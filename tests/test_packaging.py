@@ -43,7 +43,7 @@ def test_launch_script_style(script):
     doc = ast.get_docstring(ast.parse(text))
     assert doc, "module docstring"
     last = doc.strip().splitlines()[-1].strip()
-    pattern = rf"(\w+=\S+ )*torchrun --standalone --nproc-per-node 4 launch_scripts/{re.escape(script.name)}( .*)?"
+    pattern = rf"(\w+=\S+ )*torchrun --standalone --nproc-per-node 4( --[\w-]+ \S+)* launch_scripts/{re.escape(script.name)}( .*)?"
     assert re.fullmatch(pattern, last), f"docstring must end with the torchrun command, got: {last}"
     assert len(text.splitlines()) <= 200
     assert "emit_result(" in text and "distributed(" in text
