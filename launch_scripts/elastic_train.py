@@ -3,9 +3,9 @@
 DDP training of a small MLP with dropout on the digits: each rank takes its shard of every global batch
 (shard_batches, as DistributedSampler), SGD with momentum, a StepLR schedule. Every --every steps the
 job writes a snapshot: model, optimizer (momentum), LR scheduler, the step, the position in the data
-(epoch and batch) and every rank's RNG state (dropout draws from it), gathered to rank 0, which writes
-one file atomically (torch.save to a temporary name in the same folder, then os.replace: a crash during
-a save leaves the previous snapshot, never a half-written one). Every rank resumes from it on start.
+(epoch and batch) and every rank's RNG states (CPU, and the GPU's on cuda: dropout draws from them),
+gathered to rank 0, which writes one file atomically (torch.save to a temporary name in the same folder,
+fsync, then os.replace: a crash during a save leaves the previous snapshot, never a half-written one). Every rank resumes from it on start.
 
 --kill-rank R --kill-step S: rank R sends itself SIGKILL right before step S, on the first attempt
 only (TORCHELASTIC_RESTART_COUNT = 0), as the OOM killer or a hardware fault would. torchrun stops the
@@ -47,10 +47,24 @@ def make_job(args, device):
 
 
 def save_snapshot(path: Path, state: dict) -> None:
-    """torch.save to a temporary file next to ``path``, then an atomic rename onto it."""
+    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto it
+    (and the folder flushed, so that after a power loss the name points at complete data)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state(device):
+    """This rank's random state: the CPU generator, and on a GPU the device's generator (dropout on cuda)."""
+    return (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
 def train(args, ctx, snapshot: Path | None, attempt: int):
@@ -75,7 +89,10 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
         else:                                              # without it: the epoch starts over
             epoch, pos = step // args.steps_per_epoch, 0
         if "rng" in s:
-            torch.set_rng_state(s["rng"][rank])
+            cpu, gpu = s["rng"][rank]
+            torch.set_rng_state(cpu)
+            if gpu is not None:
+                torch.cuda.set_rng_state(gpu, device)
     while step < args.steps:
         batches = shard_batches(train_set, world, rank, epoch, args.batch // world, args.seed)[:args.steps_per_epoch]
         while pos < len(batches) and step < args.steps:
@@ -94,9 +111,9 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
                 t0 = time.perf_counter()
                 rngs = [None] * world
                 if dist.is_initialized():
-                    dist.all_gather_object(rngs, torch.get_rng_state())
+                    dist.all_gather_object(rngs, rng_state(device))
                 else:
-                    rngs = [torch.get_rng_state()]
+                    rngs = [rng_state(device)]
                 if rank == 0:
                     state = {"model": model.state_dict(), "step": step, "seen": seen, "optimizer": opt.state_dict(),
                              "scheduler": sched.state_dict(), "sampler": (epoch, pos), "rng": rngs}

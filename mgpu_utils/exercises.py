@@ -290,14 +290,16 @@ EXERCISES: dict[str, Exercise] = {
                       "of the time and the lost work as much again"),
         "37.95 = young_daly_interval(120, 6 * 3600) / 60 (mgpu_utils.fault)."),
     "11.2": Exercise(
-        "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step 23 (steps count from 0, "
-        "and the snapshot after step 20 was complete). After the restart, at which step does training resume?",
+        "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step index 23 (steps count from 0; "
+        "the snapshot taken after 20 steps, steps 0-19, was complete). After the restart, at which step index does "
+        "training resume?",
         _int_answer(20, {23: "the state of steps 20-22 was never saved: the restart goes back to the newest snapshot",
-                         22: "only snapshots survive a crash, and the last one was written after step 20",
+                         22: "only snapshots survive a crash, and the last one holds 20 steps (0-19)",
                          25: "a snapshot in the future does not exist yet",
                          0: "the snapshot is there to avoid exactly that",
                          "default": "the newest complete snapshot: a multiple of 5 at most 23"},
-                    "20: the newest complete snapshot; steps 20, 21 and 22 are computed again (the lost work)"),
+                    "20: the newest complete snapshot holds steps 0-19; steps 20, 21 and 22 are computed again "
+                    "(the lost work)"),
         "20 = (23 // 5) * 5: the script reports it as resumed_from_step."),
 }
 
