@@ -49,19 +49,15 @@ def test_oldest_torch(monkeypatch, version, ok):
             compat.check_torch_version()
 
 
-def test_wrappers_on_a_real_group_of_one(tmp_path):
+def test_wrappers_on_a_real_group_of_one(gloo_group_of_one):
     """World size 1 over gloo: gather and reduce-scatter are copies, through whichever name torch has."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        x = torch.arange(3.0)
-        out = torch.empty(3)
-        compat.all_gather_single(out, x)
-        torch.testing.assert_close(out, x)
-        rs = torch.empty(3)
-        compat.reduce_scatter_single(rs, x.clone())
-        torch.testing.assert_close(rs, x)
-    finally:
-        dist.destroy_process_group()
+    x = torch.arange(3.0)
+    out = torch.empty(3)
+    compat.all_gather_single(out, x)
+    torch.testing.assert_close(out, x)
+    rs = torch.empty(3)
+    compat.reduce_scatter_single(rs, x.clone())
+    torch.testing.assert_close(rs, x)
 
 
 def test_launch_refuses_a_too_old_torch_before_starting_anything(monkeypatch):

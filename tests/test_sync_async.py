@@ -52,7 +52,7 @@ def _powersgd_elements(model, rank=1, min_rate=2):
     return total
 
 
-def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(tmp_path, monkeypatch):
+def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(gloo_group_of_one, monkeypatch):
     # CPU tensors on purpose; on a machine with a GPU, torch's PowerSGD hook would synchronise CUDA
     # (it checks torch.cuda.is_available(), not the tensors' device): hide the GPU, as the launcher does.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -60,38 +60,34 @@ def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(tmp_path, monkeypat
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
-        n, link, scale = 4, "Ethernet 10 GbE", 20.0     # model 4 ranks on 10 GbE, a 20x bigger gradient
-        for name, inner, state_fn, elem_bytes in [
-                ("fp32", default_hooks.allreduce_hook, lambda: None, 4),
-                ("fp16", default_hooks.fp16_compress_hook, lambda: None, 2),
-                ("powersgd", powerSGD_hook, lambda: PowerSGDState(None, matrix_approximation_rank=1,
-                                                                  start_powerSGD_iter=2), 4)]:
-            torch.manual_seed(0)
-            model = SmallCNN()
-            P = sum(p.numel() for p in model.parameters())
-            ddp = DDP(model)
-            stats, hook = emulated_link_hook(inner, state_fn(), link, n, scale=scale)
-            ddp.register_comm_hook(stats, hook)
-            step_s = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                F.cross_entropy(ddp(x), y).backward()
-                step_s.append(time.perf_counter() - t0)
-            assert stats.calls == 3                                  # one bucket per step
-            expected = [P * elem_bytes] * 3
-            if name == "powersgd":                                   # 2 vanilla steps, then P and Q factors
-                expected[2] = _powersgd_elements(model) * 4
-                assert expected[2] < P * 4 / 10
-            for (size, modelled, slept), want, s in zip(stats.per_call, expected, step_s):
-                assert size == want
-                assert math.isclose(modelled, _by_hand(want * scale, n, link), rel_tol=1e-9)
-                assert slept >= modelled * 0.999 and s >= modelled * 0.999   # the step really took that long
-            assert math.isclose(stats.modelled_s, sum(m for _, m, _ in stats.per_call))
-    finally:
-        dist.destroy_process_group()
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    n, link, scale = 4, "Ethernet 10 GbE", 20.0     # model 4 ranks on 10 GbE, a 20x bigger gradient
+    for name, inner, state_fn, elem_bytes in [
+            ("fp32", default_hooks.allreduce_hook, lambda: None, 4),
+            ("fp16", default_hooks.fp16_compress_hook, lambda: None, 2),
+            ("powersgd", powerSGD_hook, lambda: PowerSGDState(None, matrix_approximation_rank=1,
+                                                              start_powerSGD_iter=2), 4)]:
+        torch.manual_seed(0)
+        model = SmallCNN()
+        P = sum(p.numel() for p in model.parameters())
+        ddp = DDP(model)
+        stats, hook = emulated_link_hook(inner, state_fn(), link, n, scale=scale)
+        ddp.register_comm_hook(stats, hook)
+        step_s = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            F.cross_entropy(ddp(x), y).backward()
+            step_s.append(time.perf_counter() - t0)
+        assert stats.calls == 3                                  # one bucket per step
+        expected = [P * elem_bytes] * 3
+        if name == "powersgd":                                   # 2 vanilla steps, then P and Q factors
+            expected[2] = _powersgd_elements(model) * 4
+            assert expected[2] < P * 4 / 10
+        for (size, modelled, slept), want, s in zip(stats.per_call, expected, step_s):
+            assert size == want
+            assert math.isclose(modelled, _by_hand(want * scale, n, link), rel_tol=1e-9)
+            assert slept >= modelled * 0.999 and s >= modelled * 0.999   # the step really took that long
+        assert math.isclose(stats.modelled_s, sum(m for _, m, _ in stats.per_call))
 
 
 def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
