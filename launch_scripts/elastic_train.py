@@ -40,7 +40,7 @@ PARTS = ("optimizer", "scheduler", "sampler", "rng")
 
 def make_job(args, device):
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.2), nn.Linear(128, 10)).to(device)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(128, 10)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=args.lr_step, gamma=0.5)
     return model, opt, sched
@@ -75,11 +75,12 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
     model, opt, sched = make_job(args, device)
     ddp = DDP(model) if dist.is_initialized() else model
     train_set, _ = load_data()
-    step, epoch, pos, seen, resumed_from, save_s = 0, 0, 0, [], None, []
+    step, epoch, pos, seen, resumed_from, save_s, saved_world = 0, 0, 0, [], None, [], None
     if snapshot is not None and snapshot.exists():
         s = torch.load(snapshot, map_location="cpu", weights_only=False)
         model.load_state_dict(s["model"])
         step, seen, resumed_from = s["step"], s["seen"], s["step"]
+        saved_world = s.get("world_size", world)
         if "optimizer" in s:
             opt.load_state_dict(s["optimizer"])
         if "scheduler" in s:
@@ -88,7 +89,10 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
             epoch, pos = s["sampler"]
         else:                                              # without it: the epoch starts over
             epoch, pos = step // args.steps_per_epoch, 0
-        if "rng" in s:
+        if saved_world != world:                           # elastic: the global batch stays, each rank's share changes
+            ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch {args.batch // saved_world} -> "
+                    f"{args.batch // world}; the RNG states are per rank and are not restored")
+        elif "rng" in s:
             cpu, gpu = s["rng"][rank]
             torch.set_rng_state(cpu)
             if gpu is not None:
@@ -100,6 +104,8 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
                 os.kill(os.getpid(), signal.SIGKILL)      # no Python error, no cleanup: a hardware fault
             if snapshot is not None and attempt == 0 and rank == args.hang_rank and step == args.hang_step:
                 time.sleep(3600)                          # a hung rank: its peers wait in the all-reduce
+            if args.step_seconds and snapshot is not None:
+                time.sleep(args.step_seconds)             # a longer step: time to stop a node mid-run
             x, y = (t.to(device) for t in train_set[batches[pos]])
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(ddp(x), y).backward()
@@ -116,15 +122,18 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
                     rngs = [rng_state(device)]
                 if rank == 0:
                     state = {"model": model.state_dict(), "step": step, "seen": seen, "optimizer": opt.state_dict(),
-                             "scheduler": sched.state_dict(), "sampler": (epoch, pos), "rng": rngs}
+                             "scheduler": sched.state_dict(), "sampler": (epoch, pos), "rng": rngs,
+                             "world_size": world}
                     for part in args.drop:
                         state.pop(part)
                     save_snapshot(snapshot, state)
+                    if args.log_snapshots:
+                        ctx.log(f"snapshot at step {step} (world size {world})")
                 if dist.is_initialized():
                     dist.barrier()                        # nobody runs ahead of a snapshot being written
                 save_s.append(time.perf_counter() - t0)
         epoch, pos = epoch + 1, 0
-    info = {"resumed_from_step": resumed_from, "lr_at_end": sched.get_last_lr()[0],
+    info = {"resumed_from_step": resumed_from, "snapshot_world_size": saved_world, "lr_at_end": sched.get_last_lr()[0],
             "batches_trained_twice": len(seen) - len(set(seen)), "snapshot_seconds": save_s}
     return model, info
 
@@ -139,6 +148,9 @@ def main():
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--lr-step", type=int, default=6, help="StepLR: halve the learning rate every this many steps")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dropout", type=float, default=0.2, help="0: no per-rank randomness (resume on another world size exactly)")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step (a slower job)")
+    p.add_argument("--log-snapshots", action="store_true", help="rank 0 prints a line at every snapshot")
     p.add_argument("--kill-rank", type=int, default=-1)
     p.add_argument("--kill-step", type=int, default=-1)
     p.add_argument("--hang-rank", type=int, default=-1)

@@ -23,16 +23,18 @@ def main() -> None:
     args = parser.parse_args()
 
     with distributed() as ctx:
-        ctx.log(f"pid {os.getpid()}, local rank {ctx.local_rank}, device {ctx.device}", all_ranks=True)
+        node = int(os.environ.get("GROUP_RANK", "0"))   # torchrun's node index (0 with --standalone)
+        ctx.log(f"pid {os.getpid()}, node {node}, local rank {ctx.local_rank}, device {ctx.device}", all_ranks=True)
         if ctx.rank == args.fail_rank:
             raise ValueError("boom")
         t = torch.tensor([float(ctx.rank)], device=ctx.device)
-        pids = [os.getpid()] * ctx.world_size
+        pids, nodes = [os.getpid()] * ctx.world_size, [node] * ctx.world_size
         if dist.is_initialized():
             dist.all_reduce(t)                      # sum over ranks, result on every rank
             dist.all_gather_object(pids, os.getpid())
+            dist.all_gather_object(nodes, node)
         emit_result({"world_size": ctx.world_size, "backend": ctx.backend, "reason": ctx.reason,
-                     "sum_of_ranks": int(t.item()), "pids": pids})
+                     "sum_of_ranks": int(t.item()), "pids": pids, "node_of_rank": nodes})
 
 
 if __name__ == "__main__":

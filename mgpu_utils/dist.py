@@ -225,9 +225,11 @@ class DistContext:
         return self.env.rank == 0
 
     def log(self, *args, all_ranks: bool = False) -> None:
-        """Print with a ``[rank r]`` prefix; by default only on rank 0."""
+        """Print with a ``[rank r]`` prefix; by default only on rank 0. One write per line, so that ranks
+        sharing one output (several workers of a torchrun agent) do not interleave within a line."""
         if all_ranks or self.is_main:
-            print(f"[rank {self.rank}]", *args, flush=True)
+            sys.stdout.write(" ".join([f"[rank {self.rank}]", *map(str, args)]) + "\n")
+            sys.stdout.flush()
 
 
 def _report_error(rank: int, exc: BaseException) -> None:

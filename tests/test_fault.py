@@ -1,6 +1,7 @@
 """Lesson 11: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
 a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
 import shutil
+import signal
 
 import numpy as np
 import pytest
@@ -61,3 +62,47 @@ def test_max_restarts_is_validated():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
             run_torchrun("hello_dist.py", 2, max_restarts=bad)
+
+
+# --- several nodes on one machine (mgpu_utils.nodes) ---
+
+def test_two_agents_form_one_job():
+    """Two torchrun agents with a c10d rendezvous: one world of 4, ranks 0-1 on node 0, 2-3 on node 1."""
+    from mgpu_utils.nodes import launch_nodes
+
+    r = launch_nodes("hello_dist.py", nodes=2, nproc_per_node=2, show=False)
+    assert r.result["world_size"] == 4 and r.result["sum_of_ranks"] == 6
+    assert r.result["node_of_rank"] == [0, 0, 1, 1]
+    assert r.world_sizes == [4] and r.returncodes == [0, 0]
+    assert len(set(r.result["pids"])) == 4 and r.leftover == []
+
+
+def test_elastic_scale_down_resumes_exactly(tmp_path):
+    """--nnodes 1:2: node 1 is lost after the snapshot of step 10; node 0 re-forms the job alone (world size 2 -> 1),
+    resumes from the snapshot with the same global batch, and ends where an uninterrupted run ends."""
+    from mgpu_utils.nodes import launch_nodes
+
+    r = launch_nodes("elastic_train.py", nodes=2, min_nodes=1, max_restarts=1, kill_node=1,
+                     kill_when="snapshot at step 10", show=False,
+                     args=["--ckpt-dir", tmp_path, "--steps", "30", "--dropout", "0", "--step-seconds", "0.2",
+                           "--log-snapshots"])
+    assert r.world_sizes == [2, 1] and r.killed == 1
+    assert r.returncodes[0] == 0 and r.returncodes[1] == -signal.SIGKILL
+    res = r.result
+    assert res["world_size"] == 1 and res["restarts"] == 1 and res["snapshot_world_size"] == 2
+    assert res["resumed_from_step"] >= 10 and res["batches_trained_twice"] == 0
+    assert res["max_param_diff_vs_uninterrupted"] <= 1e-6
+    assert r.leftover == []
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(nodes=0), "nodes and nproc_per_node"),
+    (dict(nodes=2, min_nodes=3), "min_nodes must be between 1 and nodes=2"),
+    (dict(nodes=2, kill_node=0, kill_when="x"), "node 0 hosts the rendezvous store"),
+    (dict(nodes=2, kill_node=1), "kill_node needs kill_when"),
+])
+def test_launch_nodes_refuses_bad_input(kwargs, match):
+    from mgpu_utils.nodes import launch_nodes
+
+    with pytest.raises(ValueError, match=match):
+        launch_nodes("hello_dist.py", **kwargs)
