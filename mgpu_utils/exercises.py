@@ -301,6 +301,18 @@ EXERCISES: dict[str, Exercise] = {
                     "20: the newest complete snapshot holds steps 0-19; steps 20, 21 and 22 are computed again "
                     "(the lost work)"),
         "20 = (23 // 5) * 5: the script reports it as resumed_from_step."),
+    "11.3": Exercise(
+        "A job trains on 4 nodes of 8 GPUs with a global batch of 768 samples. One node is lost; the elastic job "
+        "continues on the other 3 nodes and keeps the global batch (as elastic_train.py does). How many samples "
+        "does each GPU now process per step?",
+        _int_answer(32, {24: "24 = 768 / 32 was the share before the loss: now fewer GPUs share the same 768",
+                         256: "that is one node's share: each node has 8 GPUs",
+                         192: "192 = 768 / 4 is one node's share before the loss, and each node has 8 GPUs",
+                         "default": "the global batch is kept: divide it by the GPUs that are left"},
+                    "32 = 768 / (3 x 8)"),
+        "32 = 768 / 24: the 24 remaining GPUs share the same global batch, so each takes more (24 -> 32) and every "
+        "step averages over the same 768 samples. Keeping 24 per GPU instead would shrink the global batch to 576, "
+        "a different run, and by the linear scaling rule the learning rate should shrink by the same factor, 0.75."),
 }
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER, parse_result
-from mgpu_utils.launcher import REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
+from mgpu_utils.launcher import _SECONDARY, REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
 
 #: Rendezvous settings for one machine: close a round 2 s after the minimum number of nodes joined
 #: (torch's default: 30 s), and a node's heartbeat every second (default 5 s) so a lost node is noticed fast.
@@ -235,10 +235,19 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     codes = [p.returncode for p in procs]
     if kill_node is not None and killed is None:
         raise LaunchError(f"the text {kill_when!r} never appeared in the output, so node {kill_node} was not killed")
-    for k, code in enumerate(codes):
-        if k != killed and code != 0:
-            tail = "\n".join(f"[node {k}] {line}" for line in outputs[k][-15:])
-            raise LaunchError(f"node {k}'s agent exited with code {code}. Its last output:\n{tail}")
+    failed = [k for k, code in enumerate(codes) if k != killed and code != 0]
+    if failed:                      # name the root cause: a rank whose error is not a peer's connection closing
+        errors = [(k, json.loads(line[len(ERROR_MARKER):])) for k in failed for line in outputs[k]
+                  if line.startswith(ERROR_MARKER)]
+        errors.sort(key=lambda e: (bool(_SECONDARY.search(e[1]["message"])), e[1]["time"]))
+        k = errors[0][0] if errors else failed[0]
+        tail = "\n".join(f"[node {k}] {line}" for line in outputs[k][-15:])
+        if errors:
+            err = errors[0][1]
+            raise LaunchError(f"rank {err['rank']} on node {k} failed with {err['type']}: {err['message'][:300]}\n"
+                              f"Node {k}'s last output:\n{tail}", rank=err["rank"], exc_type=err["type"],
+                              message=err["message"])
+        raise LaunchError(f"node {k}'s agent exited with code {codes[k]}. Its last output:\n{tail}")
     result = None
     for k in range(nodes):
         for line in outputs[k]:

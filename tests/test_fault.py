@@ -136,3 +136,12 @@ def test_checkpoint_formats_and_dcp_resharding(tmp_path):
     assert load["max_param_diff"] == pytest.approx(1e-3, rel=1e-2)
     assert load["max_optim_diff"] == pytest.approx(1e-3, rel=1e-2)
 
+
+
+def test_launch_nodes_names_the_failed_rank_and_its_node():
+    """Rank 2 (node 1) raises; node 0's ranks then fail because their peer closed: the error names rank 2."""
+    from mgpu_utils.nodes import launch_nodes
+
+    with pytest.raises(LaunchError, match=r"rank 2 on node 1 failed with ValueError: boom") as info:
+        launch_nodes("hello_dist.py", nodes=2, nproc_per_node=2, args=["--fail-rank", "2"], show=False)
+    assert info.value.rank == 2
