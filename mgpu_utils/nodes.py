@@ -177,7 +177,8 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                     quiet[k] = True
                     if show:
                         message = re.sub(r"^\[[^\]]*\]\s*", "", err["message"])     # gloo's source path
-                        print(f"[node {k}] [rank {err['rank']}] failed: {err['type']}: {message[:140]}", flush=True)
+                        print(f"[node {k}] [rank {err['rank']}] failed: {err['type']}: {message.split('. ')[0][:160]}",
+                              flush=True)
                     continue
                 if quiet[k] and not line.startswith("[rank"):
                     continue
