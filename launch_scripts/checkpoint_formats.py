@@ -1,6 +1,7 @@
 """Three ways to save a distributed job, timed; a sharded one loads on another world size (notebooks/11_fault_tolerance.ipynb).
 
---phase save (N ranks): an MLP trained a few Adam steps on the digits, saved three ways:
+--phase save (N ranks): an MLP trained a few Adam steps on the digits, saved three ways (seconds: the slowest rank's,
+median of --repeats):
   torch_save  DDP: rank 0 saves model and optimizer, a barrier, every rank loads it and compares with its replica.
   zero1       ZeroRedundancyOptimizer: state_dict() before consolidate_state_dict(to=0) raises (caught and
               reported); after it rank 0 saves; a fresh ZeRO-1 optimizer loaded from it takes the same next step.
@@ -8,7 +9,6 @@
               as the reference; then dcp.async_save: how long the training loop is blocked.
 --phase load (M ranks): dcp.load of the N-rank checkpoint into an FSDP2 model on M ranks (resharding) and
   set_state_dict; the gathered state against the reference (max_param_diff, max_optim_diff: expected 0).
-Seconds: the slowest rank's, median of --repeats.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/checkpoint_formats.py --phase save --dir /tmp/ckpt && torchrun --standalone --nproc-per-node 2 launch_scripts/checkpoint_formats.py --phase load --dir /tmp/ckpt
@@ -93,14 +93,12 @@ def sharded(args, ctx):
 
 
 def save_phase(args, ctx, x, y, r):
-    rank, folder = ctx.rank, Path(args.dir)
+    rank, folder, path = ctx.rank, Path(args.dir), Path(args.dir) / "ddp.pt"
     xl, yl = x[rank::ctx.world_size].flatten(1), y[rank::ctx.world_size]          # this rank's share of the batch
-    # 1. DDP: one file from rank 0
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed)                          # 1. DDP: one file from rank 0
     ddp = DDP(make_mlp(args.width, args.depth).to(ctx.device))
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     train(ddp, opt, xl, yl, args.steps)
-    path = folder / "ddp.pt"
 
     def save_rank0():
         if rank == 0:
@@ -109,7 +107,9 @@ def save_phase(args, ctx, x, y, r):
     _, r["torch_save_s"] = timed(save_rank0, args.repeats)
     load = partial(torch.load, map_location=ctx.device, weights_only=True)
     loaded, r["torch_load_s"] = timed(lambda: load(path), args.repeats)
-    r["torch_save_max_diff"] = max_diff(loaded["model"], ddp.module.state_dict())
+    worst = torch.tensor([max_diff(loaded, {"model": ddp.module.state_dict(), "optim": opt.state_dict()})])
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)          # every rank compared the file with its own replica
+    r["torch_save_max_diff"] = worst.item()
     r["torch_save_bytes"] = path.stat().st_size
     # 2. ZeRO-1: consolidate, then save
     zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr)
@@ -164,14 +164,13 @@ def save_phase(args, ctx, x, y, r):
 def load_phase(args, ctx, out):
     folder = Path(args.dir)
     model, opt = sharded(args, ctx)
-    state = dict(zip(("model", "optim"), get_state_dict(model, opt)))   # to fill (Adam states created empty)
+    state = dict(zip(("model", "optim"), get_state_dict(model, opt)))   # to fill (zero Adam states)
     _, out["dcp_load_s"] = timed(lambda: dcp.load(state, checkpoint_id=folder / "dcp"), args.repeats)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     got = full_state(model, opt)                          # gathered on rank 0
     if ctx.rank == 0:
         ref = torch.load(folder / "reference.pt", weights_only=False)
-        out["max_param_diff"] = max_diff(got[0], ref[0])
-        out["max_optim_diff"] = max_diff(got[1], ref[1])
+        out["max_param_diff"], out["max_optim_diff"] = max_diff(got[0], ref[0]), max_diff(got[1], ref[1])
 
 
 def main():

@@ -142,7 +142,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     port, job = free_port(), f"mgpu-{uuid.uuid4().hex[:8]}"
     nnodes = f"{min_nodes}:{nodes}" if min_nodes is not None else str(nodes)
     outputs, world_sizes, lock = [[] for _ in range(nodes)], [], threading.Lock()
-    seen, killed, kill_event, quiet = {}, None, threading.Event(), [False] * nodes
+    seen, killed, kill_event, quiet, node_rank = {}, None, threading.Event(), [False] * nodes, {}
 
     def reader(k, stream):
         pending = None                                     # inside an agent's "Rendezvous complete" block
@@ -159,6 +159,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                     if key == "global_world_sizes":
                         size = int(value.strip("[]").split(",")[0])
                         with lock:
+                            node_rank.setdefault(k, int(pending.get("group_rank", k)))
                             if k == 0:
                                 world_sizes.append(size)
                             if show:
@@ -234,6 +235,10 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
 
     leftover = [pid for pid, q in seen.items() if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
     codes = [p.returncode for p in procs]
+    swapped = {k: j for k, j in node_rank.items() if j != k}
+    if swapped:                     # c10d orders agents by (host, pid): node 0 started first has the lower pid
+        raise LaunchError(f"the rendezvous numbered the agents differently from their start order ({swapped}: "
+                          f"process ids wrapped around?); node 0 must be the job's node 0. Run it again.")
     if kill_node is not None and killed is None:
         raise LaunchError(f"the text {kill_when!r} never appeared in the output, so node {kill_node} was not killed")
     failed = [k for k, code in enumerate(codes) if k != killed and code != 0]
