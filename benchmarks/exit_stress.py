@@ -16,6 +16,7 @@ Run:
 import argparse
 import collections
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,9 +25,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
 
-# The arguments the tests use (small and quick); per world size where the script needs it.
+# The arguments the tests use (small and quick); per world size where the script needs it; a function for
+# arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
+    "checkpoint_formats.py": lambda: ["--phase", "save", "--dir", tempfile.mkdtemp(prefix="mgpu_stress_"),
+                                      "--repeats", 1, "--width", 64],
     "collective_errors.py": ["--case", "ok"],
     "collectives_bench.py": ["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1],
     "collectives_demo.py": [],
@@ -35,6 +39,7 @@ CASES = {
     "ddp_internals.py": ["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", ""],
     "ddp_speedup.py": ["--global-batch", 64, "--width", 32, "--depth", 2, "--steps", 2, "--warmup", 1],
     "ddp_train.py": ["--epochs", 1, "--batch-size", 16],
+    "elastic_train.py": lambda: ["--ckpt-dir", tempfile.mkdtemp(prefix="mgpu_stress_"), "--steps", 10],
     "grad_accumulation.py": ["--micro", 4, "--global-batch", 64],
     "hello_dist.py": [],
     "hybrid_gpt2.py": {2: ["--layouts", "1x2,2x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
@@ -51,7 +56,7 @@ CASES = {
 def args_for(script: str, nproc: int) -> list:
     """The command-line arguments of ``script`` at world size ``nproc`` (KeyError: not in CASES)."""
     a = CASES[script]
-    return a[nproc] if isinstance(a, dict) else a
+    return a[nproc] if isinstance(a, dict) else a() if callable(a) else a
 
 
 def one_run(script: str, nproc: int) -> tuple[str, float, str]:

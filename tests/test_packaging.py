@@ -136,3 +136,13 @@ def test_notebooks_compare_enough_outputs_and_none_is_a_fixed_sentence():
                 assert len(fixed) < len(lines), f"{nb_path.name} cell {i}: every printed line is written in the source: {fixed[:2]}"
                 marked.append((nb_path.name, i))
     assert len(marked) >= 30, f"only {len(marked)} cells are compared by nbval"
+
+
+def test_exit_stress_knows_every_launch_script():
+    """benchmarks/exit_stress.py launches every script with small arguments: a new script needs its entry."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("exit_stress", ROOT / "benchmarks" / "exit_stress.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert set(mod.CASES) == {p.name for p in SCRIPTS}
