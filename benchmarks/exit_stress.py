@@ -41,6 +41,7 @@ CASES = {
     "ddp_train.py": ["--epochs", 1, "--batch-size", 16],
     "elastic_train.py": lambda: ["--ckpt-dir", tempfile.mkdtemp(prefix="mgpu_stress_"), "--steps", 10],
     "grad_accumulation.py": ["--micro", 4, "--global-batch", 64],
+    "grade_exercise.py": ["--exercise", "04.4", "--solution", ROOT / "exercises" / "solutions" / "04_ring_all_gather.py"],
     "hello_dist.py": [],
     "hybrid_gpt2.py": {2: ["--layouts", "1x2,2x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
                        4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},

@@ -1,0 +1,57 @@
+"""Grade a coding exercise's function under torchrun against the library (mgpu_utils.graded.check_script).
+
+Loads the student's file (--solution) on every rank and runs the exercise's check from
+mgpu_utils.exercise_checks: the student's function on real inputs against what PyTorch computes (04.4 and
+04.5 against dist.all_gather and reduce-scatter, with the collectives switched off; 03.4 against
+DistributedDataParallel; 05.4 through the schedule simulator and the course's executor; 07.4 against
+torch.optim.Adam in one process). Every rank's findings are gathered to rank 0, whose result is
+{"exercise", "world_size", "ok", "problems": [...]}: each problem names the rank, a kind that
+mgpu_utils.graded turns into a hint, and the numbers behind it.
+
+Run:
+    torchrun --standalone --nproc-per-node 4 launch_scripts/grade_exercise.py --exercise 04.4 --solution exercises/solutions/04_ring_all_gather.py
+"""
+import argparse
+import importlib.util
+
+import torch.distributed as dist
+
+from mgpu_utils.checks import exact_fp32
+from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.exercise_checks import CHECKS
+
+
+def grade(exercise: str, path: str, ctx) -> dict:
+    """One exercise: load the student's file, run its check on every rank, gather the problems (same on all)."""
+    spec = importlib.util.spec_from_file_location(f"solution_{exercise.replace('.', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    name, check = CHECKS[exercise]
+    if not callable(getattr(module, name, None)):
+        raise AttributeError(f"{path} defines no function {name}(...)")
+    problems = []
+    info = check(getattr(module, name), ctx, problems) or {}
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, problems)
+    found = [q for rank_problems in everyone for q in rank_problems]
+    return {"exercise": exercise, "world_size": ctx.world_size, "ok": not found, "problems": found, "info": info}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--exercise", required=True, action="append", choices=sorted(CHECKS),
+                   help="repeat --exercise/--solution to grade several files in one launch (the tests do)")
+    p.add_argument("--solution", required=True, action="append", help="the student's file")
+    args = p.parse_args()
+    if len(args.exercise) != len(args.solution):
+        raise SystemExit("give one --solution per --exercise")
+
+    with distributed() as ctx, exact_fp32():
+        if not dist.is_initialized():
+            raise RuntimeError("grade_exercise.py needs a process group: run it under torchrun")
+        results = [grade(e, s, ctx) for e, s in zip(args.exercise, args.solution)]
+        emit_result(results[0] if len(results) == 1 else {"world_size": ctx.world_size, "results": results})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Rank-side checks of the graded coding exercises (run by launch_scripts/grade_exercise.py under torchrun).
+
+Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
+(dist.all_gather, reduce-scatter, DistributedDataParallel, torch.optim.Adam in one process, the course's
+schedule simulator and executor) and appends at most one problem per rank: a dict with the rank, a ``kind``
+that :mod:`mgpu_utils.graded` turns into a hint, and the numbers behind it; the DDP checks also return the
+step times (ms). Every rank runs every step of a check even after a problem, so that no rank leaves
+the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.compat import reduce_scatter_single
+from mgpu_utils.data import load_data
+from mgpu_utils.models import make_mlp
+from mgpu_utils.pipeline import build_model, run_schedule, split_stages
+from mgpu_utils.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
+                                  simulate)
+
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
+
+
+@contextlib.contextmanager
+def point_to_point_only(exercise):
+    """Within the block every collective of torch.distributed raises, naming itself (send/recv still work)."""
+    saved = {n: getattr(dist, n) for n in COLLECTIVES if hasattr(dist, n)}
+
+    def forbidden(name):
+        def call(*args, **kwargs):
+            raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
+        return call
+    for name in saved:
+        setattr(dist, name, forbidden(name))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def diff(a, b) -> float:
+    """max |a - b| (0 for empty tensors)."""
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def note(problems: list, problem: dict) -> None:
+    """Keep this rank's first problem only; every rank still runs every step (no rank leaves the others waiting)."""
+    if not problems:
+        problems.append(problem)
+
+
+def check_all_gather(fn, ctx, problems):
+    """04.4: ``fn(x)`` against ``dist.all_gather`` for lengths 1 and 7 (float32), point-to-point only."""
+    world, rank = ctx.world_size, ctx.rank
+    for length in (1, 7):
+        x = torch.arange(length, dtype=torch.float32) + 1000.0 * (rank + 1)
+        with point_to_point_only("04.4"):
+            out = fn(x.clone())
+        ref = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(ref, x)
+        if not isinstance(out, (list, tuple)) or len(out) != world:
+            note(problems, {"rank": rank, "kind": "shape", "want": f"a list of {world} tensors",
+                            "got": f"{len(out)} tensors" if isinstance(out, (list, tuple)) else type(out).__name__})
+            continue
+        for j, (o, r) in enumerate(zip(out, ref)):
+            if not isinstance(o, torch.Tensor) or o.shape != r.shape:
+                note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(o, "shape", type(o).__name__)),
+                                "want": str(r.shape), "index": j})
+            elif diff(o, r):
+                same = [i for i, q in enumerate(ref) if q.shape == o.shape and diff(o, q) == 0]
+                note(problems, {"rank": rank, "kind": "entry", "index": j, "length": length, "max_diff": diff(o, r),
+                                "equals_rank": same[0] if same else None})
+
+
+def check_reduce_scatter(fn, ctx, problems):
+    """04.5: ``fn(x)``, x of world_size * k elements, against reduce-scatter for k = 1 and 3, point-to-point only."""
+    world, rank = ctx.world_size, ctx.rank
+    for k in (1, 3):
+        x = torch.arange(world * k, dtype=torch.float32) * (rank + 1) + rank
+        with point_to_point_only("04.5"):
+            out = fn(x.clone())
+        ref, xs = torch.empty(k), [torch.empty_like(x) for _ in range(world)]
+        reduce_scatter_single(ref, x)
+        dist.all_gather(xs, x)
+        if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+            note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(out, "shape", type(out).__name__)),
+                            "want": str(ref.shape)})
+        elif diff(out, ref):
+            total = sum(xs).chunk(world)
+            same = [j for j in range(world) if diff(out, total[j]) == 0]          # another chunk's full sum
+            alone = [j for j in range(world) if diff(out, xs[j].chunk(world)[rank]) == 0]   # one rank's share
+            note(problems, {"rank": rank, "kind": "value", "k": k, "max_diff": diff(out, ref),
+                            "equals_chunk": same[0] if same else None, "one_rank": alone[0] if alone else None})
+
+
+def check_average_gradients(fn, ctx, problems):
+    """03.4: ``fn(model)`` after backward against DDP: gradients after step 1, parameters after 3 SGD steps."""
+    class AfterBackward:
+        def __init__(self, model):
+            self.model = model
+
+        def finish(self):
+            fn(self.model)
+    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None)
+
+
+def check_schedule(fn, ctx, problems, m=5):
+    """05.4: ``fn(p, m)`` action lists: complete, deadlock-free, 1F1B's bubble and memory; then run for real."""
+    p, r = ctx.world_size, ctx.rank
+    acts = fn(p, m)                                       # the same lists on every rank: the same verdicts
+    want = [sorted((k, i, q) for k in "FB" for i in range(m)) for q in range(p)]
+    if not isinstance(acts, list) or len(acts) != p or any(sorted(map(tuple, a)) != w for a, w in zip(acts, want)):
+        return note(problems, {"rank": r, "kind": "actions", "p": p, "m": m})
+    try:
+        timeline = simulate(acts)
+        check_p2p_deadlock_free([p2p_plan(acts[q], q, p) for q in range(p)])
+    except ValueError as e:
+        return note(problems, {"rank": r, "kind": "deadlock", "p": p, "m": m, "detail": str(e)[:300]})
+    bubble, peak = bubble_fraction(timeline), peak_in_flight(acts)
+    if bubble > bubble_formula(p, m) + 1e-9:
+        return note(problems, {"rank": r, "kind": "bubble", "p": p, "m": m, "bubble": bubble,
+                               "formula": bubble_formula(p, m)})
+    if any(peak[q] > min(p - q, m) for q in range(p)):
+        q = next(q for q in range(p) if peak[q] > min(p - q, m))
+        return note(problems, {"rank": q, "kind": "memory", "p": p, "m": m, "peak": peak[q], "limit": min(p - q, m)})
+    model, g = build_model(2 * p, 16), torch.Generator().manual_seed(1)
+    x, y = torch.randn(4 * m, 16, generator=g), torch.randn(4 * m, 16, generator=g)
+    torch.nn.MSELoss()(model(x), y).backward()            # the single-process reference
+    mine = split_stages(copy.deepcopy(model), p)[r]
+    run_schedule(acts[r], {r: mine}, list(x.chunk(m)), list(y.chunk(m)), torch.nn.MSELoss(), r, p)
+    worst = max(diff(a.grad, b.grad) for a, b in zip(mine.parameters(), split_stages(model, p)[r].parameters()))
+    if worst > 1e-5:
+        note(problems, {"rank": r, "kind": "param", "what": "grad", "max_diff": worst})
+
+
+def check_sharded_adam(cls, ctx, problems, steps=3):
+    """07.4: ``cls(params, lr)`` on this rank's share of the batch against Adam in one process; its tensor bytes."""
+    world, rank = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    mine = make_mlp(24, 1)
+    ref = copy.deepcopy(mine)
+    x, y = load_data()[0][:48]
+    x = x.flatten(1)
+    opt, ref_opt = cls(mine.parameters(), lr=1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2, foreach=False)
+    start = [p.detach().clone() for p in mine.parameters()]
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()    # this rank's share of the batch
+        opt.step()
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()                              # one process, the whole batch
+        ref_opt.step()
+    got = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
+    want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    held = sum(t.numel() * t.element_size() for t in vars(opt).values() if isinstance(t, torch.Tensor))
+    n = want.numel()
+    if diff(got, want) > 1e-5:
+        first = torch.cat([p.reshape(-1) for p in start])
+        should = want != first                             # what Adam in one process moved (not the pixels always 0)
+        note(problems, {"rank": rank, "kind": "adam", "max_diff": diff(got, want),
+                        "moved_share": ((got != first) & should).sum().item() / max(1, should.sum().item())})
+    elif held > 8 * (-(-n // world)) * 1.05 + 256:
+        note(problems, {"rank": rank, "kind": "adam_memory", "bytes": held, "full": 8 * n})
+
+
+@contextlib.contextmanager
+def counted_all_reduce(state: dict):
+    """Within the block, record every ``dist.all_reduce`` call: whether async, and whether ``state["backward"]``
+    was set (the check sets it while ``loss.backward()`` runs)."""
+    calls, real = [], dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        calls.append({"async": bool(kwargs.get("async_op")), "in_backward": state["backward"]})
+        return real(tensor, *args, **kwargs)
+    dist.all_reduce = counting
+    try:
+        yield calls
+    finally:
+        dist.all_reduce = real
+
+
+def against_ddp(make_sync, ctx, problems, check_calls):
+    """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
+    ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
+    (``ready_bytes``: each gradient's bytes, in the order autograd completed them)."""
+    world, rank = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    mine = make_mlp(32, 2)
+    ddp = DDP(copy.deepcopy(mine))
+    ready, state = [], {"backward": False}
+    for q in mine.parameters():                           # registered first: fires first, records the order
+        q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
+    sync = make_sync(mine)
+    x, y = load_data()[0][:48]
+    x, y = x.flatten(1)[rank::world], y[rank::world]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
+    times = {"yours_ms": [], "ddp_ms": []}
+    for step in range(3):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        ready.clear()
+        t0 = time.perf_counter()
+        with counted_all_reduce(state) as calls:
+            state["backward"] = True
+            F.cross_entropy(mine(x), y).backward()
+            state["backward"] = False
+            local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
+            sync.finish()
+        t1 = time.perf_counter()
+        F.cross_entropy(ddp(x), y).backward()
+        times["yours_ms"].append(1e3 * (t1 - t0))
+        times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
+        if step == 0:
+            for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
+                if q.grad is None or diff(q.grad, d.grad) > 1e-6:
+                    got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
+                    note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
+                                    "summed": diff(got, world * d.grad) < 1e-5,
+                                    "local": g is not None and diff(got, g) == 0})
+            bad = check_calls(calls, list(ready))
+            if bad:
+                note(problems, {"rank": rank, **bad})
+        for opt in opts:
+            opt.step()
+    worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
+    if worst > 1e-6:
+        note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
+    return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def check_overlap(cls, ctx, problems):
+    """03.5: ``cls(model)`` with ``.finish()``: DDP's result, one async all-reduce per parameter inside backward."""
+    def calls_ok(calls, ready):
+        inside = sum(c["in_backward"] and c["async"] for c in calls)
+        if len(calls) != len(ready) or inside != len(ready):
+            return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
+    return against_ddp(cls, ctx, problems, calls_ok)
+
+
+def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
+    """All-reduce calls under 03.6's rule: gradients join the open bucket in ready order; it is sent when it
+    holds at least ``bucket_bytes``; what is left is sent at the end."""
+    calls = held = 0
+    for b in ready_bytes:
+        held += b
+        if held >= bucket_bytes:
+            calls, held = calls + 1, 0
+    return calls + (held > 0)
+
+
+def check_buckets(cls, ctx, problems, bucket_bytes=2048):
+    """03.6: ``cls(model, bucket_bytes)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule."""
+    def calls_ok(calls, ready):
+        want = expected_buckets(ready, bucket_bytes)
+        if len(calls) != want or not all(c["async"] for c in calls):
+            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
+                    "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
+    return against_ddp(lambda model: cls(model, bucket_bytes), ctx, problems, calls_ok)
+
+
+CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
+          "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
+          "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
+          "03.6": ("BucketedGradients", check_buckets)}

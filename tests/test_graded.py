@@ -1,0 +1,117 @@
+"""Coding exercises (mgpu_utils.graded): the worked solution passes the grader under torchrun at every world size
+the exercise uses, the untouched template fails with the hint meant for it, and a typical wrong solution gets its
+specific hint. Function-style exercises are graded several to a launch (grade_many); check_script itself is
+run end to end for each mode."""
+import re
+
+import pytest
+
+from mgpu_utils.graded import EXERCISES_DIR, GRADED, check_script, exercise_file, grade_many
+
+SOLUTIONS = EXERCISES_DIR / "solutions"
+FUNCTIONS = sorted(i for i, g in GRADED.items() if g.mode == "function")
+
+TEMPLATE_HINTS = {
+    "03.4": r"is still this rank's own .* all-reduce it",
+    "03.5": r"is still this rank's own .* all-reduce it",
+    "03.6": r"is still this rank's own .* all-reduce it",
+    "04.4": r"rank \d: the entry for rank \d",
+    "04.5": r"returned its own share of chunk \d, unchanged",
+    "05.4": r"rank 0 holds 5 micro-batches' activations at once .* at most min\(p - r, m\) = 2",
+    "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
+}
+
+MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
+    "03.4": ("p.grad /= world", "pass", r"is 3 times DDP's .* divide by the world size"),
+    "03.5": (["self.pending.append((p, dist.all_reduce(p.grad, async_op=True)))", "            work.wait()"],
+             ["self.pending.append((p, None))", "            dist.all_reduce(p.grad)"],
+             r"6 all-reduce call\(s\) for 6 parameters, 0 of them started inside backward"),
+    "03.6": ("if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:", "if True:",
+             r"6 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+    "04.4": ("send_index = (rank - step) % world", "send_index = rank", r"the entry for rank \d holds rank \d's tensor"),
+    "04.5": ("chunks[recv_index] += incoming", "chunks[recv_index] = incoming.clone()",
+             r"returned rank \d's share of chunk \d alone .* replaced on the way, not added to"),
+    "05.4": ("warmup = min(p - r - 1, m)", "warmup = min(p - r, m)", r"rank 0 holds 4 micro-batches.* = 3: start"),
+    "07.4": ("        reduce_scatter_single(g, grads)\n        g /= self.world",
+             "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
+}
+
+
+def solution(exercise_id):
+    return SOLUTIONS / GRADED[exercise_id].template
+
+
+def wrong(tmp_path, exercise_id, old, new):
+    """The worked solution with ``old`` replaced by ``new`` (strings, or lists of them), as a file in tmp_path."""
+    text = solution(exercise_id).read_text()
+    for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
+        assert o in text, o
+        text = text.replace(o, n)
+    path = tmp_path / f"wrong_{GRADED[exercise_id].template}"
+    path.write_text(text)
+    return path
+
+
+def test_every_function_exercise_is_covered():
+    assert set(TEMPLATE_HINTS) == set(MISTAKES) == set(FUNCTIONS)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_solutions_pass_at_every_world_size_they_use(world):
+    ids = [i for i in FUNCTIONS if world in GRADED[i].world_sizes]
+    hints = grade_many([(i, solution(i)) for i in ids], world)
+    assert hints == [None] * len(ids), dict(zip(ids, hints))
+
+
+def test_templates_fail_with_their_hints():
+    hints = grade_many([(i, EXERCISES_DIR / GRADED[i].template) for i in FUNCTIONS], 2)
+    for i, hint in zip(FUNCTIONS, hints):
+        assert hint and re.search(TEMPLATE_HINTS[i], hint), (i, hint)
+
+
+def test_typical_mistakes_get_their_hints(tmp_path):
+    hints = grade_many([(i, wrong(tmp_path, i, *MISTAKES[i][:2])) for i in FUNCTIONS], 3)
+    for i, hint in zip(FUNCTIONS, hints):
+        assert hint and re.search(MISTAKES[i][2], hint), (i, hint)
+
+
+def test_check_script_confirms_with_the_times(capsys):
+    assert check_script("03.4", solution("03.4"), world_sizes=(2,))
+    out = capsys.readouterr().out
+    assert "[03.4] correct" in out and re.search(r"world size 2: one step .* ms with yours, .* ms with DDP", out)
+
+
+@pytest.mark.parametrize("path, sizes, hint", [
+    ("solution", (3,), r"\[04.6\] correct"),
+    ("template", (2,), r"the job hung in a collective: rank 0 waits in all_reduce \(line \d+\)"),
+    ("broadcast", (3,), r"rank 0's total is 4, expected 24"),
+])
+def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys):
+    file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template,
+            "broadcast": None}[path] or wrong(tmp_path, "04.6", "dist.all_reduce(t)  ", "dist.broadcast(t, src=0)  ")
+    assert check_script("04.6", file, world_sizes=sizes) == (path == "solution")
+    out = capsys.readouterr().out
+    assert re.search(hint, out), out
+
+
+def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, capsys):
+    path = tmp_path / "cheat.py"
+    path.write_text("import torch, torch.distributed as dist\n"
+                    "def ring_all_gather(x):\n"
+                    "    out = [torch.empty_like(x) for _ in range(dist.get_world_size())]\n"
+                    "    dist.all_gather(out, x)\n"
+                    "    return out\n")
+    assert not check_script("04.4", path, world_sizes=(2,))
+    assert "allows point-to-point only, and dist.all_gather was called" in capsys.readouterr().out
+
+
+def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):
+    import mgpu_utils.graded as graded
+
+    monkeypatch.setattr(graded, "WORKSPACE", tmp_path / "ws")
+    mine = exercise_file("04.4")
+    assert mine.read_text() == (EXERCISES_DIR / "04_ring_all_gather.py").read_text()
+    mine.write_text("# my edits\n")
+    assert exercise_file("04.4").read_text() == "# my edits\n"
+    with pytest.raises(KeyError, match="known: 03.4"):
+        exercise_file("99.9")
