@@ -60,50 +60,44 @@ def plot_lost_work(checkpoint_s: float, mtbfs_s: dict, restart_s: float = 0.0): 
 
 
 def draw_elastic_nodes(nproc_per_node: int = 2):  # pragma: no mutate block
-    """Concept picture of section 8: two torchrun agents ("nodes") meet at the rendezvous store that node 0
-    hosts and start one job (global ranks node-major); after node 1 is lost, node 0's agent meets the store
-    again alone and restarts its workers with half the world size. Returns the Figure."""
+    """Concept picture of section 8: two torchrun agents ("nodes") meet at a rendezvous store that outlives them
+    (here in the launcher) and start one job (global ranks node-major); after node 1 is lost, node 0's agent
+    meets the store again alone and restarts its workers with half the world size. Returns the Figure."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    P = nproc_per_node
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    P, red = nproc_per_node, "#C44E52"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, lost in zip(axes, (False, True)):
         world = P if lost else 2 * P
+        ax.add_patch(FancyBboxPatch((3.3, 3.65), 3.6, 0.6, boxstyle="round,pad=0.03", fc="#FCEBD2", ec="#DD8452"))
+        ax.text(5.1, 3.95, "rendezvous store (c10d)\nin the launcher", ha="center", va="center", fontsize=9)
         for node in (0, 1):
-            x0 = 0.3 + node * 5.2
-            gone = lost and node == 1
-            ax.add_patch(FancyBboxPatch((x0, 0.3), 4.4, 3.0, boxstyle="round,pad=0.05", fc="0.96" if not gone else "1.0",
-                                        ec="0.3" if not gone else "#C44E52", ls="-" if not gone else "--", lw=1.5))
-            ax.text(x0 + 0.15, 3.05, f"node {node}", fontsize=11, weight="bold", va="top",
-                    color="0.1" if not gone else "#C44E52")
-            ax.add_patch(FancyBboxPatch((x0 + 0.2, 1.9), 1.9, 0.6, boxstyle="round,pad=0.03",
-                                        fc="#DDE6F3" if not gone else "1.0", ec="#4C72B0" if not gone else "#C44E52"))
-            ax.text(x0 + 1.15, 2.2, "torchrun agent", ha="center", va="center", fontsize=9,
-                    color="0.1" if not gone else "#C44E52")
-            if node == 0:
-                ax.add_patch(FancyBboxPatch((x0 + 2.4, 1.9), 1.8, 0.6, boxstyle="round,pad=0.03", fc="#FCEBD2", ec="#DD8452"))
-                ax.text(x0 + 3.3, 2.2, "rendezvous\nstore (c10d)", ha="center", va="center", fontsize=8.5)
+            x0, gone = 0.3 + node * 5.2, lost and node == 1
+            edge, text = (red, red) if gone else ("0.3", "0.1")
+            ax.add_patch(FancyBboxPatch((x0, 0.3), 4.4, 2.9, boxstyle="round,pad=0.05", fc="1.0" if gone else "0.96",
+                                        ec=edge, ls="--" if gone else "-", lw=1.5))
+            ax.text(x0 + 0.15, 3.0, f"node {node}", fontsize=11, weight="bold", va="top", color=text)
+            ax.add_patch(FancyBboxPatch((x0 + 1.2, 1.9), 2.0, 0.6, boxstyle="round,pad=0.03",
+                                        fc="1.0" if gone else "#DDE6F3", ec=red if gone else "#4C72B0"))
+            ax.text(x0 + 2.2, 2.2, "torchrun agent", ha="center", va="center", fontsize=9, color=text)
             for j in range(P):
-                rank = node * P + j
-                xw = x0 + 0.25 + j * (4.0 / P)
-                ax.add_patch(FancyBboxPatch((xw, 0.5), 4.0 / P - 0.3, 0.9, boxstyle="round,pad=0.03",
-                                            fc="#E3F1E6" if not gone else "1.0", ec="#55A868" if not gone else "#C44E52"))
-                label = "lost" if gone else f"rank {rank}\nlocal rank {j}"
-                ax.text(xw + (4.0 / P - 0.3) / 2, 0.95, label, ha="center", va="center", fontsize=9,
-                        color="0.1" if not gone else "#C44E52")
+                xw, w = x0 + 0.25 + j * (4.0 / P), 4.0 / P - 0.3
+                ax.add_patch(FancyBboxPatch((xw, 0.5), w, 0.9, boxstyle="round,pad=0.03",
+                                            fc="1.0" if gone else "#E3F1E6", ec=red if gone else "#55A868"))
+                ax.text(xw + w / 2, 0.95, "lost" if gone else f"rank {node * P + j}\nlocal rank {j}", ha="center",
+                        va="center", fontsize=9, color=text)
             if gone:
-                ax.plot([x0 + 0.3, x0 + 4.1], [0.5, 3.1], color="#C44E52", lw=2)
-                ax.plot([x0 + 0.3, x0 + 4.1], [3.1, 0.5], color="#C44E52", lw=2)
+                ax.plot([x0 + 0.3, x0 + 4.1], [0.5, 3.0], color=red, lw=2)
+                ax.plot([x0 + 0.3, x0 + 4.1], [3.0, 0.5], color=red, lw=2)
             else:
-                ax.annotate("", xy=(5.5 - 2.8, 2.55) if node else (x0 + 2.4, 2.2), xytext=(x0 + 1.15, 2.5) if node
-                            else (x0 + 2.1, 2.2), arrowprops=dict(arrowstyle="->", color="#DD8452", lw=1.5,
-                                                                  connectionstyle="arc3,rad=0.25" if node else None))
-        ax.set(xlim=(0, 10.2), ylim=(0, 3.6), xticks=[], yticks=[])
-        for s in ax.spines.values():
-            s.set_visible(False)
+                ax.annotate("", xy=(4.0 if node == 0 else 6.2, 3.62), xytext=(x0 + 2.2, 2.53),
+                            arrowprops=dict(arrowstyle="->", color="#DD8452", lw=1.5))
+        ax.set(xlim=(0, 10.2), ylim=(0, 4.4), xticks=[], yticks=[])
+        for spine in ax.spines.values():
+            spine.set_visible(False)
         ax.set_title(f"node 1 lost: node 0 meets the store alone, world size {world}\n(resume from the snapshot, "
-                     f"same global batch)" if lost else f"--nnodes 1:2: two agents meet at node 0's store,\n"
+                     f"same global batch)" if lost else f"--nnodes 1:2: two agents meet at the store,\n"
                      f"one job of world size {world}", fontsize=10)
     fig.tight_layout()
     return fig

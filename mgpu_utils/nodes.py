@@ -1,15 +1,18 @@
 """Several torchrun agents on one machine, as several nodes of one job (notebooks/11_fault_tolerance.ipynb).
 
 On a cluster every node runs one torchrun *agent*; the agents meet at a rendezvous (here c10d: a
-TCPStore that agent 0 hosts), agree on the set of nodes, give every worker its global rank, and start
-the workers. :func:`launch_nodes` starts ``nodes`` such agents as local processes, exactly as::
+key-value store, a TCPStore), agree on the set of nodes, give every worker its global rank, and start
+the workers. :func:`launch_nodes` hosts the store itself, in the calling process (as a real job keeps it
+on a machine of its own, or in etcd: it must outlive any node), and starts ``nodes`` agents as local
+processes, each exactly as::
 
     torchrun --nnodes MIN:MAX --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT \\
-             --rdzv-id JOB --rdzv-conf is_host=1,last_call_timeout=2,keep_alive_interval=1 script.py ...
+             --rdzv-id JOB --rdzv-conf is_host=0,last_call_timeout=2,keep_alive_interval=1 script.py ...
 
-(``is_host=0`` for the other agents), prints each node's output prefixed ``[node k]`` together with the
-agents' rendezvous events, can kill one node mid-run (SIGKILL to its agent and its workers, as a lost
-machine), and kills whatever is still running when it returns or is interrupted.
+It prints each node's output prefixed ``[node k]`` together with the agents' rendezvous events, can kill
+one node mid-run (SIGKILL to its agent and its workers, as a lost machine), and kills whatever is still
+running when it returns or is interrupted. (With the store in agent 0, ``is_host=1``, the other agents'
+last store calls at exit race agent 0's exit, and torch prints a connection error with a C++ stack.)
 
 Elastic: with ``min_nodes < nodes`` (``--nnodes 1:2``), when a node is lost the surviving agents stop
 their workers, meet again without it and restart the workers with the smaller world size (this counts
@@ -22,7 +25,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -65,13 +67,6 @@ class NodesResult:
     seconds: float = 0.0
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the rendezvous store binds it next)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tree(pid: int) -> list:
     import psutil
 
@@ -105,7 +100,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         args: command-line arguments for the script.
         min_nodes: elastic lower bound (``--nnodes min_nodes:nodes``); None: a fixed ``--nnodes nodes``.
         max_restarts: torchrun's ``--max-restarts`` for every agent (a lost node costs one restart).
-        kill_node: the node to kill (1 .. nodes-1: node 0 hosts the rendezvous store and global rank 0).
+        kill_node: the node to kill, 0 .. nodes-1 (by start order: node k is the k-th agent started).
         kill_when: kill it as soon as a line of any node's output contains this text.
         timeout_s: wall-clock limit in seconds; past it everything is killed.
         show: print each node's worker output and the agents' rendezvous events as they happen.
@@ -126,9 +121,8 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     if min_nodes is not None and not 1 <= min_nodes <= nodes:
         raise ValueError(f"min_nodes must be between 1 and nodes={nodes}, got {min_nodes!r}")
     if kill_node is not None:
-        if not isinstance(kill_node, int) or not 1 <= kill_node < nodes:
-            raise ValueError(f"kill_node must be 1 .. {nodes - 1}: node 0 hosts the rendezvous store (a real job keeps "
-                             f"it on a machine of its own, or in etcd), got {kill_node!r}")
+        if not isinstance(kill_node, int) or not 0 <= kill_node < nodes:
+            raise ValueError(f"kill_node must be a node index, 0 .. {nodes - 1}, got {kill_node!r}")
         if not kill_when:
             raise ValueError("kill_node needs kill_when: the output text after which the node is killed")
     path = resolve_script(script)
@@ -139,7 +133,11 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     child_env.update(PYTHONUNBUFFERED="1", LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     child_env.setdefault("OMP_NUM_THREADS", str(max(1, cores // (nodes * nproc_per_node))))
     child_env.setdefault("CUDA_VISIBLE_DEVICES", "")      # the nodes share this machine: gloo on CPU
-    port, job = free_port(), f"mgpu-{uuid.uuid4().hex[:8]}"
+    from torch.distributed import TCPStore
+
+    # the rendezvous store, here: it lives until every agent is gone (port 0: the system picks a free one)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port, job = store.port, f"mgpu-{uuid.uuid4().hex[:8]}"
     nnodes = f"{min_nodes}:{nodes}" if min_nodes is not None else str(nodes)
     outputs, world_sizes, lock = [[] for _ in range(nodes)], [], threading.Lock()
     seen, killed, kill_event, quiet, node_rank = {}, None, threading.Event(), [False] * nodes, {}
@@ -195,7 +193,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         for k in range(nodes):
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
                    f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                   f"--rdzv-id={job}", f"--rdzv-conf=is_host={int(k == 0)},{RDZV_CONF}",
+                   f"--rdzv-id={job}", f"--rdzv-conf=is_host=0,{RDZV_CONF}",
                    f"--max-restarts={max_restarts}", str(path), *map(str, args)]
             p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  text=True, env=child_env, cwd=os.getcwd(), start_new_session=True)
@@ -231,6 +229,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         _kill([q for q in seen.values() if q.is_running()])
         for t in threads:
             t.join(timeout=5)
+        del store                                         # after the agents: none of them loses its store early
     import psutil
 
     leftover = [pid for pid, q in seen.items() if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]

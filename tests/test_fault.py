@@ -99,7 +99,7 @@ def test_elastic_scale_down_resumes_exactly(tmp_path):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(nodes=0), "nodes and nproc_per_node"),
     (dict(nodes=2, min_nodes=3), "min_nodes must be between 1 and nodes=2"),
-    (dict(nodes=2, kill_node=0, kill_when="x"), "node 0 hosts the rendezvous store"),
+    (dict(nodes=2, kill_node=2, kill_when="x"), "kill_node must be a node index, 0 .. 1"),
     (dict(nodes=2, kill_node=1), "kill_node needs kill_when"),
 ])
 def test_launch_nodes_refuses_bad_input(kwargs, match):
