@@ -173,6 +173,7 @@ def check_sharded_adam(cls, ctx, problems, steps=3):
                         "moved_share": ((got != first) & should).sum().item() / max(1, should.sum().item())})
     elif held > 8 * (-(-n // world)) * 1.05 + 256:
         note(problems, {"rank": rank, "kind": "adam_memory", "bytes": held, "full": 8 * n})
+    return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ EXERCISES_DIR = REPO_ROOT / "exercises"
 WORKSPACE = REPO_ROOT / "workspace"
 #: Collective timeout (seconds) for graded runs: a hang becomes an error this fast.
 HANG_TIMEOUT_S = 5
-_TIMES: list = []                  # (world size, your ms, DDP's ms) of the last check_script, printed on success
+_MEASURED: list = []                  # measurements of the last check_script (times, bytes), printed on success
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,14 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> str | No
         return f"rank {e.rank} raised {e.exc_type or 'an error'}: {message}{at}"
     res = run.result or {}
     if g.mode == "function":
-        if res.get("ok") and "yours_ms" in res.get("info", {}):
-            _TIMES.append((world, res["info"]["yours_ms"], res["info"]["ddp_ms"]))
+        info = res.get("info", {})
+        if res.get("ok") and "yours_ms" in info:
+            _MEASURED.append(f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
+                          f"with yours, {info['ddp_ms']:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: "
+                          f"latency, not bandwidth)")
+        if res.get("ok") and "optimizer_bytes" in info:
+            _MEASURED.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
+                          f"Adam's moments for the whole model are {info['full_adam_bytes']:,}")
         return None if res.get("ok") else _problem_hint(res["problems"][0], world)
     want = 4 * world * (world + 1) / 2
     if res.get("total") != want:
@@ -251,7 +257,7 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: exercise_file({exercise_id!r}) makes your copy")
     sizes = tuple(world_sizes or g.world_sizes)
-    _TIMES.clear()
+    _MEASURED.clear()
     for world in sizes:
         hint = _grade_once(exercise_id, g, path.resolve(), world)
         if hint:
@@ -260,7 +266,6 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
             return False
     if not quiet:
         print(f"[{exercise_id}] correct: {g.what} (world sizes {', '.join(map(str, sizes))})")
-        for world, yours, ddp in _TIMES:
-            print(f"    world size {world}: one step (forward, backward, communication) {yours:.1f} ms with yours, "
-                  f"{ddp:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: latency, not bandwidth)")
+        for line in _MEASURED:
+            print(f"    {line}")
     return True

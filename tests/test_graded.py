@@ -75,10 +75,15 @@ def test_typical_mistakes_get_their_hints(tmp_path):
         assert hint and re.search(MISTAKES[i][2], hint), (i, hint)
 
 
-def test_check_script_confirms_with_the_times(capsys):
+def test_check_script_confirms_with_the_measurements(capsys):
     assert check_script("03.4", solution("03.4"), world_sizes=(2,))
     out = capsys.readouterr().out
     assert "[03.4] correct" in out and re.search(r"world size 2: one step .* ms with yours, .* ms with DDP", out)
+    assert check_script("07.4", solution("07.4"), world_sizes=(2,))
+    held, full = map(lambda t: int(t.replace(",", "")), re.search(
+        r"your optimizer holds ([\d,]+) bytes on rank 0; Adam's moments for the whole model are ([\d,]+)",
+        capsys.readouterr().out).groups())
+    assert held <= full / 2 * 1.05 + 256                   # two ranks: about half each
 
 
 @pytest.mark.parametrize("path, sizes, hint", [
