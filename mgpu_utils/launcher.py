@@ -80,6 +80,7 @@ class LaunchResult:
         command: the torchrun command line that was run.
         restarts: how many times torchrun started the workers over (0 without ``max_restarts``).
         attempt_failures: one line per restarted attempt, naming the rank that failed and why.
+        via: how the ranks were started: "warm" (forked from :mod:`mgpu_utils.warm`'s template) or "torchrun".
     """
 
     result: dict | None
@@ -89,6 +90,7 @@ class LaunchResult:
     command: list = field(default_factory=list)
     restarts: int = 0
     attempt_failures: list = field(default_factory=list)
+    via: str = "torchrun"
 
 
 def resolve_script(script) -> Path:
@@ -326,12 +328,12 @@ def fix_hint(message: str) -> str | None:
     return next((hint for pattern, hint in FIX_HINTS if pattern.search(message or "")), None)
 
 
-def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
+def _diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None = None) -> LaunchError:
     """Blame the root-cause rank: a rank's own Python error first, then a rank that crashed without a
     traceback (not the agent's SIGTERM), then errors that only say a peer went away."""
     failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
     primary = {r: f for r, f in failures.items() if not f[1]}
-    codes = _exit_codes(torchrun_err)
+    codes = _exit_codes(torchrun_err) if codes is None else {r: c for r, c in codes.items() if c != 0}
     crashed = {r: c for r, c in codes.items() if c not in (0, -signal.SIGTERM) and r not in failures}
     if primary or (failures and not crashed):
         pool = primary or failures
@@ -362,8 +364,9 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int) -> LaunchError:
 
 def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, backend: str | None = None,
                  env: dict | None = None, show: str = "all", threads_per_rank: int | None = None,
-                 max_restarts: int = 0) -> LaunchResult:
-    """Run ``torchrun --standalone --nproc-per-node nproc script args`` and collect everything.
+                 max_restarts: int = 0, via: str | None = None) -> LaunchResult:
+    """Run ``torchrun --standalone --nproc-per-node nproc script args`` (or its warm equivalent) and
+    collect everything.
 
     Args:
         script: path, or file name inside ``launch_scripts/``.
@@ -383,6 +386,11 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             rank and starts them all again, up to this many times (``TORCHELASTIC_RESTART_COUNT`` tells a
             script which attempt it is; notebooks/11_fault_tolerance.ipynb). The error, if the last
             attempt fails too, names that attempt's failed rank.
+        via: how the ranks start (:func:`choose_via`). "warm": forked from a template process that has
+            already imported torch (:mod:`mgpu_utils.warm`, about a second instead of about 8 for 4
+            ranks on 2 cores), with the environment, logs, failure handling and result torchrun gives;
+            "torchrun": real torchrun. None: warm on Linux, torchrun with ``max_restarts`` or elsewhere,
+            ``$MGPU_LAUNCH`` overrides.
 
     Returns:
         :class:`LaunchResult` (``.result`` is rank 0's JSON dict, ``.restarts`` the restarts).
@@ -401,6 +409,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
     if show not in ("all", "rank0", "none"):
         raise ValueError(f"show must be 'all', 'rank0' or 'none', got {show!r}")
+    via = choose_via(via, max_restarts)
     path = resolve_script(script)
     child_env = dict(os.environ)
     child_env.update({k: str(v) for k, v in (env or {}).items()})
@@ -426,25 +435,32 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
            f"--log-dir={log_dir}", "--redirects=3", f"--max-restarts={max_restarts}", str(path), *map(str, args)]
     t0 = time.perf_counter()
     agent_out = open(os.path.join(log_dir, "torchrun.log"), "w+")
-    proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=child_env, cwd=os.getcwd(), start_new_session=True)
-    tail = _Rank0Tail(log_dir) if show != "none" else None
+    job = None
     try:
+        if via == "warm":
+            job = _start_warm(path, args, nproc, child_env, log_dir)
+            if job is None:
+                via = "torchrun"
+        if job is None:
+            job = _TorchrunJob(subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=child_env, cwd=os.getcwd(),
+                                                start_new_session=True))
+        tail = _Rank0Tail(log_dir) if show != "none" else None
         returncode = None
         try:
             while returncode is None and time.perf_counter() - t0 < timeout_s:
-                try:
-                    returncode = proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    if tail:
-                        tail.poll()
+                returncode = job.wait(0.2)
+                if returncode is None and tail:
+                    tail.poll()
+        except RuntimeError as e:    # the warm template ended under the job
+            raise LaunchError(str(e), logs=_read_logs(log_dir, nproc)) from None
         except BaseException:  # KeyboardInterrupt from the notebook's stop button, or anything else
-            _kill_tree(proc)
+            job.stop()
             raise
         if tail:
             tail.poll(final=True)
         if returncode is None:
-            _kill_tree(proc)
+            job.stop()
             logs = _read_logs(log_dir, nproc)
             tails = "\n".join(_format_rank_output(r, logs[r], max_lines=10) for r in logs)
             raise LaunchTimeout(f"{path.name} with {nproc} rank(s) ran past timeout_s={timeout_s:g} s; all processes "
@@ -455,7 +471,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         torchrun_log = agent_out.read()
         logs = _read_logs(log_dir, nproc)
         if returncode != 0:
-            raise _diagnose(logs, torchrun_log, returncode)
+            raise _diagnose(logs, torchrun_log, returncode, job.codes)
         if show != "none":  # rank 0's stdout was printed live; now its stderr, then the other ranks
             ranks = [0] if show == "rank0" else sorted(logs)
             parts = [_format_rank_output(r, logs[r], ("stderr",) if r == 0 else ("stdout", "stderr")) for r in ranks]
@@ -468,10 +484,72 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         if show != "none" and failed:
             print("\n".join("[launcher] " + f for f in failed), flush=True)
         return LaunchResult(result, {r: {"stdout": e["stdout"], "stderr": e["stderr"]} for r, e in logs.items()},
-                            seconds, returncode, cmd, restarts, failed)
+                            seconds, returncode, cmd, restarts, failed, via)
     finally:
         agent_out.close()
         shutil.rmtree(log_dir, ignore_errors=True)
+
+
+class _TorchrunJob:
+    """A torchrun process, behind the interface of :class:`mgpu_utils.warm.WarmJob`."""
+
+    codes = None                      # torchrun's failure summary in its log names the exit codes
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def wait(self, timeout: float):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        _kill_tree(self.proc)
+
+
+_WARM_UNSAFE_SAID = set()
+
+
+def _start_warm(path: Path, args, nproc: int, child_env: dict, log_dir: str):
+    """The ranks forked from the warm template (:mod:`mgpu_utils.warm`); None, after saying why once, where
+    the template is not fork-safe (the caller then uses torchrun)."""
+    from mgpu_utils import warm
+
+    try:
+        return warm.start_job(str(path), [str(a) for a in args], nproc, child_env, log_dir, os.getcwd())
+    except RuntimeError as e:
+        if "not safe" not in str(e):
+            raise LaunchError(f"the warm launch could not start: {e}\nhint: launch(..., via='torchrun') "
+                              f"starts the ranks without the template") from None
+        if str(e) not in _WARM_UNSAFE_SAID:
+            _WARM_UNSAFE_SAID.add(str(e))
+            print(f"[launcher] {e}; this kernel launches with torchrun instead", flush=True)
+        return None
+
+
+def choose_via(via: str | None = None, max_restarts: int = 0) -> str:
+    """How :func:`launch` starts the ranks: "warm" or "torchrun".
+
+    None (automatic): ``$MGPU_LAUNCH`` if set, else "warm" on Linux (where fork is safe) without
+    restarts, else "torchrun". Restarts are torchrun's agent's job, so ``max_restarts > 0`` needs it.
+
+    Raises:
+        ValueError: an unknown mode, "warm" off Linux, or "warm" with ``max_restarts``.
+    """
+    chosen = via or os.environ.get("MGPU_LAUNCH") or None
+    if chosen not in (None, "warm", "torchrun"):
+        raise ValueError(f"via must be None (automatic), 'warm' or 'torchrun', got {chosen!r}"
+                         + ("" if via else " (from $MGPU_LAUNCH)"))
+    if chosen is None:
+        return "warm" if sys.platform.startswith("linux") and not max_restarts else "torchrun"
+    if chosen == "warm" and not sys.platform.startswith("linux"):
+        raise ValueError(f"via='warm' forks the ranks from a template process, which is safe only on Linux "
+                         f"(this is {sys.platform}); use via='torchrun'")
+    if chosen == "warm" and max_restarts and via:
+        raise ValueError("max_restarts needs torchrun's agent (it restarts the ranks): use via='torchrun' "
+                         "(or leave via=None)")
+    return "torchrun" if max_restarts else chosen
 
 
 def launch(script, nproc: int = 4, args=(), **kwargs) -> dict | None:

@@ -1,0 +1,501 @@
+"""Warm launches: a template process that has already imported PyTorch forks the ranks.
+
+Used by :func:`mgpu_utils.launcher.launch` (``via="warm"``, the default on Linux); explained in
+``notebooks/00_setup.ipynb``. ``benchmarks/launch_overhead.py`` measures it against bare torchrun.
+
+Why. A 4-rank job that does nothing takes about 8 s under torchrun on a 2-core machine, and almost
+all of it is every rank importing PyTorch (about 3 s each, plus ``torch._dynamo`` that DDP's
+constructor imports). A course launches dozens of jobs, so the same import repeats dozens of times.
+
+How. The first warm launch of a process (a notebook's kernel, a pytest run) starts one *template*,
+``python -m mgpu_utils.warm``: it imports torch, ``torch.distributed``, DDP, FSDP, DTensor,
+checkpointing, pipelining, numpy and scikit-learn's datasets, and then waits. It never initialises
+CUDA, starts no thread and imports none of the course's own modules. Each launch, it forks one
+child per rank, and the child becomes what torchrun would have started:
+
+* its own session (``setsid``, as torchrun's ``start_new_session``), killed if the template dies;
+* exactly the environment torchrun gives a worker: the launcher's, plus ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT``
+  (a TCPStore the launcher hosts, as torchrun's agent does), ``TORCHELASTIC_*`` and
+  ``TORCH_NCCL_ASYNC_ERROR_HANDLING``; ``torch.set_num_threads(OMP_NUM_THREADS)`` and the same limit
+  for numpy's BLAS (OpenMP and OpenBLAS read the variable only when they load);
+* stdout and stderr in per-rank log files laid out as torchrun's ``--log-dir`` lays them out, the
+  current directory of the caller, ``sys.argv``, ``sys.path[0]`` = the script's folder, numpy's
+  global random state reseeded (a fresh process draws a new one), and the course's modules
+  imported afresh from disk (an edited ``mgpu_utils`` file is seen at the next launch);
+* the script runs as ``__main__`` (:func:`runpy.run_path`); an uncaught exception prints its
+  traceback and exits 1, ``sys.exit(n)`` exits n, a ``KeyboardInterrupt`` ends it by SIGINT, as
+  ``python script.py`` would; at the end the atexit callbacks run, then ``os._exit``.
+
+The template watches its children as torchrun's agent does: when one ends with a non-zero status
+the others get SIGTERM, and SIGKILL 3 s later; it reports every rank's exit status. It ends when the
+process that started it ends (their socket closes), and its ranks die with it.
+
+What can differ from torchrun, and what the launcher does about it: a few environment variables are
+read when torch is *imported* (``TORCH_LOGS``, ``LD_PRELOAD``, ...). A launch whose environment
+differs from the template's in one of them (:func:`import_time_env`) restarts the template with it.
+A template that is not fork-safe (a thread or the CUDA driver loaded after its imports) is reported
+by :meth:`Template.unsafe` and the launcher uses torchrun instead, saying why.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+
+#: What the template imports before it forks (what the launch scripts import, and what that imports).
+PREIMPORT = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.distributed.fsdp",
+             "torch.distributed.tensor", "torch.distributed.tensor.parallel", "torch.distributed.checkpoint",
+             "torch.distributed.checkpoint.state_dict", "torch.distributed.pipelining", "torch.distributed.optim",
+             "torch.distributed.algorithms.ddp_comm_hooks", "torch.distributed.elastic.multiprocessing.errors",
+             "numpy", "sklearn.datasets")
+#: Seconds between SIGTERM and SIGKILL when the template stops ranks (torchrun's agent: SIGTERM, then SIGKILL).
+GRACE_S = 3.0
+_IMPORT_PREFIXES = ("TORCH", "PYTORCH", "LD_", "PYTHON", "KMP_", "GOMP_", "MKL_", "NUMEXPR_")
+_PER_LAUNCH = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED",
+               "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+
+
+def import_time_env(env: dict) -> dict:
+    """The variables of ``env`` that may matter when torch is imported (``TORCH*``, ``LD_*``, ``PYTHON*``,
+    OpenMP/MKL settings), less those a rank applies itself (thread counts). A template started with other
+    values of these is replaced before a launch."""
+    return {k: v for k, v in env.items() if k.startswith(_IMPORT_PREFIXES) and k not in _PER_LAUNCH}
+
+
+def rank_env(env: dict, rank: int, nproc: int, port: int, run_id: str, error_file: str) -> dict:
+    """The environment torchrun ``--standalone --nproc-per-node nproc`` gives worker ``rank`` (torch 2.14).
+
+    Args:
+        env: the launcher's environment for every rank (``PYTHONPATH``, ``OMP_NUM_THREADS``, ...).
+        port: the rendezvous store's TCP port on localhost (``MASTER_PORT``).
+        run_id: ``TORCHELASTIC_RUN_ID``; error_file: ``TORCHELASTIC_ERROR_FILE``.
+    """
+    out = dict(env)
+    out.update({"RANK": rank, "LOCAL_RANK": rank, "GROUP_RANK": 0, "ROLE_RANK": rank, "ROLE_NAME": "default",
+                "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc, "GROUP_WORLD_SIZE": 1, "ROLE_WORLD_SIZE": nproc,
+                "MASTER_ADDR": "localhost", "MASTER_PORT": port, "TORCHELASTIC_RESTART_COUNT": 0,
+                "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": 1, "TORCHELASTIC_ERROR_FILE": error_file,
+                "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"})
+    return {k: str(v) for k, v in out.items()}
+
+
+class _Lines:
+    """Newline-delimited JSON messages over a socket, read with a timeout."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""
+
+    def send(self, msg: dict) -> None:
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    def get(self, timeout: float | None):
+        """The next message; None on timeout; ``EOFError`` when the other side has gone."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.sock], [], [], left)[0]:
+                return None
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError("the other end of the warm template's socket closed")
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The caller's side (a notebook kernel, pytest)
+# ----------------------------------------------------------------------------------------------------------
+
+class Template:
+    """The template process, seen from the process that launches (one per kernel, started on first use).
+
+    Attributes:
+        pid: the template's process id. ready: its ready message (``import_seconds``, ``threads``,
+        ``cuda_loaded``). env: the environment it was started with.
+    """
+
+    def __init__(self, env: dict, start_timeout_s: float = 300.0):
+        ours, theirs = socket.socketpair()
+        self.env = dict(env)
+        tenv = dict(env, OPENBLAS_NUM_THREADS="1")    # OpenBLAS starts its threads when numpy loads it
+        tenv.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")   # is_available() without initialising CUDA
+        self.log = open(os.path.join(_tmpdir(), f"mgpu_warm_{os.getpid()}_{uuid.uuid4().hex[:6]}.log"), "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mgpu_utils.warm", "--fd", str(theirs.fileno()), "--owner", str(os.getpid())],
+            pass_fds=(theirs.fileno(),), env=tenv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+            start_new_session=True, cwd=os.getcwd())
+        theirs.close()
+        self.pid, self.sock, self.lines = self.proc.pid, ours, _Lines(ours)
+        try:
+            self.ready = self.lines.get(start_timeout_s)
+        except EOFError:
+            self.ready = None
+        if not self.ready:
+            self.close()
+            raise RuntimeError(f"the warm template did not start: {self.log_text()[-2000:] or 'no output'}")
+        atexit.register(self.close)
+
+    def log_text(self) -> str:
+        """What the template printed (import warnings, a crash)."""
+        try:
+            self.log.seek(0)
+            return self.log.read()
+        except ValueError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def unsafe(self) -> str | None:
+        """Why forking this template would not be safe (threads, the CUDA driver loaded), or None."""
+        r = self.ready
+        if r["threads"] != 1:
+            return f"the template runs {r['threads']} threads after its imports (fork copies only one)"
+        if r["cuda_loaded"]:
+            return "the CUDA driver was loaded while the template imported torch (CUDA cannot be used after fork)"
+        return None
+
+    def start(self, job: dict) -> dict:
+        """Fork the ranks of ``job`` (see :func:`_run_job`); returns ``{rank: pid}``."""
+        self.lines.send({"cmd": "launch", **job})
+        msg = self.lines.get(60.0)
+        if not msg or "pids" not in msg:
+            raise RuntimeError(f"the warm template did not start the ranks: {msg!r}")
+        return {int(r): p for r, p in msg["pids"].items()}
+
+    def close(self) -> None:
+        """End the template (its ranks die with it) and free its socket."""
+        atexit.unregister(self.close)
+        try:
+            self.sock.close()
+        finally:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(timeout=GRACE_S + 2)     # it exits on EOF, after stopping any ranks
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.log.close()
+
+
+class WarmJob:
+    """One launch's ranks, forked by the template; the same interface the launcher uses for torchrun.
+
+    ``wait(timeout)`` returns the job's exit status (0, or 1 when a rank failed, as torchrun) or None while
+    it runs; ``codes`` is then ``{rank: exit status}`` (negative: killed by that signal), ``stop()`` ends it.
+    """
+
+    def __init__(self, template: Template, store, pids: dict):
+        self.template, self.store, self.pids = template, store, pids
+        self.codes: dict = {}
+        self.returncode = None
+
+    def wait(self, timeout: float):
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            msg = self.template.lines.get(timeout)
+        except EOFError:
+            code = self.template.proc.wait()
+            self.store = None
+            raise RuntimeError(f"the warm template (pid {self.template.pid}) ended during the launch with "
+                               f"status {code}; its ranks ended with it. The next launch starts a new one "
+                               f"(or use via='torchrun'). Its log:\n{self.template.log_text()[-2000:]}") from None
+        if msg and msg.get("done"):
+            self.codes = {int(r): c for r, c in msg["codes"].items()}
+            self.returncode = 0 if all(c == 0 for c in self.codes.values()) else 1
+            self.store = None                       # the rendezvous store closes with the job
+        return self.returncode
+
+    def stop(self) -> None:
+        """SIGTERM every rank, SIGKILL after :data:`GRACE_S`; returns when all have ended (or the template
+        did not answer, and was killed: its ranks die with it)."""
+        if self.returncode is not None:
+            return
+        try:
+            self.template.lines.send({"cmd": "stop"})
+            deadline = time.monotonic() + GRACE_S + 5
+            while self.wait(0.2) is None and time.monotonic() < deadline:
+                pass
+        except (OSError, RuntimeError):
+            pass
+        if self.returncode is None:
+            self.template.proc.kill()
+            self.template.proc.wait()
+        self.store = None
+
+
+_TEMPLATE: Template | None = None
+
+
+def _tmpdir() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def get_template(env: dict) -> Template:
+    """The kernel's template, started now if there is none, it died, or ``env`` differs from its
+    environment in a variable read at import time (:func:`import_time_env`)."""
+    global _TEMPLATE
+    t = _TEMPLATE
+    if t is not None and (not t.alive() or import_time_env(t.env) != import_time_env(env)):
+        t.close()
+        t = _TEMPLATE = None
+    if t is None:
+        t = _TEMPLATE = Template(env)
+    return t
+
+
+def close_template() -> None:
+    """End the kernel's template now (the next warm launch starts a new one)."""
+    global _TEMPLATE
+    if _TEMPLATE is not None:
+        _TEMPLATE.close()
+        _TEMPLATE = None
+
+
+def start_job(script: str, args, nproc: int, env: dict, log_dir: str, cwd: str) -> WarmJob:
+    """Start ``nproc`` ranks of ``script`` from the template, torchrun's way (see the module docstring).
+
+    Args:
+        script: absolute path of the script; args: its command-line arguments (strings).
+        env: the launcher's environment for every rank; log_dir: where ``<run>/attempt_0/<rank>/std*.log`` go.
+
+    Returns:
+        A :class:`WarmJob` (poll it with ``wait``).
+
+    Raises:
+        RuntimeError: the template could not start, or is not fork-safe (the message says why).
+    """
+    from torch.distributed import TCPStore
+
+    template = get_template(env)
+    why = template.unsafe()
+    if why:
+        raise RuntimeError(f"warm launches are not safe here: {why}")
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)   # torchrun's agent hosts it too
+    run_id = uuid.uuid4().hex
+    base = os.path.join(log_dir, run_id, "attempt_0")
+    ranks = [rank_env(env, r, nproc, store.port, run_id, os.path.join(base, str(r), "error.json"))
+             for r in range(nproc)]
+    pids = template.start({"script": script, "args": list(args), "envs": ranks, "log_dir": base, "cwd": cwd})
+    return WarmJob(template, store, pids)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The template's side (python -m mgpu_utils.warm)
+# ----------------------------------------------------------------------------------------------------------
+
+def _serve(fd: int) -> None:
+    import importlib
+
+    t0 = time.perf_counter()
+    for name in PREIMPORT:
+        try:
+            importlib.import_module(name)
+        except ImportError:                 # an optional package missing: the ranks import it themselves
+            pass
+    with open("/proc/self/maps") as f:
+        cuda_loaded = "libcuda.so" in f.read()
+    base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    lines = _Lines(socket.socket(fileno=fd))
+    lines.send({"ready": True, "pid": os.getpid(), "import_seconds": time.perf_counter() - t0,
+                "threads": len(os.listdir("/proc/self/task")), "cuda_loaded": cuda_loaded})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)           # a Ctrl-C in a terminal is the launcher's to handle
+    while True:
+        try:
+            msg = lines.get(None)
+        except EOFError:
+            return                                         # the launching process ended
+        if msg.get("cmd") == "launch" and not _run_job(lines, msg, base_path):
+            return
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)                                # the rank and what it started (DataLoader workers)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)                              # not yet in its own session
+        except ProcessLookupError:
+            pass
+
+
+def _run_job(lines: _Lines, job: dict, base_path: list) -> bool:
+    """Fork the ranks, watch them, report ``{"done": true, "codes": {rank: status}}``. False: the launcher
+    has gone (the ranks were killed), the template should end."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = {}
+    for rank, env in enumerate(job["envs"]):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _become_rank(job, rank, env, base_path, lines.sock.fileno())
+            finally:
+                os._exit(code)
+        pids[pid] = rank
+    lines.send({"pids": {r: p for p, r in pids.items()}})
+    codes, term_at, gone = {}, None, False
+    while len(codes) < len(pids):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+            if pid in pids:
+                codes[pids[pid]] = os.waitstatus_to_exitcode(status)
+                if codes[pids[pid]] != 0 and term_at is None:     # torchrun's agent: one fails, all stop
+                    term_at = time.monotonic()
+                    for p, r in pids.items():
+                        if r not in codes:
+                            _signal_group(p, signal.SIGTERM)
+        if len(codes) == len(pids):
+            break
+        if term_at is not None and time.monotonic() - term_at > GRACE_S:
+            for p, r in pids.items():
+                if r not in codes:
+                    _signal_group(p, signal.SIGKILL)
+        try:
+            msg = lines.get(0.05)
+        except EOFError:
+            msg, gone = {"cmd": "stop"}, True
+        if msg and msg.get("cmd") == "stop" and term_at is None:
+            term_at = time.monotonic() - (GRACE_S if gone else 0)
+            for p, r in pids.items():
+                if r not in codes:
+                    _signal_group(p, signal.SIGKILL if gone else signal.SIGTERM)
+    for p in pids:
+        _signal_group(p, signal.SIGKILL)                   # what a rank left behind in its session
+    if gone:
+        return False
+    try:
+        lines.send({"done": True, "codes": codes})
+    except OSError:
+        return False
+    return True
+
+
+def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) -> int:
+    """In the forked child: become rank ``rank`` of ``job`` as torchrun would have started it, run the
+    script, return its exit status."""
+    import ctypes
+    import io
+    import runpy
+
+    parent = os.getppid()
+    os.setsid()
+    try:                                                   # PR_SET_PDEATHSIG: die with the template
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        return 1
+    os.close(ctl_fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    folder = os.path.join(job["log_dir"], str(rank))
+    os.makedirs(folder, exist_ok=True)
+    for fd, name, flags in ((0, os.devnull, os.O_RDONLY), (1, os.path.join(folder, "stdout.log"), 0),
+                            (2, os.path.join(folder, "stderr.log"), 0)):
+        new = os.open(name, flags or (os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 0o644)
+        os.dup2(new, fd)
+        os.close(new)
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                                   write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace", write_through=True)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    script = job["script"]
+    python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = list(dict.fromkeys([os.path.dirname(script)] + python_path + base_path))
+    for name in [m for m in sys.modules if m == "mgpu_utils" or m.startswith("mgpu_utils.")]:
+        del sys.modules[name]                              # the course's modules: fresh from disk
+    import importlib
+
+    importlib.invalidate_caches()
+    _set_threads(env)
+    sys.argv = [script, *job["args"]]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException as e:                             # noqa: BLE001 - printed as Python prints it
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != script:
+            tb = tb.tb_next                                 # from the script's frame on, as `python script.py`
+        sys.excepthook(type(e), e, tb or e.__traceback__)
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+    return _finish(code)
+
+
+def _set_threads(env: dict) -> None:
+    import torch
+
+    n = max(1, int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    torch.set_num_threads(n)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()                 # a fresh process draws its own seed
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(int(env.get("OPENBLAS_NUM_THREADS") or n), user_api="blas")
+    except ImportError:
+        pass
+
+
+def _finish(code: int) -> int:
+    """What the interpreter does at exit, without finalization (see :func:`mgpu_utils.dist.shutdown`):
+    join non-daemon threads, run the atexit callbacks, flush; a KeyboardInterrupt ends by SIGINT."""
+    import threading
+
+    try:
+        threading._shutdown()
+    except Exception:                                      # noqa: BLE001 - exit anyway
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code if code >= 0 else 1
+
+
+def main(argv=None) -> None:
+    """Entry point of the template process: ``python -m mgpu_utils.warm --fd N --owner PID``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="the warm launch template (started by mgpu_utils.launcher)")
+    p.add_argument("--fd", type=int, required=True, help="the socket to the launching process")
+    p.add_argument("--owner", type=int, default=0, help="the launching process's pid (for ps and tests)")
+    _serve(p.parse_args(argv).fd)
+
+
+if __name__ == "__main__":
+    main()
