@@ -20,8 +20,8 @@ child per rank, and the child becomes what torchrun would have started:
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING``; ``torch.set_num_threads(OMP_NUM_THREADS)`` and the same limit
   for numpy's BLAS (OpenMP and OpenBLAS read the variable only when they load);
 * stdout and stderr in per-rank log files laid out as torchrun's ``--log-dir`` lays them out, the
-  current directory of the caller, ``sys.argv``, ``sys.path[0]`` = the script's folder, numpy's
-  global random state reseeded (a fresh process draws a new one), and the course's modules
+  current directory of the caller, ``sys.argv``, ``sys.path[0]`` = the script's folder, torch's and
+  numpy's global random state reseeded (a fresh process draws new seeds), and the course's modules
   imported afresh from disk (an edited ``mgpu_utils`` file is seen at the next launch);
 * the script runs as ``__main__`` (:func:`runpy.run_path`); an uncaught exception prints its
   traceback and exits 1, ``sys.exit(n)`` exits n, a ``KeyboardInterrupt`` ends it by SIGINT, as
@@ -48,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -138,6 +139,8 @@ class Template:
             start_new_session=True, cwd=os.getcwd())
         theirs.close()
         self.pid, self.sock, self.lines = self.proc.pid, ours, _Lines(ours)
+        self._send_lock, self._read_lock, self._mail_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self._mail: dict = {}
         try:
             self.ready = self.lines.get(start_timeout_s)
         except EOFError:
@@ -167,13 +170,46 @@ class Template:
             return "the CUDA driver was loaded while the template imported torch (CUDA cannot be used after fork)"
         return None
 
-    def start(self, job: dict) -> dict:
-        """Fork the ranks of ``job`` (see :func:`_run_job`); returns ``{rank: pid}``."""
-        self.lines.send({"cmd": "launch", **job})
-        msg = self.lines.get(60.0)
+    def send(self, msg: dict) -> None:
+        with self._send_lock:
+            self.lines.send(msg)
+
+    def receive(self, job_id: str, timeout: float):
+        """The next message for job ``job_id``, None after ``timeout`` seconds. Several threads may each wait
+        for their own job (``benchmarks/exit_stress.py --jobs 2``): whoever reads files the others' mail.
+
+        Raises:
+            EOFError: the template has gone.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._mail_lock:
+                if self._mail.get(job_id):
+                    return self._mail[job_id].pop(0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if not self._read_lock.acquire(timeout=left):
+                return None
+            try:
+                with self._mail_lock:
+                    if self._mail.get(job_id):
+                        continue
+                msg = self.lines.get(min(left, 0.05))
+                if msg is not None:
+                    with self._mail_lock:
+                        self._mail.setdefault(msg["id"], []).append(msg)
+            finally:
+                self._read_lock.release()
+
+    def start(self, job: dict) -> tuple[str, dict]:
+        """Fork the ranks of ``job`` (see :func:`_start_ranks`); returns (job id, ``{rank: pid}``)."""
+        job_id = uuid.uuid4().hex
+        self.send({"cmd": "launch", "id": job_id, **job})
+        msg = self.receive(job_id, 60.0)
         if not msg or "pids" not in msg:
             raise RuntimeError(f"the warm template did not start the ranks: {msg!r}")
-        return {int(r): p for r, p in msg["pids"].items()}
+        return job_id, {int(r): p for r, p in msg["pids"].items()}
 
     def close(self) -> None:
         """End the template (its ranks die with it) and free its socket."""
@@ -197,8 +233,8 @@ class WarmJob:
     it runs; ``codes`` is then ``{rank: exit status}`` (negative: killed by that signal), ``stop()`` ends it.
     """
 
-    def __init__(self, template: Template, store, pids: dict):
-        self.template, self.store, self.pids = template, store, pids
+    def __init__(self, template: Template, store, job_id: str, pids: dict):
+        self.template, self.store, self.id, self.pids = template, store, job_id, pids
         self.codes: dict = {}
         self.returncode = None
 
@@ -206,7 +242,7 @@ class WarmJob:
         if self.returncode is not None:
             return self.returncode
         try:
-            msg = self.template.lines.get(timeout)
+            msg = self.template.receive(self.id, timeout)
         except EOFError:
             code = self.template.proc.wait()
             self.store = None
@@ -225,7 +261,7 @@ class WarmJob:
         if self.returncode is not None:
             return
         try:
-            self.template.lines.send({"cmd": "stop"})
+            self.template.send({"cmd": "stop", "id": self.id})
             deadline = time.monotonic() + GRACE_S + 5
             while self.wait(0.2) is None and time.monotonic() < deadline:
                 pass
@@ -238,6 +274,7 @@ class WarmJob:
 
 
 _TEMPLATE: Template | None = None
+_TEMPLATE_LOCK = threading.Lock()
 
 
 def _tmpdir() -> str:
@@ -250,13 +287,14 @@ def get_template(env: dict) -> Template:
     """The kernel's template, started now if there is none, it died, or ``env`` differs from its
     environment in a variable read at import time (:func:`import_time_env`)."""
     global _TEMPLATE
-    t = _TEMPLATE
-    if t is not None and (not t.alive() or import_time_env(t.env) != import_time_env(env)):
-        t.close()
-        t = _TEMPLATE = None
-    if t is None:
-        t = _TEMPLATE = Template(env)
-    return t
+    with _TEMPLATE_LOCK:
+        t = _TEMPLATE
+        if t is not None and (not t.alive() or import_time_env(t.env) != import_time_env(env)):
+            t.close()
+            t = _TEMPLATE = None
+        if t is None:
+            t = _TEMPLATE = Template(env)
+        return t
 
 
 def close_template() -> None:
@@ -291,8 +329,9 @@ def start_job(script: str, args, nproc: int, env: dict, log_dir: str, cwd: str) 
     base = os.path.join(log_dir, run_id, "attempt_0")
     ranks = [rank_env(env, r, nproc, store.port, run_id, os.path.join(base, str(r), "error.json"))
              for r in range(nproc)]
-    pids = template.start({"script": script, "args": list(args), "envs": ranks, "log_dir": base, "cwd": cwd})
-    return WarmJob(template, store, pids)
+    job_id, pids = template.start({"script": script, "args": list(args), "envs": ranks, "log_dir": base,
+                                   "cwd": cwd})
+    return WarmJob(template, store, job_id, pids)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -308,6 +347,7 @@ def _serve(fd: int) -> None:
             importlib.import_module(name)
         except ImportError:                 # an optional package missing: the ranks import it themselves
             pass
+    sys.modules["mgpu_utils"]._template_marker = True   # a rank that sees this got a stale module (a test checks)
     with open("/proc/self/maps") as f:
         cuda_loaded = "libcuda.so" in f.read()
     base_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
@@ -315,13 +355,38 @@ def _serve(fd: int) -> None:
     lines.send({"ready": True, "pid": os.getpid(), "import_seconds": time.perf_counter() - t0,
                 "threads": len(os.listdir("/proc/self/task")), "cuda_loaded": cuda_loaded})
     signal.signal(signal.SIGINT, signal.SIG_IGN)           # a Ctrl-C in a terminal is the launcher's to handle
+    jobs: dict = {}                                        # id -> {"pids": {pid: rank}, "codes", "term_at"}
     while True:
+        _reap(jobs)
+        for job_id, job in list(jobs.items()):
+            if job["term_at"] is not None and time.monotonic() - job["term_at"] > GRACE_S:
+                _signal_ranks(job, signal.SIGKILL)
+            if len(job["codes"]) == len(job["pids"]):
+                for p in job["pids"]:
+                    _signal_group(p, signal.SIGKILL)       # what a rank left behind in its session
+                del jobs[job_id]
+                try:
+                    lines.send({"id": job_id, "done": True, "codes": job["codes"]})
+                except OSError:                            # the launching process has gone: handled below
+                    pass
         try:
-            msg = lines.get(None)
-        except EOFError:
-            return                                         # the launching process ended
-        if msg.get("cmd") == "launch" and not _run_job(lines, msg, base_path):
+            msg = lines.get(0.05 if jobs else None)
+        except (EOFError, OSError):                        # the launching process ended: so do its ranks
+            for job in jobs.values():
+                _signal_ranks(job, signal.SIGKILL)
             return
+        if not msg:
+            continue
+        if msg.get("cmd") == "launch":
+            pids = _start_ranks(msg, base_path, lines.sock.fileno())
+            jobs[msg["id"]] = {"pids": pids, "codes": {}, "term_at": None}
+            try:
+                lines.send({"id": msg["id"], "pids": {r: p for p, r in pids.items()}})
+            except OSError:
+                pass
+        elif msg.get("cmd") == "stop" and msg.get("id") in jobs and jobs[msg["id"]]["term_at"] is None:
+            jobs[msg["id"]]["term_at"] = time.monotonic()
+            _signal_ranks(jobs[msg["id"]], signal.SIGTERM)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -334,9 +399,32 @@ def _signal_group(pid: int, sig: int) -> None:
             pass
 
 
-def _run_job(lines: _Lines, job: dict, base_path: list) -> bool:
-    """Fork the ranks, watch them, report ``{"done": true, "codes": {rank: status}}``. False: the launcher
-    has gone (the ranks were killed), the template should end."""
+def _signal_ranks(job: dict, sig: int) -> None:
+    for p, r in job["pids"].items():
+        if r not in job["codes"]:
+            _signal_group(p, sig)
+
+
+def _reap(jobs: dict) -> None:
+    """Collect the exit status of every rank that ended; when one failed, SIGTERM the others of its job
+    (torchrun's agent does the same)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for job in jobs.values():
+            if pid in job["pids"]:
+                code = job["codes"][job["pids"][pid]] = os.waitstatus_to_exitcode(status)
+                if code != 0 and job["term_at"] is None:
+                    job["term_at"] = time.monotonic()
+                    _signal_ranks(job, signal.SIGTERM)
+
+
+def _start_ranks(job: dict, base_path: list, ctl_fd: int) -> dict:
+    """Fork one child per rank of ``job``; returns ``{pid: rank}``."""
     sys.stdout.flush()
     sys.stderr.flush()
     pids = {}
@@ -345,51 +433,11 @@ def _run_job(lines: _Lines, job: dict, base_path: list) -> bool:
         if pid == 0:
             code = 1
             try:
-                code = _become_rank(job, rank, env, base_path, lines.sock.fileno())
+                code = _become_rank(job, rank, env, base_path, ctl_fd)
             finally:
                 os._exit(code)
         pids[pid] = rank
-    lines.send({"pids": {r: p for p, r in pids.items()}})
-    codes, term_at, gone = {}, None, False
-    while len(codes) < len(pids):
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                pid = 0
-            if pid == 0:
-                break
-            if pid in pids:
-                codes[pids[pid]] = os.waitstatus_to_exitcode(status)
-                if codes[pids[pid]] != 0 and term_at is None:     # torchrun's agent: one fails, all stop
-                    term_at = time.monotonic()
-                    for p, r in pids.items():
-                        if r not in codes:
-                            _signal_group(p, signal.SIGTERM)
-        if len(codes) == len(pids):
-            break
-        if term_at is not None and time.monotonic() - term_at > GRACE_S:
-            for p, r in pids.items():
-                if r not in codes:
-                    _signal_group(p, signal.SIGKILL)
-        try:
-            msg = lines.get(0.05)
-        except EOFError:
-            msg, gone = {"cmd": "stop"}, True
-        if msg and msg.get("cmd") == "stop" and term_at is None:
-            term_at = time.monotonic() - (GRACE_S if gone else 0)
-            for p, r in pids.items():
-                if r not in codes:
-                    _signal_group(p, signal.SIGKILL if gone else signal.SIGTERM)
-    for p in pids:
-        _signal_group(p, signal.SIGKILL)                   # what a rank left behind in its session
-    if gone:
-        return False
-    try:
-        lines.send({"done": True, "codes": codes})
-    except OSError:
-        return False
-    return True
+    return pids
 
 
 def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) -> int:
@@ -446,7 +494,8 @@ def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) 
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != script:
             tb = tb.tb_next                                 # from the script's frame on, as `python script.py`
-        sys.excepthook(type(e), e, tb or e.__traceback__)
+        e.__traceback__ = tb or e.__traceback__            # the built-in hook prints e.__traceback__
+        sys.excepthook(type(e), e, e.__traceback__)
         code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     return _finish(code)
 
@@ -456,8 +505,9 @@ def _set_threads(env: dict) -> None:
 
     n = max(1, int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     torch.set_num_threads(n)
+    torch.seed()                                           # a fresh process draws its own seeds (torch, numpy)
     if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()                 # a fresh process draws its own seed
+        sys.modules["numpy"].random.seed()
     try:
         from threadpoolctl import threadpool_limits
 

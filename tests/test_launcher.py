@@ -70,34 +70,60 @@ def test_port_29500_taken_does_not_matter():
         assert launch("hello_dist.py", nproc=2, show="none")["sum_of_ranks"] == 1
 
 
-def test_timeout_kills_everything_and_relaunch_works():
+def alive(pids):
+    """The processes among ``pids`` that still exist (a zombie counts as gone: it has ended)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def rank_pids(folder: Path) -> list:
+    return [int(f.read_text()) for f in folder.glob("rank*.pid") if f.read_text()]
+
+
+@pytest.mark.parametrize("via", ["warm", "torchrun"])
+def test_timeout_kills_everything_and_relaunch_works(via, tmp_path):
     tag = uuid.uuid4().hex
     t0 = time.perf_counter()
     with pytest.raises(LaunchTimeout, match="timeout_s"):
-        run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag], timeout_s=15, show="none")
+        run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag, "--pid-dir", tmp_path], timeout_s=15,
+                     show="none", via=via)
     assert time.perf_counter() - t0 < 30
+    pids = rank_pids(tmp_path)
+    assert len(pids) == 2, "both ranks started (else the check below proves nothing)"
     time.sleep(0.5)
-    assert procs_with(tag) == [], "orphaned processes after a timeout"
-    assert launch("hello_dist.py", nproc=2, show="none")["sum_of_ranks"] == 1
+    assert alive(pids) == [] and procs_with(tag) == [], "orphaned processes after a timeout"
+    assert launch("hello_dist.py", nproc=2, show="none", via=via)["sum_of_ranks"] == 1
 
 
-def test_keyboard_interrupt_kills_everything():
-    """A notebook's stop button is a SIGINT (KeyboardInterrupt) in the kernel: simulate it."""
-    tag = uuid.uuid4().hex
+@pytest.mark.parametrize("via", ["warm", "torchrun"])
+def test_keyboard_interrupt_kills_everything(via, tmp_path):
+    """A notebook's stop button is a SIGINT (KeyboardInterrupt) in the kernel: simulate it. Afterwards no rank
+    is left, and, when that process has ended, no warm template either."""
     code = ("from mgpu_utils.launcher import run_torchrun\n"
-            f"run_torchrun({MISBEHAVE!r}, 2, ['--mode', 'sleep', '--tag', {tag!r}], timeout_s=120)\n")
+            f"run_torchrun({MISBEHAVE!r}, 2, ['--mode', 'sleep', '--pid-dir', {str(tmp_path)!r}], timeout_s=120,"
+            f" via={via!r})\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
-    while len(procs_with(tag)) < 3 and time.time() < deadline:   # torchrun + 2 ranks
-        time.sleep(0.5)
-    assert len(procs_with(tag)) >= 3, "the job did not start"
-    time.sleep(2)
+    while len(rank_pids(tmp_path)) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    pids = rank_pids(tmp_path)
+    assert len(pids) == 2, "the job did not start"
+    time.sleep(1)
+    template = procs_with(f"--owner {proc.pid}")
+    assert len(template) == (1 if via == "warm" else 0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert b"KeyboardInterrupt" in err
     time.sleep(0.5)
-    assert procs_with(tag) == [], "orphaned processes after an interrupt"
+    assert alive(pids) == [], "orphaned ranks after an interrupt"
+    assert alive([p.pid for p in template]) == [], "the warm template outlived its kernel"
 
 
 @pytest.mark.parametrize("kwargs,exc,text", [
