@@ -11,7 +11,7 @@ killed by SIGABRT or printing "terminate called"), and non-zero exits of any kin
 Exit status 1 if any run aborted or failed.
 
 Run:
-    python benchmarks/exit_stress.py -k 10 --nproc 2 4
+    python benchmarks/exit_stress.py -k 10 --nproc 2 4 [--via torchrun]
 """
 import argparse
 import collections
@@ -60,11 +60,11 @@ def args_for(script: str, nproc: int) -> list:
     return a[nproc] if isinstance(a, dict) else a() if callable(a) else a
 
 
-def one_run(script: str, nproc: int) -> tuple[str, float, str]:
+def one_run(script: str, nproc: int, via: str | None = None) -> tuple[str, float, str]:
     """Launch once; returns (outcome, seconds, detail). outcome: "ok", "abort" or "fail"."""
     t0 = time.perf_counter()
     try:
-        run_torchrun(script, nproc, args_for(script, nproc), show="none", timeout_s=600)
+        run_torchrun(script, nproc, args_for(script, nproc), show="none", timeout_s=600, via=via)
         return "ok", time.perf_counter() - t0, ""
     except LaunchError as e:
         stderr = "\n".join(v["stderr"] for v in e.logs.values())
@@ -78,6 +78,8 @@ def main() -> int:
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4], help="world sizes")
     p.add_argument("--scripts", nargs="*", default=sorted(CASES), help="file names in launch_scripts/")
     p.add_argument("--jobs", type=int, default=1, help="launches at once (2 oversubscribes a 2-core machine)")
+    p.add_argument("--via", choices=["warm", "torchrun"], default=None, help="how to start the ranks "
+                   "(default: the launcher's choice, warm on Linux)")
     a = p.parse_args()
     missing = sorted({x.name for x in (ROOT / "launch_scripts").glob("*.py")} - set(CASES))
     if missing:
@@ -89,7 +91,8 @@ def main() -> int:
     stats = collections.defaultdict(collections.Counter)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        for i, ((s, n), (outcome, sec, detail)) in enumerate(zip(jobs, pool.map(lambda j: one_run(*j), jobs)), 1):
+        outcomes = pool.map(lambda j: one_run(*j, a.via), jobs)
+        for i, ((s, n), (outcome, sec, detail)) in enumerate(zip(jobs, outcomes), 1):
             stats[(s, n)][outcome] += 1
             stats[(s, n)]["seconds"] += sec
             print(f"[{i}/{len(jobs)}] {s} x{n}: {outcome} ({sec:.1f} s) {detail}", flush=True)
