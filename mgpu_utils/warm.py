@@ -48,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -132,7 +133,7 @@ class Template:
         self.env = dict(env)
         tenv = dict(env, OPENBLAS_NUM_THREADS="1")    # OpenBLAS starts its threads when numpy loads it
         tenv.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")   # is_available() without initialising CUDA
-        self.log = open(os.path.join(_tmpdir(), f"mgpu_warm_{os.getpid()}_{uuid.uuid4().hex[:6]}.log"), "w+")
+        self.log = tempfile.TemporaryFile("w+")             # what the template prints (import warnings, a crash)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mgpu_utils.warm", "--fd", str(theirs.fileno()), "--owner", str(os.getpid())],
             pass_fds=(theirs.fileno(),), env=tenv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
@@ -206,7 +207,14 @@ class Template:
         """Fork the ranks of ``job`` (see :func:`_start_ranks`); returns (job id, ``{rank: pid}``)."""
         job_id = uuid.uuid4().hex
         self.send({"cmd": "launch", "id": job_id, **job})
-        msg = self.receive(job_id, 60.0)
+        try:
+            msg = self.receive(job_id, 60.0)
+        except BaseException:                              # interrupted while the ranks start: stop them
+            try:
+                self.send({"cmd": "stop", "id": job_id})
+            except OSError:
+                pass
+            raise
         if not msg or "pids" not in msg:
             raise RuntimeError(f"the warm template did not start the ranks: {msg!r}")
         return job_id, {int(r): p for r, p in msg["pids"].items()}
@@ -275,12 +283,6 @@ class WarmJob:
 
 _TEMPLATE: Template | None = None
 _TEMPLATE_LOCK = threading.Lock()
-
-
-def _tmpdir() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
 
 
 def get_template(env: dict) -> Template:

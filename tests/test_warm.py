@@ -68,7 +68,7 @@ def test_every_launch_script_gives_the_same_result_in_both_modes(script):
 
 
 def test_the_environment_is_torchruns():
-    """Environment, argv, sys.path[0], cwd, __main__, threads (torch and BLAS), seeds: as torchrun sets them."""
+    """Environment, argv, sys.path, cwd, __main__, threads (torch and BLAS), seeds: as torchrun sets them."""
     args = ["--flag", "value with spaces"]
     ref = run_torchrun(SCRIPTS / "env_report.py", 2, args, show="none", via="torchrun", threads_per_rank=1)
     got = run_torchrun(SCRIPTS / "env_report.py", 2, args, show="none", via="warm", threads_per_rank=1)
@@ -78,7 +78,7 @@ def test_the_environment_is_torchruns():
         assert {k: v for k, v in a["env"].items() if k not in per_run} == \
                {k: v for k, v in b["env"].items() if k not in per_run}
         assert b["env"]["RANK"] == str(r) and b["env"]["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_0/{r}/error.json")
-        for key in ("argv", "path0", "cwd", "name", "file", "threads", "blas_threads", "stdout_is_file"):
+        for key in ("argv", "path", "cwd", "name", "file", "threads", "blas_threads", "stdout_is_file"):
             assert a[key] == b[key], key
         assert b["argv"][1:] == args and b["name"] == "__main__" and b["threads"] == 1
         assert b["fresh_mgpu_utils"], "the course's modules must be imported afresh in each rank"

@@ -16,7 +16,7 @@ dist.init_process_group("gloo")
 report = {
     "env": dict(os.environ),
     "argv": sys.argv,
-    "path0": sys.path[0],
+    "path": sys.path,
     "cwd": os.getcwd(),
     "name": __name__,
     "file": __file__,
