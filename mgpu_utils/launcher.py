@@ -416,7 +416,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
     path = resolve_script(script)
     child_env = dict(os.environ)
     child_env.update({k: str(v) for k, v in (env or {}).items()})
-    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [child_env.get("PYTHONPATH")] if p])
+    child_env["PYTHONPATH"] = _pythonpath(child_env)
     child_env["PYTHONUNBUFFERED"] = "1"
     if threads_per_rank or "OMP_NUM_THREADS" not in child_env:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -529,6 +529,25 @@ def _start_warm(path: Path, args, nproc: int, child_env: dict, log_dir: str):
             _WARM_UNSAFE_SAID.add(str(e))
             print(f"[launcher] {e}; this kernel launches with torchrun instead", flush=True)
         return None
+
+
+def _pythonpath(env: dict) -> str:
+    """``PYTHONPATH`` for the ranks: the repository first (``import mgpu_utils`` works without installing)."""
+    return os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+
+
+def warm_up() -> None:
+    """Start this kernel's warm template now, in the background, and return at once.
+
+    It imports PyTorch (a few seconds) while the notebook goes on, so the first launch does not wait for
+    it. The setup cell of every lesson that launches calls it. Nothing happens where launches use
+    torchrun (:func:`choose_via`), or when the template is already running.
+    """
+    if choose_via(None) != "warm":
+        return
+    from mgpu_utils import warm
+
+    warm.get_template(dict(os.environ, PYTHONPATH=_pythonpath(os.environ)), wait=False)
 
 
 def choose_via(via: str | None = None, max_restarts: int = 0) -> str:

@@ -64,13 +64,13 @@ PREIMPORT = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
 GRACE_S = 3.0
 _IMPORT_PREFIXES = ("TORCH", "PYTORCH", "LD_", "PYTHON", "KMP_", "GOMP_", "MKL_", "NUMEXPR_")
 _PER_LAUNCH = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED",
-               "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+               "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_DISTRIBUTED_DEBUG"}
 
 
 def import_time_env(env: dict) -> dict:
     """The variables of ``env`` that may matter when torch is imported (``TORCH*``, ``LD_*``, ``PYTHON*``,
-    OpenMP/MKL settings), less those a rank applies itself (thread counts). A template started with other
-    values of these is replaced before a launch."""
+    OpenMP/MKL settings), less those a rank applies itself (thread counts, ``TORCH_DISTRIBUTED_DEBUG``). A
+    template started with other values of these is replaced before a launch."""
     return {k: v for k, v in env.items() if k.startswith(_IMPORT_PREFIXES) and k not in _PER_LAUNCH}
 
 
@@ -125,10 +125,10 @@ class Template:
 
     Attributes:
         pid: the template's process id. ready: its ready message (``import_seconds``, ``threads``,
-        ``cuda_loaded``). env: the environment it was started with.
+        ``cuda_loaded``), waited for on first use. env: the environment it was started with.
     """
 
-    def __init__(self, env: dict, start_timeout_s: float = 300.0):
+    def __init__(self, env: dict, wait: bool = True):
         ours, theirs = socket.socketpair()
         self.env = dict(env)
         tenv = dict(env, OPENBLAS_NUM_THREADS="1")    # OpenBLAS starts its threads when numpy loads it
@@ -142,14 +142,32 @@ class Template:
         self.pid, self.sock, self.lines = self.proc.pid, ours, _Lines(ours)
         self._send_lock, self._read_lock, self._mail_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self._mail: dict = {}
-        try:
-            self.ready = self.lines.get(start_timeout_s)
-        except EOFError:
-            self.ready = None
-        if not self.ready:
-            self.close()
-            raise RuntimeError(f"the warm template did not start: {self.log_text()[-2000:] or 'no output'}")
+        self._ready = None
         atexit.register(self.close)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 300.0) -> dict:
+        """Its ready message (``import_seconds``, ``threads``, ``cuda_loaded``), waiting for it the first time.
+
+        Raises:
+            RuntimeError: it did not start (its output says why); it has then been ended.
+        """
+        with self._read_lock:
+            if self._ready is None:
+                try:
+                    msg = self.lines.get(timeout)
+                except (EOFError, OSError):
+                    msg = None
+                if not msg or not msg.get("ready"):
+                    self.close()
+                    raise RuntimeError(f"the warm template did not start: {self.log_text()[-2000:] or 'no output'}")
+                self._ready = msg
+        return self._ready
+
+    @property
+    def ready(self) -> dict:
+        return self.wait_ready()
 
     def log_text(self) -> str:
         """What the template printed (import warnings, a crash)."""
@@ -285,9 +303,14 @@ _TEMPLATE: Template | None = None
 _TEMPLATE_LOCK = threading.Lock()
 
 
-def get_template(env: dict) -> Template:
+def get_template(env: dict, wait: bool = True) -> Template:
     """The kernel's template, started now if there is none, it died, or ``env`` differs from its
-    environment in a variable read at import time (:func:`import_time_env`)."""
+    environment in a variable read at import time (:func:`import_time_env`). ``wait=False`` returns
+    while it still imports (:func:`mgpu_utils.launcher.warm_up`).
+
+    Raises:
+        RuntimeError: the template did not start (with its output).
+    """
     global _TEMPLATE
     with _TEMPLATE_LOCK:
         t = _TEMPLATE
@@ -295,8 +318,16 @@ def get_template(env: dict) -> Template:
             t.close()
             t = _TEMPLATE = None
         if t is None:
-            t = _TEMPLATE = Template(env)
-        return t
+            t = _TEMPLATE = Template(env, wait=False)
+    if wait:
+        try:
+            t.wait_ready()
+        except RuntimeError:
+            with _TEMPLATE_LOCK:
+                if _TEMPLATE is t:
+                    _TEMPLATE = None
+            raise
+    return t
 
 
 def close_template() -> None:
@@ -484,6 +515,10 @@ def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) 
 
     importlib.invalidate_caches()
     _set_threads(env)
+    import torch.distributed as dist
+
+    if dist.is_available():                                # read when torch.distributed is imported: again
+        dist.set_debug_level_from_env()                    # for this rank's TORCH_DISTRIBUTED_DEBUG
     sys.argv = [script, *job["args"]]
     try:
         runpy.run_path(script, run_name="__main__")

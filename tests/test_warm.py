@@ -222,3 +222,39 @@ def test_the_template_ends_with_its_process():
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_torch_distributed_debug_is_read_per_launch():
+    """TORCH_DISTRIBUTED_DEBUG is read when torch.distributed is imported; each warm rank reads it again, so
+    the template is kept, DETAIL reports the mismatch as torchrun's ranks do, and a launch without it is plain."""
+    detail, errors = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, {}
+    run_torchrun("hello_dist.py", 2, show="none", via="warm")
+    pid = warm._TEMPLATE.pid
+    for via, env in (("torchrun", detail), ("warm", detail), ("warm", {})):
+        with pytest.raises(LaunchError) as info:
+            run_torchrun("collective_errors.py", 2, ["--case", "mismatch", "--timeout", 2], env=env, show="none",
+                         via=via)
+        errors[via, bool(env)] = info.value
+    for e in (errors["torchrun", True], errors["warm", True]):     # both ranks see it; either may report first
+        assert e.exc_type == "RuntimeError" and "Detected mismatch between collectives" in e.message
+    assert "mismatch between collectives" not in errors["warm", False].message
+    assert warm._TEMPLATE.pid == pid
+
+
+def test_warm_up_starts_the_template_in_the_background(monkeypatch):
+    from mgpu_utils.launcher import warm_up
+
+    monkeypatch.delenv("MGPU_LAUNCH", raising=False)
+    warm.close_template()
+    t0 = time.perf_counter()
+    warm_up()
+    assert time.perf_counter() - t0 < 1.0, "warm_up returns while the template imports"
+    t = warm._TEMPLATE
+    assert t is not None and t.alive()
+    assert run_torchrun("hello_dist.py", 2, show="none").via == "warm" and warm._TEMPLATE is t, "the launch uses it"
+    warm_up()
+    assert warm._TEMPLATE is t, "a second call changes nothing"
+    monkeypatch.setenv("MGPU_LAUNCH", "torchrun")
+    warm.close_template()
+    warm_up()
+    assert warm._TEMPLATE is None, "no template where launches use torchrun"
