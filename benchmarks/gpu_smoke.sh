@@ -3,8 +3,9 @@
 #   1. lesson 01's roofline against the datasheet (benchmarks/gpu_check.py: matmul and HBM copy >= 70%);
 #   2. the mixed tier: the DDP, hooks and sync/async tests with 4 ranks on however many GPUs there are
 #      (fewer GPUs than ranks: the ranks run on CPU with the GPUs hidden, the references on the GPU);
-#   3. lessons 01 and 03 top to bottom under nbval (their GPU cells run and assert instead of SKIPPED);
-#   4. with 2 or more GPUs, the NCCL collectives bench (busbw per op and size, one rank per GPU).
+#   3. warm launches (mgpu_utils.warm) on the GPU, against torchrun;
+#   4. lessons 01 and 03 top to bottom under nbval (their GPU cells run and assert instead of SKIPPED);
+#   5. with 2 or more GPUs, the NCCL collectives bench (busbw per op and size, one rank per GPU).
 # Usage: bash benchmarks/gpu_smoke.sh [PYTHON]   (default: .venv/bin/python if it exists, else python3;
 # torch must already be installed there). Exit 0 when every step passed or there is no GPU (SKIPPED).
 set -u
@@ -26,6 +27,8 @@ step() {
 step "roofline vs datasheet (gpu_check.py)" "$PY" benchmarks/gpu_check.py
 step "mixed tier, 4 ranks on $NGPU GPU(s): DDP, hooks, sync/async" \
     env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider tests/test_ddp.py tests/test_sync_async.py tests/test_checks.py
+step "warm launches on the GPU: ranks forked from the template use CUDA and NCCL as torchrun's do" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_warm.py -k "gpu_ranks or environment"
 step "lessons 01 and 03 under nbval" env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider \
     notebooks/01_gpu_architecture.ipynb notebooks/03_ddp.ipynb
 if [ "$NGPU" -ge 2 ]; then

@@ -4,7 +4,8 @@ Small modules by concern, nothing runs at import time:
 
 * :mod:`mgpu_utils.dist`      - inside launch scripts: rank/world size, backend choice, setup/teardown, results.
 * :mod:`mgpu_utils.launcher`  - from notebooks: run a launch script under torchrun, get rank 0's result.
-* :mod:`mgpu_utils.warm`      - the launcher's default on Linux: ranks forked from a template that has imported torch.
+* :mod:`mgpu_utils.warm`      - the launcher's default on Linux: ranks forked from a template that has imported torch
+  (:mod:`mgpu_utils.warm_template` is that template process).
 * :mod:`mgpu_utils.env`       - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses.
 * :mod:`mgpu_utils.exercises` - check exercise answers (hint or confirmation), solutions for instructors.
 * :mod:`mgpu_utils.plots`     - the course's figures.

@@ -258,3 +258,19 @@ def test_warm_up_starts_the_template_in_the_background(monkeypatch):
     warm.close_template()
     warm_up()
     assert warm._TEMPLATE is None, "no template where launches use torchrun"
+
+
+def test_gpu_ranks_in_both_modes():
+    """On a GPU machine: ranks forked from the template initialise CUDA and NCCL themselves (the template never
+    did), and train as torchrun's ranks do. Part of `make gpu-check` (benchmarks/gpu_smoke.sh)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        pytest.skip("SKIPPED: needs a CUDA GPU, found 0")
+    nproc = min(2, gpus)
+    args = ["--epochs", 1, "--batch-size", 16]
+    ref = run_torchrun("ddp_train.py", nproc, args, show="none", via="torchrun")
+    got = run_torchrun("ddp_train.py", nproc, args, show="none", via="warm")
+    assert got.via == "warm" and got.result["backend"] == ref.result["backend"] == "nccl"
+    assert untimed(ref.result) == untimed(got.result)
