@@ -3,8 +3,8 @@
 Used by :func:`mgpu_utils.launcher.launch` (``via="warm"``, the default on Linux); explained in
 ``notebooks/00_setup.ipynb``. ``benchmarks/launch_overhead.py`` measures it against bare torchrun.
 
-Why. A 4-rank job that does nothing takes about 8 s under torchrun on a 2-core machine, and almost
-all of it is every rank importing PyTorch (about 3 s each, plus ``torch._dynamo`` that DDP's
+Why. A 4-rank job that does nothing takes about 6 s under torchrun on a 2-core machine (about 0.3 s
+warm; ``benchmarks/launch_overhead.py``), and almost all of it is every rank importing PyTorch (about 3 s each, plus ``torch._dynamo`` that DDP's
 constructor imports). A course launches dozens of jobs, so the same import repeats dozens of times.
 
 How. The first warm launch of a process (a notebook's kernel, a pytest run) starts one *template*,
@@ -28,14 +28,26 @@ child per rank, and the child becomes what torchrun would have started:
   ``python script.py`` would; at the end the atexit callbacks run, then ``os._exit``.
 
 The template watches its children as torchrun's agent does: when one ends with a non-zero status
-the others get SIGTERM, and SIGKILL 3 s later; it reports every rank's exit status. It ends when the
-process that started it ends (their socket closes), and its ranks die with it.
+the others get SIGTERM, and SIGKILL :data:`GRACE_S` = 3 s later (torchrun waits up to 30 s; the
+course's scripts do not handle SIGTERM, so both end at once); it reports every rank's exit status.
+It ends when the process that started it ends (their socket closes), and its ranks die with it;
+:func:`close_template` ends it earlier (it holds the memory of one process that imported torch).
 
-What can differ from torchrun, and what the launcher does about it: a few environment variables are
-read when torch is *imported* (``TORCH_LOGS``, ``LD_PRELOAD``, ...). A launch whose environment
-differs from the template's in one of them (:func:`import_time_env`) restarts the template with it.
-A template that is not fork-safe (a thread or the CUDA driver loaded after its imports) is reported
-by :meth:`Template.unsafe` and the launcher uses torchrun instead, saying why.
+What differs from torchrun, and what the launcher does about it:
+
+* a few environment variables are read when torch, OpenMP or the C library *load* (``TORCH_LOGS``,
+  ``LD_PRELOAD``, ``OMP_PROC_BIND``, ``MALLOC_*``, ...). A launch whose environment differs from the
+  template's in one of them (:func:`import_time_env`) restarts the template with it;
+* what torch and the libraries print while they are imported goes to the template's log
+  (:meth:`Template.log_text`), once, not to every rank's stderr;
+* Python's string-hash seed (``PYTHONHASHSEED``) is fixed when an interpreter starts: warm ranks share
+  the template's, where torchrun's ranks each draw one (set iteration order is the same on every rank);
+* ``ps`` shows the ranks as ``python -m mgpu_utils.warm_template``, and ``LaunchResult.command`` is
+  the torchrun command the launch stands for, not one that ran;
+* an upgraded torch, or an edited file outside ``mgpu_utils``, is seen after a kernel restart;
+* a template that is not fork-safe (a thread, or the CUDA driver loaded, after its imports: e.g. on a
+  GPU machine without NVML) is reported by :meth:`Template.unsafe`, ended, and that kernel launches
+  with torchrun, saying why once.
 """
 
 from __future__ import annotations
@@ -54,15 +66,16 @@ import uuid
 
 #: Seconds between SIGTERM and SIGKILL when the template stops ranks (torchrun's agent: SIGTERM, then SIGKILL).
 GRACE_S = 3.0
-_IMPORT_PREFIXES = ("TORCH", "PYTORCH", "LD_", "PYTHON", "KMP_", "GOMP_", "MKL_", "NUMEXPR_")
+_IMPORT_PREFIXES = ("TORCH", "PYTORCH", "LD_", "PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_",
+                    "NUMEXPR_", "MALLOC_", "GLIBC_TUNABLES", "CUDA_MODULE_LOADING")
 _PER_LAUNCH = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONUNBUFFERED",
                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_DISTRIBUTED_DEBUG"}
 
 
 def import_time_env(env: dict) -> dict:
-    """The variables of ``env`` that may matter when torch is imported (``TORCH*``, ``LD_*``, ``PYTHON*``,
-    OpenMP/MKL settings), less those a rank applies itself (thread counts, ``TORCH_DISTRIBUTED_DEBUG``). A
-    template started with other values of these is replaced before a launch."""
+    """The variables of ``env`` that may matter when torch, OpenMP, BLAS or the C library load (``TORCH*``,
+    ``LD_*``, ``PYTHON*``, ``OMP_*``, MKL/OpenBLAS, ``MALLOC_*``), less those a rank applies itself (thread
+    counts, ``TORCH_DISTRIBUTED_DEBUG``). A template started with other values of these is replaced."""
     return {k: v for k, v in env.items() if k.startswith(_IMPORT_PREFIXES) and k not in _PER_LAUNCH}
 
 
@@ -218,14 +231,14 @@ class Template:
         self.send({"cmd": "launch", "id": job_id, **job})
         try:
             msg = self.receive(job_id, 60.0)
-        except BaseException:                              # interrupted while the ranks start: stop them
+            if not msg or "pids" not in msg:
+                raise RuntimeError(f"the warm template did not start the ranks within 60 s: {msg!r}")
+        except BaseException:                              # interrupted, or too slow: stop what it started
             try:
                 self.send({"cmd": "stop", "id": job_id})
             except OSError:
                 pass
             raise
-        if not msg or "pids" not in msg:
-            raise RuntimeError(f"the warm template did not start the ranks: {msg!r}")
         return job_id, {int(r): p for r, p in msg["pids"].items()}
 
     def close(self) -> None:
@@ -265,7 +278,7 @@ class WarmJob:
             return self.returncode
         try:
             msg = self.template.receive(self.id, timeout)
-        except EOFError:
+        except (EOFError, OSError, ValueError):            # gone, or closed by another thread
             code = self.template.proc.wait()
             self.store = None
             raise RuntimeError(f"the warm template (pid {self.template.pid}) ended during the launch with "
@@ -297,12 +310,13 @@ class WarmJob:
 
 _TEMPLATE: Template | None = None
 _TEMPLATE_LOCK = threading.Lock()
+_UNSAFE: str | None = None                                 # why this process's templates cannot fork safely
 
 
-def get_template(env: dict, wait: bool = True) -> Template:
+def get_template(env: dict, wait: bool = True, timeout_s: float = 300.0) -> Template:
     """The kernel's template, started now if there is none, it died, or ``env`` differs from its
     environment in a variable read at import time (:func:`import_time_env`). ``wait=False`` returns
-    while it still imports (:func:`mgpu_utils.launcher.warm_up`).
+    while it still imports (:func:`mgpu_utils.launcher.warm_up`); else it waits up to ``timeout_s``.
 
     Raises:
         RuntimeError: the template did not start (with its output).
@@ -317,7 +331,7 @@ def get_template(env: dict, wait: bool = True) -> Template:
             t = _TEMPLATE = Template(env, wait=False)
     if wait:
         try:
-            t.wait_ready()
+            t.wait_ready(timeout_s)
         except RuntimeError:
             with _TEMPLATE_LOCK:
                 if _TEMPLATE is t:
@@ -329,17 +343,20 @@ def get_template(env: dict, wait: bool = True) -> Template:
 def close_template() -> None:
     """End the kernel's template now (the next warm launch starts a new one)."""
     global _TEMPLATE
-    if _TEMPLATE is not None:
-        _TEMPLATE.close()
-        _TEMPLATE = None
+    with _TEMPLATE_LOCK:
+        t, _TEMPLATE = _TEMPLATE, None
+    if t is not None:
+        t.close()
 
 
-def start_job(script: str, args, nproc: int, env: dict, log_dir: str, cwd: str) -> WarmJob:
+def start_job(script: str, args, nproc: int, env: dict, log_dir: str, cwd: str,
+              timeout_s: float = 300.0) -> WarmJob:
     """Start ``nproc`` ranks of ``script`` from the template, torchrun's way (see the module docstring).
 
     Args:
         script: absolute path of the script; args: its command-line arguments (strings).
         env: the launcher's environment for every rank; log_dir: where ``<run>/attempt_0/<rank>/std*.log`` go.
+        timeout_s: how long a template that is still starting may take (the launch's own limit).
 
     Returns:
         A :class:`WarmJob` (poll it with ``wait``).
@@ -349,10 +366,15 @@ def start_job(script: str, args, nproc: int, env: dict, log_dir: str, cwd: str) 
     """
     from torch.distributed import TCPStore
 
-    template = get_template(env)
+    global _UNSAFE
+    if _UNSAFE:
+        raise RuntimeError(_UNSAFE)
+    template = get_template(env, timeout_s=timeout_s)
     why = template.unsafe()
-    if why:
-        raise RuntimeError(f"warm launches are not safe here: {why}")
+    if why:                                                # said once by the launcher; this process now
+        _UNSAFE = f"warm launches are not safe here: {why}"   # launches with torchrun
+        close_template()
+        raise RuntimeError(_UNSAFE)
     store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)   # torchrun's agent hosts it too
     run_id = uuid.uuid4().hex
     base = os.path.join(log_dir, run_id, "attempt_0")

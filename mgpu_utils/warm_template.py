@@ -6,9 +6,10 @@ the socket ``N`` (newline-delimited JSON, :class:`mgpu_utils.warm._Lines`):
 
 * ``{"cmd": "launch", "id", "script", "args", "envs", "log_dir", "cwd"}`` forks one child per entry of
   ``envs`` and answers ``{"id", "pids": {rank: pid}}``;
-* ``{"cmd": "stop", "id"}`` sends SIGTERM to that job's ranks, SIGKILL :data:`mgpu_utils.warm.GRACE_S` later;
+* ``{"cmd": "stop", "id"}`` sends SIGTERM to that job's ranks, SIGKILL :data:`mgpu_utils.warm.GRACE_S` later
+  (torchrun's agent waits up to 30 s; the course's scripts do not handle SIGTERM, so both end at once);
 * when every rank of a job has ended it sends ``{"id", "done": true, "codes": {rank: exit status}}``;
-  when one rank fails, the others are stopped first, as torchrun's agent does;
+  when one rank fails, the others are stopped in the same way first, as torchrun's agent does;
 * when the socket closes (the launching process ended), every rank is killed and the template exits.
 """
 
@@ -55,8 +56,8 @@ def _serve(fd: int) -> None:
             if job["term_at"] is not None and time.monotonic() - job["term_at"] > GRACE_S:
                 _signal_ranks(job, signal.SIGKILL)
             if len(job["codes"]) == len(job["pids"]):
-                for p in job["pids"]:
-                    _signal_group(p, signal.SIGKILL)       # what a rank left behind in its session
+                for p in job["pids"]:                     # what a rank left behind in its session (never
+                    _signal_group(p, signal.SIGKILL, session_only=True)    # the pid itself: reaped, reusable)
                 del jobs[job_id]
                 try:
                     lines.send({"id": job_id, "done": True, "codes": job["codes"]})
@@ -82,14 +83,17 @@ def _serve(fd: int) -> None:
             _signal_ranks(jobs[msg["id"]], signal.SIGTERM)
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def _signal_group(pid: int, sig: int, session_only: bool = False) -> None:
+    """Signal the session of rank ``pid`` (the rank and what it started: DataLoader workers); a rank not yet
+    in its own session gets the signal itself, unless ``session_only``."""
     try:
-        os.killpg(pid, sig)                                # the rank and what it started (DataLoader workers)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, sig)                              # not yet in its own session
-        except ProcessLookupError:
-            pass
+        if not session_only:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 def _signal_ranks(job: dict, sig: int) -> None:
@@ -127,6 +131,11 @@ def _start_ranks(job: dict, base_path: list, ctl_fd: int) -> dict:
             code = 1
             try:
                 code = _become_rank(job, rank, env, base_path, ctl_fd)
+            except BaseException:                          # noqa: BLE001 - e.g. the cwd is gone: say so
+                import traceback
+
+                traceback.print_exc()                      # to the rank's stderr.log (or the template's log)
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         pids[pid] = rank
@@ -184,7 +193,7 @@ def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) 
         runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        code = (e.code & 0xFF) if isinstance(e.code, int) else (0 if e.code is None else 1)   # as exit(3) does
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
     except BaseException as e:                             # noqa: BLE001 - printed as Python prints it
@@ -193,7 +202,9 @@ def _become_rank(job: dict, rank: int, env: dict, base_path: list, ctl_fd: int) 
             tb = tb.tb_next                                 # from the script's frame on, as `python script.py`
         e.__traceback__ = tb or e.__traceback__            # the built-in hook prints e.__traceback__
         sys.excepthook(type(e), e, e.__traceback__)
-        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
+        code = 1
+        if isinstance(e, KeyboardInterrupt):
+            return _finish(code, by_sigint=True)
     return _finish(code)
 
 
@@ -213,9 +224,11 @@ def _set_threads(env: dict) -> None:
         pass
 
 
-def _finish(code: int) -> int:
+def _finish(code: int, by_sigint: bool = False) -> int:
     """What the interpreter does at exit, without finalization (see :func:`mgpu_utils.dist.shutdown`):
-    join non-daemon threads, run the atexit callbacks, flush; a KeyboardInterrupt ends by SIGINT."""
+    join non-daemon threads, run the atexit callbacks, flush Python's and the C library's buffers; after an
+    uncaught KeyboardInterrupt the process ends by SIGINT, as Python's does."""
+    import ctypes
     import threading
 
     try:
@@ -228,14 +241,18 @@ def _finish(code: int) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    if code == -signal.SIGINT:
+    try:
+        ctypes.CDLL(None).fflush(None)                     # printf from C/C++ code: os._exit would drop it
+    except (OSError, AttributeError):
+        pass
+    if by_sigint:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    return code if code >= 0 else 1
+    return code
 
 
 def main(argv=None) -> None:
-    """Entry point of the template process: ``python -m mgpu_utils.warm --fd N --owner PID``."""
+    """Entry point of the template process: ``python -m mgpu_utils.warm_template --fd N --owner PID``."""
     import argparse
 
     p = argparse.ArgumentParser(description="the warm launch template (started by mgpu_utils.launcher)")

@@ -179,9 +179,14 @@ def test_an_unsafe_template_falls_back_to_torchrun_and_says_so(monkeypatch, caps
 
     monkeypatch.setattr(warm.Template, "unsafe", lambda self: "a simulated reason")
     monkeypatch.setattr(launcher, "_WARM_UNSAFE_SAID", set())
+    monkeypatch.setattr(warm, "_UNSAFE", None)                 # restored after the test
     res = run_torchrun("hello_dist.py", 2, show="none", via="warm")
     assert res.via == "torchrun" and res.result["sum_of_ranks"] == 1
     assert "a simulated reason; this kernel launches with torchrun instead" in capsys.readouterr().out
+    assert warm._TEMPLATE is None, "the unsafe template was ended"
+    again = run_torchrun("hello_dist.py", 2, show="none", via="warm")
+    assert again.via == "torchrun" and warm._TEMPLATE is None, "no new template is tried"
+    assert capsys.readouterr().out == "", "said once"
 
 
 def test_concurrent_launches_share_one_template():
@@ -274,3 +279,12 @@ def test_gpu_ranks_in_both_modes():
     got = run_torchrun("ddp_train.py", nproc, args, show="none", via="warm")
     assert got.via == "warm" and got.result["backend"] == ref.result["backend"] == "nccl"
     assert untimed(ref.result) == untimed(got.result)
+
+
+def test_output_from_c_is_kept():
+    """printf from C code sits in the C library's buffer (stdout is a file); a warm rank flushes it before
+    os._exit, as a normal interpreter exit does."""
+    for via in ("torchrun", "warm"):
+        res = run_torchrun(SCRIPTS / "c_print.py", 2, show="none", via=via)
+        for r in (0, 1):
+            assert f"printed by C in rank {r}" in res.logs[r]["stdout"], via
