@@ -57,3 +57,29 @@ def gloo_group_of_one(tmp_path):
         dist.destroy_process_group()
         gc.collect()
         gc.enable()
+
+
+@pytest.fixture(autouse=True)
+def no_rank_left_behind():
+    """After every test, the warm template (if this pytest process started one) has no child left: every rank
+    of every launch has ended and been reaped (issue 19's "no process is left behind after any test")."""
+    yield
+    import time
+
+    from mgpu_utils import warm
+
+    t = warm._TEMPLATE
+    if t is None or not t.alive():
+        return
+    import psutil
+
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            left = psutil.Process(t.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"processes of the warm template left after the test: {[p.pid for p in left]}"
