@@ -1,5 +1,5 @@
-"""Strong scaling of one DDP training step on real digits: the same global batch, split over N ranks
-(notebooks/03_ddp.ipynb, section 5b).
+"""Strong and weak scaling of one DDP training step on real digits (notebooks/03_ddp.ipynb, section 5b;
+notebooks/10_benchmarking.ipynb and benchmarks/scaling.py).
 
 The step is compute-bound on purpose: an MLP of --depth hidden layers of --width units on the
 1,438 training digits, a global batch of --global-batch samples split evenly over the ranks, and
@@ -12,16 +12,24 @@ waits at a barrier before the clock starts; the step time is rank 0's median ove
 --warmup untimed ones. Before each step the same forward + backward runs on the local batch without
 DDP (no communication) and is timed the same way: its median is the compute share of the step.
 
+Weak scaling: --per-rank-batch B keeps B samples per rank, so the global batch is B x N.
+--sweep-bytes 65536,1048576,... then times all-reduces of those sizes (10 back to back, median of 5, for an alpha-beta fit).
+Where the machine has energy counters (NVML on GPUs, Linux RAPL on CPUs; mgpu_utils.energy), --energy-steps
+more DDP steps run alone under the meter: energy_j and joules_per_sample (null, with energy_note, if none).
+
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_batch, local_batch,
-params, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s and
-final_loss (the last step's loss on the whole global batch).
+params, grad_bytes, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s,
+final_loss (the last step's loss on the whole global batch), allreduce ([bytes, median seconds] pairs),
+energy_j, joules_per_sample and energy_note.
 
 For a speed-up, start at most one rank per physical core (4 ranks on a 2-core laptop only take turns).
 
 Run:
+    torchrun --standalone --nproc-per-node 2 launch_scripts/ddp_speedup.py --threads 1 --per-rank-batch 1024
     torchrun --standalone --nproc-per-node 4 launch_scripts/ddp_speedup.py --threads 1
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -32,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.energy import EnergyMeter
 from mgpu_utils.models import make_mlp
 
 
@@ -44,7 +53,8 @@ def sync(device):
 def main():
     p = argparse.ArgumentParser(description="DDP strong scaling on digits")
     g = p.add_argument_group("the step (defaults: about 0.2 s per step with one rank and one thread)")
-    g.add_argument("--global-batch", type=int, default=2048, help="samples per step over all ranks")
+    g.add_argument("--global-batch", type=int, default=2048, help="samples per step over all ranks (strong)")
+    g.add_argument("--per-rank-batch", type=int, default=None, help="samples per rank instead (weak scaling)")
     g.add_argument("--width", type=int, default=1024, help="hidden units per layer")
     g.add_argument("--depth", type=int, default=3, help="hidden layers")
     g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
@@ -52,10 +62,14 @@ def main():
     g.add_argument("--steps", type=int, default=12, help="timed steps (the median is reported)")
     g.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     g.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (torch.set_num_threads)")
+    g.add_argument("--sweep-bytes", default="", help="comma-separated all-reduce sizes to time (bytes)")
+    g.add_argument("--energy-steps", type=int, default=10, help="DDP steps under the energy meter, if any")
     args = p.parse_args()
 
     with distributed() as ctx:
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
+        if args.per_rank_batch:
+            args.global_batch = args.per_rank_batch * world
         if args.global_batch % world:
             raise ValueError(f"--global-batch {args.global_batch} is not divisible by world size {world}: "
                              f"choose a multiple of {world}")
@@ -105,6 +119,30 @@ def main():
                 times.append(t)
                 compute.append(c)
 
+        meter = EnergyMeter(gpus=[device.index or 0] if device.type == "cuda" else None)
+        counts = device.type == "cuda" or rank == 0  # RAPL counts the whole machine: rank 0 reads it; NVML one GPU each
+        measure = torch.tensor([int(meter.available or not counts)], device=device)
+        if dist.is_initialized():
+            dist.all_reduce(measure, op=dist.ReduceOp.MIN)  # every rank runs the steps, or none
+        energy = None
+        if measure.item():
+            with meter if counts else contextlib.nullcontext():
+                for _ in range(args.energy_steps):
+                    x, y = batch()
+                    ddp_step()
+                sync(device)
+            energy = torch.tensor(meter.joules if counts else 0.0, dtype=torch.float64, device=device)
+            if device.type == "cuda" and dist.is_initialized():
+                dist.all_reduce(energy)
+        sweep = []
+        for nbytes in [int(b) for b in args.sweep_bytes.split(",") if b]:
+            buf = torch.ones(nbytes // 4, device=device)
+            def ten():                            # back to back after one barrier, as nccl-tests times them
+                for _ in range(10):
+                    dist.all_reduce(buf)
+            ts = [timed(ten) / 10 if dist.is_initialized() else 0.0 for _ in range(6)]
+            sweep.append([nbytes, statistics.median(ts[1:])])
+
         step_s = statistics.median(times)
         last = loss.detach().clone()              # the last step's loss on the global batch:
         if dist.is_initialized():                 # equal shards, so the mean of the ranks' means
@@ -114,9 +152,14 @@ def main():
                 f"step {1e3 * step_s:.1f} ms (compute {1e3 * statistics.median(compute):.1f} ms)")
         emit_result({"world_size": world, "threads_per_rank": args.threads, "global_batch": args.global_batch,
                      "local_batch": local, "params": sum(q.numel() for q in model.parameters()),
+                     "grad_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
                      "step_seconds": step_s, "step_seconds_all": times,
                      "compute_seconds": statistics.median(compute),
-                     "samples_per_s": args.global_batch / step_s, "final_loss": last.item()}, rank)
+                     "samples_per_s": args.global_batch / step_s, "final_loss": last.item(), "allreduce": sweep,
+                     "energy_j": None if energy is None else energy.item(),
+                     "joules_per_sample": None if energy is None else energy.item() / (args.energy_steps
+                                                                                       * args.global_batch),
+                     "energy_note": meter.reason}, rank)
 
 
 if __name__ == "__main__":

@@ -21,23 +21,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.models import byte_gpt2 as make_model
 from mgpu_utils.planner import parse_layouts
 from mgpu_utils.text_data import byte_corpus, corpus_sha256, get_batch, split
 from mgpu_utils.timing import synced_clock
-
-
-def make_model(layers=2, embd=64, heads=4, seq=64, seed=0):
-    """A randomly initialised byte-level GPT2LMHeadModel (vocab 256, dropout 0: runs are comparable)."""
-    cfg = GPT2Config(vocab_size=256, n_positions=seq, n_embd=embd, n_layer=layers, n_head=heads,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(cfg).float()
-    model.loss_type = "ForCausalLM"   # the loss HF uses anyway; naming it silences a notice
-    return model
 
 
 def _linear(w, b):

@@ -1,4 +1,5 @@
-"""The small models the launch scripts train: a CNN and an MLP factory (digits in, 10 logits out).
+"""The small models the launch scripts train: a CNN and an MLP factory (digits in, 10 logits out), and a
+byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 10).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
 ``ddp_internals.py``); lessons 07 and 08 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
@@ -90,3 +91,24 @@ def ddp_recording_buckets(model: nn.Module, cap_mb: float | None = None, warm=No
         ddp.zero_grad(set_to_none=True)
         sizes.clear()
     return ddp, sizes
+
+
+def byte_gpt2(layers: int = 2, embd: int = 64, heads: int = 4, seq: int = 64, seed: int = 0):
+    """A randomly initialised byte-level ``transformers.GPT2LMHeadModel`` (vocab 256, dropout 0: runs are comparable).
+
+    Args:
+        layers, embd, heads: depth, width (d_model) and attention heads; seq: the context length (positions).
+        seed: ``torch.manual_seed`` before the weights are drawn (same seed, same model on every rank).
+
+    Returns:
+        the model in fp32 on the CPU; input ids are bytes (0..255), ``model(x, labels=x).loss`` is the
+        next-byte cross-entropy. Introduced in ``notebooks/06_hybrid_parallel.ipynb`` (``hybrid_gpt2.py``).
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=256, n_positions=seq, n_embd=embd, n_layer=layers, n_head=heads,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(cfg).float()
+    model.loss_type = "ForCausalLM"   # the loss HF uses anyway; naming it silences a notice
+    return model

@@ -13,7 +13,7 @@ LOSS_ATOL = 1e-4          # the tolerance the notebook states: fp32, summation o
 
 def reference_losses():
     """Plain single-process GPT2LMHeadModel (HF Conv1D, no parallelism) on the same global batches."""
-    from hybrid_gpt2 import make_model
+    from mgpu_utils.models import byte_gpt2 as make_model
 
     train, _ = split(byte_corpus())
     model = make_model(seq=SEQ)
@@ -33,7 +33,8 @@ def reference_losses():
 def reference_grad_norms():
     """Step-0 gradient norm of every parameter of the single-process model with the script's Linear swap
     (same parameter names as the meshes; the swap itself is checked by the script against HF's Conv1D)."""
-    from hybrid_gpt2 import make_model, to_linear_gpt2
+    from hybrid_gpt2 import to_linear_gpt2
+    from mgpu_utils.models import byte_gpt2 as make_model
 
     train, _ = split(byte_corpus())
     model = to_linear_gpt2(make_model(seq=SEQ))
@@ -155,7 +156,8 @@ def test_parse_layouts_one_message_per_failed_check():
 
 
 def test_tensor_parallel_checks_before_touching_the_mesh():
-    from hybrid_gpt2 import make_model, tensor_parallel, to_linear_gpt2
+    from hybrid_gpt2 import tensor_parallel, to_linear_gpt2
+    from mgpu_utils.models import byte_gpt2 as make_model
 
     class FakeMesh:                                           # only .size() is read before the checks
         def __init__(self, n):

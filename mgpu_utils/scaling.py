@@ -1,0 +1,138 @@
+"""Scaling laws and cost models fitted to measured runs (notebooks/10_benchmarking.ipynb).
+
+* :func:`speedups`: speed-up and parallel efficiency from measured throughputs (strong or weak scaling).
+* :func:`amdahl_speedup` / :func:`fit_amdahl`: Amdahl's law S(N) = 1 / (f + (1 - f) / N) and the serial
+  fraction f that fits measured speed-ups best; :func:`gustafson_speedup` is its weak-scaling twin.
+* :func:`predict_step` / :func:`predict_scaling`: the step time of data-parallel training from a compute
+  time and the alpha-beta model of a ring all-reduce, t = 2 (N - 1) alpha + 2 (N - 1) / N * bytes / B
+  (:func:`mgpu_utils.bandwidth.ring_allreduce_model`, fitted by ``fit_ring_allreduce``, lesson 04), on
+  this machine or on GPUs and links from :mod:`mgpu_utils.hardware`.
+
+Pure Python and numpy: no process group, no torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mgpu_utils.bandwidth import ring_allreduce_model
+
+
+def speedups(rows: list[dict]) -> dict[int, dict]:
+    """Speed-up and parallel efficiency of each world size against world size 1.
+
+    Args:
+        rows: one dict per run with ``world_size`` (int) and ``samples_per_s`` (the whole job's
+            throughput); exactly one row must have world size 1.
+
+    Returns:
+        ``{N: {"speedup": S, "efficiency": S / N}}`` with S = samples_per_s(N) / samples_per_s(1).
+        For strong scaling (same global batch) S = time(1) / time(N); for weak scaling (same batch per
+        rank) it is the scaled speed-up, N * time(1) / time(N). Either way 100% efficiency is perfect.
+
+    Raises:
+        ValueError: no run with world size 1, or two runs with the same world size.
+    """
+    by_n = {}
+    for r in rows:
+        if r["world_size"] in by_n:
+            raise ValueError(f"two runs with world size {r['world_size']}: keep one per world size")
+        by_n[r["world_size"]] = r["samples_per_s"]
+    if 1 not in by_n:
+        raise ValueError("speed-ups need a run with world size 1 (the baseline): add it")
+    return {n: {"speedup": s / by_n[1], "efficiency": s / by_n[1] / n} for n, s in sorted(by_n.items())}
+
+
+def amdahl_speedup(n, serial_fraction: float):
+    """Amdahl's law: S(N) = 1 / (f + (1 - f) / N) for a fixed problem (strong scaling); n may be an array."""
+    n = np.asarray(n, dtype=float)
+    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / n)
+
+
+def gustafson_speedup(n, serial_fraction: float):
+    """Gustafson's law: S(N) = N - f (N - 1) when the problem grows with N (weak scaling); n may be an array."""
+    n = np.asarray(n, dtype=float)
+    return n - serial_fraction * (n - 1.0)
+
+
+def fit_amdahl(world_sizes, speedup_values) -> float:
+    """The serial fraction f in [0, 1] whose Amdahl curve fits measured speed-ups best.
+
+    1 / S = f + (1 - f) / N is linear in f: 1 / S - 1 / N = f (1 - 1 / N), solved by least squares
+    through the origin. World size 1 carries no information (x = 0); with a single N > 1 the fit is
+    exact: f = (N / S - 1) / (N - 1).
+
+    Raises:
+        ValueError: lengths differ, or no world size above 1.
+    """
+    n = np.asarray(world_sizes, dtype=float)
+    s = np.asarray(speedup_values, dtype=float)
+    if n.shape != s.shape:
+        raise ValueError(f"{n.size} world sizes but {s.size} speed-ups: give one speed-up per world size")
+    x, y = 1.0 - 1.0 / n, 1.0 / s - 1.0 / n
+    if not np.any(x > 0):
+        raise ValueError("an Amdahl fit needs at least one run with more than 1 rank")
+    return float(np.clip(np.dot(x, y) / np.dot(x, x), 0.0, 1.0))
+
+
+def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, bandwidth_bps: float,
+                 mode: str = "strong", overlap: float = 0.0) -> float:
+    """Predicted seconds per data-parallel step on ``n`` ranks.
+
+    Args:
+        n: world size (>= 1).
+        compute_s: forward + backward + optimizer seconds of the step on ONE rank with the whole
+            (strong) or its own (weak) batch.
+        grad_bytes: bytes all-reduced per step (parameters x bytes per gradient element).
+        alpha_s, bandwidth_bps: the link's latency per message (s) and bandwidth (bytes/s), fitted with
+            :func:`mgpu_utils.bandwidth.fit_ring_allreduce` or from a datasheet.
+        mode: "strong" (the global batch is split: compute_s / n per rank) or "weak" (compute_s per rank).
+        overlap: 0..1, the share of the compute under which the all-reduce can hide (DDP overlaps bucket
+            all-reduces with the backward pass: about 2/3 of the step at best). 0 is no overlap.
+
+    Returns:
+        compute + max(0, comm - overlap * compute), with comm = ring_allreduce_model(grad_bytes, n, ...)
+        (0 for n = 1).
+
+    Raises:
+        ValueError: n < 1, an unknown mode or overlap outside [0, 1].
+    """
+    if n < 1:
+        raise ValueError(f"world size must be >= 1, got {n}")
+    if mode not in ("strong", "weak"):
+        raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap is a share between 0 and 1, got {overlap}")
+    compute = compute_s / n if mode == "strong" else compute_s
+    comm = float(ring_allreduce_model(grad_bytes, n, alpha_s, bandwidth_bps)) if n > 1 else 0.0
+    return compute + max(0.0, comm - overlap * compute)
+
+
+def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: float, bandwidth_bps: float,
+                    mode: str = "strong", overlap: float = 0.0) -> dict[int, dict]:
+    """:func:`predict_step` for each world size, with the speed-up and efficiency it implies.
+
+    Returns:
+        ``{N: {"step_s", "speedup", "efficiency"}}``; the speed-up is against the same model at N = 1,
+        in throughput (weak scaling: N times the samples per step).
+    """
+    base = predict_step(1, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap)
+    out = {}
+    for n in world_sizes:
+        step = predict_step(n, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap)
+        s = base / step * (n if mode == "weak" else 1)
+        out[int(n)] = {"step_s": step, "speedup": s, "efficiency": s / n}
+    return out
+
+
+def gpu_compute_seconds(flops: float, peak_tflops: float, mfu: float) -> float:
+    """Seconds a GPU needs for ``flops`` at a model-FLOP utilisation ``mfu`` (0..1] of its datasheet peak.
+
+    Raises:
+        ValueError: mfu outside (0, 1] or a peak <= 0.
+    """
+    if not 0.0 < mfu <= 1.0:
+        raise ValueError(f"MFU is a share of the peak between 0 and 1, got {mfu}")
+    if peak_tflops <= 0:
+        raise ValueError(f"peak must be > 0 TFLOP/s, got {peak_tflops}")
+    return flops / (peak_tflops * 1e12 * mfu)
