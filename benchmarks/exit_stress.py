@@ -47,6 +47,8 @@ CASES = {
                        4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},
     "local_sgd.py": ["--H", 1, 2, "--with-sync", "--steps", 8, "--eval-every", 2],
     "pipeline_parallel.py": ["--stage-ms", 0],
+    "profile_step.py": lambda: ["--layers", 1, "--embd", 32, "--heads", 2, "--seq", 16, "--batch", 2, "--warmup", 1,
+                                "--timed", 1, "--steps", 1, "--trace-dir", tempfile.mkdtemp(prefix="mgpu_stress_")],
     "ring_allreduce.py": ["--sizes-kib", ""],
     "sync_async.py": ["--steps", 12, "--delay-ms", 0],
     "tensor_parallel.py": [],

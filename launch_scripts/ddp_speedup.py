@@ -13,13 +13,14 @@ waits at a barrier before the clock starts; the step time is rank 0's median ove
 DDP (no communication) and is timed the same way: its median is the compute share of the step.
 
 Weak scaling: --per-rank-batch B keeps B samples per rank, so the global batch is B x N.
---sweep-bytes 65536,1048576,... then times all-reduces of those sizes (10 back to back, median of 5, for an alpha-beta fit).
+--sweep-bytes 65536,1048576,... then times all-reduces of those sizes (10 back to back, median of 5, for an
+alpha-beta fit; none at world size 1).
 Where the machine has energy counters (NVML on GPUs, Linux RAPL on CPUs; mgpu_utils.energy), --energy-steps
 more DDP steps run alone under the meter: energy_j and joules_per_sample (null, with energy_note, if none).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_batch, local_batch,
 params, grad_bytes, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s,
-final_loss (the last step's loss on the whole global batch), allreduce ([bytes, median seconds] pairs),
+final_loss (the last step's loss on the whole global batch), allreduce_s ([bytes, median seconds] pairs),
 energy_j, joules_per_sample and energy_note.
 
 For a speed-up, start at most one rank per physical core (4 ranks on a 2-core laptop only take turns).
@@ -135,12 +136,12 @@ def main():
             if device.type == "cuda" and dist.is_initialized():
                 dist.all_reduce(energy)
         sweep = []
-        for nbytes in [int(b) for b in args.sweep_bytes.split(",") if b]:
+        for nbytes in [int(b) for b in args.sweep_bytes.split(",") if b and world > 1]:   # alone: nothing to reduce
             buf = torch.ones(nbytes // 4, device=device)
             def ten():                            # back to back after one barrier, as nccl-tests times them
                 for _ in range(10):
                     dist.all_reduce(buf)
-            ts = [timed(ten) / 10 if dist.is_initialized() else 0.0 for _ in range(6)]
+            ts = [timed(ten) / 10 for _ in range(6)]
             sweep.append([nbytes, statistics.median(ts[1:])])
 
         step_s = statistics.median(times)
@@ -155,7 +156,7 @@ def main():
                      "grad_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
                      "step_seconds": step_s, "step_seconds_all": times,
                      "compute_seconds": statistics.median(compute),
-                     "samples_per_s": args.global_batch / step_s, "final_loss": last.item(), "allreduce": sweep,
+                     "samples_per_s": args.global_batch / step_s, "final_loss": last.item(), "allreduce_s": sweep,
                      "energy_j": None if energy is None else energy.item(),
                      "joules_per_sample": None if energy is None else energy.item() / (args.energy_steps
                                                                                        * args.global_batch),

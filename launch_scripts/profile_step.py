@@ -14,10 +14,11 @@ MFU = counted FLOPs per step x world size / (median step seconds x world size x 
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, device, params, non_embedding_params,
 tokens_per_step (all ranks), flops_per_step (counted, all ranks), flops_6n, layers, seq, embd, vocab,
-step_seconds (median of the untraced steps), peak_flops_per_rank, peak_source, mfu, losses, traces (paths).
+step_seconds (median of the untraced steps), peak_flops_per_s (one rank's peak), peak_source, mfu, losses,
+traces (the trace files' paths).
 
 Run:
-    torchrun --standalone --nproc-per-node 2 launch_scripts/profile_step.py --trace-dir build/traces
+    torchrun --standalone --nproc-per-node 4 launch_scripts/profile_step.py --trace-dir build/traces
 """
 import argparse
 import os
@@ -134,7 +135,7 @@ def main():
                      "tokens_per_step": tokens_rank * world, "flops_per_step": flops[0].item(),
                      "flops_6n": 6 * (n_params - embed) * tokens_rank * world, "layers": args.layers,
                      "seq": args.seq, "embd": args.embd, "vocab": model.config.vocab_size,
-                     "step_seconds": step_s, "peak_flops_per_rank": flops[1].item() / world,
+                     "step_seconds": step_s, "peak_flops_per_s": flops[1].item() / world,
                      "peak_source": peak_source, "mfu": flops[0].item() / step_s / flops[1].item(),
                      "losses": losses, "traces": traces}, rank)
 

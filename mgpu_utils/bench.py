@@ -44,7 +44,7 @@ def scaling_runs(sizes, mode: str = "strong", batch: int = 2048, *, steps: int =
         sizes: world sizes; mode: "strong" (``batch`` is the global batch, split over the ranks; it must
             be divisible by every size) or "weak" (``batch`` samples on every rank).
         steps, warmup: timed and untimed steps per run (the step time is rank 0's median).
-        sweep: also time all-reduces of :data:`SWEEP_BYTES` at world sizes above 1 (``result["allreduce"]``).
+        sweep: also time all-reduces of :data:`SWEEP_BYTES` at world sizes above 1 (``result["allreduce_s"]``).
         backend: None chooses as every lesson does (NCCL with a GPU per rank, else gloo).
 
     Raises:
@@ -89,11 +89,11 @@ def study(strong: list[dict], weak: list[dict] | None = None, cores: int | None 
     fit_n = [n for n in out["strong"] if cores is None or n <= cores]
     out["serial_fraction"] = (scaling.fit_amdahl(fit_n, [out["strong"][n]["speedup"] for n in fit_n])
                               if max(fit_n) > 1 else None)
-    swept = [r for r in strong if len(r.get("allreduce") or []) >= 2 and r["world_size"] in fit_n]
+    swept = [r for r in strong if len(r.get("allreduce_s") or []) >= 2 and r["world_size"] in fit_n]
     out["alpha_beta"] = None
     if swept:                                     # the largest world size that has one core per rank
         r = max(swept, key=lambda r: r["world_size"])
-        sizes, secs = zip(*r["allreduce"])
+        sizes, secs = zip(*r["allreduce_s"])
         alpha, bw = fit_ring_allreduce(sizes, secs, r["world_size"])
         model = ring_allreduce_model(sizes, r["world_size"], alpha, bw)
         out["alpha_beta"] = {"world_size": r["world_size"], "alpha_s": alpha, "bandwidth_bps": bw,

@@ -45,8 +45,8 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
         from matplotlib.ticker import FuncFormatter
 
         r = next(r for r in strong if r["world_size"] == ab["world_size"])
-        b = np.array([p[0] for p in r["allreduce"]], dtype=float)
-        a2.loglog(b / 2**20, [1e3 * p[1] for p in r["allreduce"]], "o", label=f"{ab['world_size']} ranks, measured")
+        b = np.array([p[0] for p in r["allreduce_s"]], dtype=float)
+        a2.loglog(b / 2**20, [1e3 * p[1] for p in r["allreduce_s"]], "o", label=f"{ab['world_size']} ranks, measured")
         a2.loglog(b / 2**20, 1e3 * ring_allreduce_model(b, ab["world_size"], ab["alpha_s"], ab["bandwidth_bps"]),
                   "-", color="gray", label="alpha-beta fit")
         plain = FuncFormatter(lambda v, _: f"{v:g}")

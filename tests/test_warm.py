@@ -24,7 +24,8 @@ from exit_stress import CASES, args_for  # noqa: E402
 
 SCRIPTS = ROOT / "tests" / "scripts"
 MISBEHAVE = str(SCRIPTS / "misbehave.py")
-TIMING_KEY = re.compile(r"(^|_)(s|ms)$|^ms_|seconds|GBps|per_s|per_call|^pids?$|^(start|end)$")
+# measured times and what follows from them (MFU), and values that differ per run (pids, fresh folders)
+TIMING_KEY = re.compile(r"(^|_)(s|ms)$|^ms_|seconds|GBps|per_s|per_call|^pids?$|^(start|end)$|^mfu$|^traces$")
 
 
 def flat(x, path=()):
