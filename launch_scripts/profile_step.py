@@ -7,13 +7,13 @@ during it) and "optimizer" (AdamW). After --warmup untraced steps, --steps steps
 on every rank, and each rank writes its own Chrome/Perfetto trace, <--trace-dir>/trace_rank<r>.json.
 
 MFU: the model FLOPs of one rank's step are counted with torch.utils.flop_counter.FlopCounterMode
-(forward + backward, on the model without DDP) and compared with 6 N per token (N: non-embedding
-parameters; Kaplan et al., 2020). The peak per rank is measured on a CPU as in lesson 01 (the best median
+(forward + backward, on the model without DDP, attention through SDPA's math backend so that it is
+counted) and compared with 6 N per token (N: non-embedding parameters; Kaplan et al., 2020). The peak per rank is measured on a CPU as in lesson 01 (the best median
 FLOP/s of fp32 matmuls, with the same threads) and taken from the datasheet on a GPU (mgpu_utils.hardware).
 MFU = counted FLOPs per step x world size / (median step seconds x world size x peak per rank).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, device, params, non_embedding_params,
-tokens_per_step (all ranks), flops_per_step (counted, all ranks), flops_6n, layers, seq, embd, vocab,
+tokens_per_step (all ranks), flops_per_step (counted, all ranks), flops_6n, layers, seq, embd, heads, vocab,
 step_seconds (median of the untraced steps), peak_flops_per_s (one rank's peak), peak_source, mfu, losses,
 traces (the trace files' paths).
 
@@ -26,6 +26,7 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
@@ -75,7 +76,9 @@ def main():
         opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
 
         xb = get_batch(data, 0, args.batch, args.seq - 1, seed=rank).to(device)  # windows of --seq bytes
-        with FlopCounterMode(display=False) as counter:   # one rank's forward + backward, no DDP hooks
+        # one rank's forward + backward, without DDP's hooks; attention through SDPA's math backend: the same
+        # FLOPs, but the counter has no formula for the fused CPU kernel and would miss the T x T products
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(xb, labels=xb).loss.backward()
         model.zero_grad(set_to_none=True)
         flops_rank = counter.get_total_flops()
@@ -134,7 +137,7 @@ def main():
                      "params": n_params, "non_embedding_params": n_params - embed,
                      "tokens_per_step": tokens_rank * world, "flops_per_step": flops[0].item(),
                      "flops_6n": 6 * (n_params - embed) * tokens_rank * world, "layers": args.layers,
-                     "seq": args.seq, "embd": args.embd, "vocab": model.config.vocab_size,
+                     "seq": args.seq, "embd": args.embd, "heads": args.heads, "vocab": model.config.vocab_size,
                      "step_seconds": step_s, "peak_flops_per_s": flops[1].item() / world,
                      "peak_source": peak_source, "mfu": flops[0].item() / step_s / flops[1].item(),
                      "losses": losses, "traces": traces}, rank)

@@ -37,6 +37,7 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
         a1.plot(grid, scaling.amdahl_speedup(grid, f), ":", color="gray", label=f"Amdahl fit, f = {f:.3f}")
     if cores and cores < n_max:
         a1.axvspan(cores + 0.5, n_max + 0.5, color="#F2C9A9", alpha=0.5, label="more ranks than cores")
+    a1.set_xticks(sorted({r["world_size"] for r in strong + (weak or [])}))
     a1.set(xlabel="ranks", ylabel="speed-up over 1 rank", title=f"Speed-up ({threads} thread per rank)")
     a1.legend(fontsize=9, loc="upper left")
     a1.grid(alpha=0.3)
@@ -98,4 +99,94 @@ def plot_timeline(traces: list[dict], threads_per_rank: int | None = None):  # p
                loc="lower center")
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout(rect=(0, 0.3 / height, 1, 1))
+    return fig
+
+
+def draw_clock_pitfall():  # pragma: no mutate block
+    """Why a host clock needs a synchronisation: the host enqueues work that runs later on a device stream
+    (or a communication thread); reading the clock right after the enqueue measures the launch, not the work."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 2.6))
+    ax.barh(1, 0.6, left=0.2, color="#8FB8DE", height=0.5)
+    ax.text(0.5, 1, "enqueue", ha="center", va="center", fontsize=10)
+    ax.barh(0, 5.2, left=0.8, color="#4C72B0", height=0.5)
+    ax.text(3.4, 0, "the work: kernels on a CUDA stream, or an all-reduce on NCCL / gloo", ha="center",
+            va="center", color="white", fontsize=10)
+    for x, label, color in ((0.8, "naive clock read\n(measures the launch)", "#C44E52"),
+                            (6.0, "after synchronize()\n(measures the work)", "#55A868")):
+        ax.axvline(x, color=color, lw=2, ls="--")
+        ax.text(x + 0.08, 1.45, label, color=color, fontsize=10, va="center")
+    ax.set_yticks([0, 1], ["device / comm thread", "host (Python)"])
+    ax.set_ylim(-0.5, 1.9)
+    ax.set_xlim(0, 7.6)
+    ax.set_xticks([])
+    ax.set_xlabel("time")
+    ax.set_title("Asynchronous work: stop the clock after a synchronisation")
+    fig.tight_layout()
+    return fig
+
+
+def plot_gpu_prediction(pred: dict, title: str):  # pragma: no mutate block
+    """Predicted parallel efficiency against GPUs (log2 axis), one line per link and overlap assumption.
+
+    Args:
+        pred: ``{label: {N: {"efficiency", ...}}}`` from :func:`mgpu_utils.scaling.predict_scaling`.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 3.8))
+    for label, rows in pred.items():
+        ns = sorted(rows)
+        ax.plot(ns, [100 * rows[n]["efficiency"] for n in ns], "o-" if "overlap" not in label else "s--",
+                ms=4, label=label)
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set(xlabel="GPUs (data parallel)", ylabel="predicted efficiency (%)", ylim=(0, 105), title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_report(rows: list[dict], cores: int | None = None):  # pragma: no mutate block
+    """The scaling report's figure: throughput against ranks (strong and weak, with the ideal), and each run's
+    parallel efficiency and MFU side by side.
+
+    Args:
+        rows: scaling rows with ``mode``, ``world_size``, ``samples_per_s``, ``efficiency`` and ``mfu``.
+        cores: physical cores, named in the title.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    threads = rows[0]["threads_per_rank"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for mode, marker in (("strong", "o-"), ("weak", "s-")):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["world_size"])
+        if not rs:
+            continue
+        ns = [r["world_size"] for r in rs]
+        line, = a1.plot(ns, [r["samples_per_s"] for r in rs], marker, label=f"{mode} scaling")
+        a1.plot(ns, [rs[0]["samples_per_s"] * n for n in ns], ":", color=line.get_color(), label=f"{mode}, ideal")
+    a1.set_xticks(sorted({r["world_size"] for r in rows}))
+    a1.set(xlabel="ranks", ylabel="samples/s (whole job)",
+           title=f"Throughput ({threads} thread per rank" + (f", {cores} cores)" if cores else ")"))
+    a1.legend(fontsize=9)
+    a1.grid(alpha=0.3)
+    labels = [f"{r['mode']}\n{r['world_size']} rank" + ("s" if r["world_size"] > 1 else "") for r in rows]
+    x = np.arange(len(rows))
+    eff = [100 * r["efficiency"] for r in rows]
+    mfu = [100 * r["mfu"] if r.get("mfu") is not None else 0 for r in rows]
+    a2.bar(x - 0.2, eff, 0.4, label="parallel efficiency", color="#4C72B0")
+    a2.bar(x + 0.2, mfu, 0.4, label="MFU", color="#DD8452")
+    for xi, e, m in zip(x, eff, mfu):
+        a2.text(xi - 0.2, e + 1, f"{e:.0f}%", ha="center", va="bottom", fontsize=9)
+        a2.text(xi + 0.2, m + 1, f"{m:.0f}%", ha="center", va="bottom", fontsize=9)
+    a2.set_xticks(x, labels, fontsize=9)
+    a2.set(ylabel="%", ylim=(0, 118), title="Efficiency and MFU per run")
+    a2.legend(fontsize=9, loc="upper right")
+    fig.tight_layout()
     return fig

@@ -77,3 +77,35 @@ def batch_stream(dataset, num_replicas: int, rank: int, batch_size: int, seed: i
     while True:
         yield from shard_batches(dataset, num_replicas, rank, epoch, batch_size, seed)
         epoch += 1
+
+
+
+class AugmentedDigits:
+    """The digits as a map-style dataset whose samples cost CPU time to make, as real image pipelines do.
+
+    Each ``dataset[i]`` resizes the 8x8 image to ``size`` x ``size`` and applies a random affine transform
+    (``torchvision.transforms.v2``: rotation up to 15 degrees, shifts up to 10%, scale 0.9-1.1). A plain
+    class in this module, so that ``DataLoader`` workers can unpickle it under any start method (spawn,
+    forkserver: a class defined in a notebook cell cannot be).
+
+    Args:
+        size: output height and width (pixels); train: the training split (else the test split).
+
+    Items: ``(x, y)``: x float32 (1, size, size) in [0, 1], y an int64 label.
+    Introduced in ``notebooks/10_benchmarking.ipynb`` (the input pipeline).
+    """
+
+    def __init__(self, size: int = 32, train: bool = True):
+        self.size, self.data, self._transform = size, load_data()[0 if train else 1], None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if self._transform is None:               # built on first use, in the process that uses it
+            from torchvision.transforms import v2
+
+            self._transform = v2.Compose([v2.Resize((self.size, self.size), antialias=True),
+                                          v2.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(0.9, 1.1))])
+        x, y = self.data[i]
+        return self._transform(x), y

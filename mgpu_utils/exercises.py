@@ -278,6 +278,43 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "steps / H"},
                     "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
         "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
+    "10.1": Exercise(
+        "Strong scaling: one rank takes 200 ms per step; 4 ranks take 62.5 ms per step on the same global batch. "
+        "What is the parallel efficiency at 4 ranks, in percent?",
+        _float_answer(80.0, 1e-3, [(lambda v: abs(v - 3.2) < 0.01, "3.2 is the speed-up; the efficiency divides it "
+                                    "by the number of ranks"),
+                                   (lambda v: abs(v - 0.8) < 0.01, "that is a fraction; the answer is in percent"),
+                                   (lambda v: abs(v - 31.25) < 0.1, "that is time(4) / time(1): the speed-up is "
+                                    "the inverse")],
+                      "speed-up 200 / 62.5 = 3.2, efficiency 3.2 / 4 = 80%"),
+        "80 = 100 x (200 / 62.5) / 4; mgpu_utils.scaling.speedups gives it from the throughputs (the same global "
+        "batch 1 / 0.2 and 1 / 0.0625 times per second)."),
+    "10.2": Exercise(
+        "A job has a serial fraction f = 5% (Amdahl). What speed-up can 16 ranks give at most, on a fixed problem?",
+        _float_answer(9.14, 0.005, [(lambda v: abs(v - 16) < 0.01, "16 is the ideal; the serial part does not "
+                                     "shrink with more ranks"),
+                                    (lambda v: abs(v - 20) < 0.01, "20 = 1/f is the limit for infinitely many "
+                                     "ranks; with 16, add (1 - f) / 16"),
+                                    (lambda v: abs(v - 15.25) < 0.01, "that is Gustafson's scaled speed-up (the "
+                                     "problem grows with N); Amdahl keeps the problem fixed")],
+                      "1 / (0.05 + 0.95 / 16) = 9.14: 16 ranks at 57% efficiency; no number of ranks beats 20"),
+        "9.14 = amdahl_speedup(16, 0.05) (mgpu_utils.scaling)."),
+    "10.3": Exercise(
+        "A 1.3-billion-parameter transformer trains at 20,000 tokens per second on one A100 (312 TFLOP/s dense "
+        "bf16). Using 6 N FLOPs per token, what is its MFU, in percent?",
+        _float_answer(50.0, 0.01, [(lambda v: abs(v - 16.7) < 0.5, "2 N is the forward pass only: training is "
+                                    "forward + backward, 6 N"),
+                                   (lambda v: abs(v - 0.5) < 0.01, "that is a fraction; the answer is in percent"),
+                                   (lambda v: abs(v - 33.3) < 0.5, "4 N is the backward alone: add the forward")],
+                      "6 x 1.3e9 x 20,000 = 1.56e14 FLOP/s = 156 TFLOP/s, half of 312: MFU 50%"),
+        "50 = 100 * 6 * 1.3e9 * 20_000 / 312e12."),
+    "10.4": Exercise(
+        "(optional) A run uses 64 GPUs for 72 hours at 2.50 per GPU-hour. What does it cost?",
+        _float_answer(11520.0, 1e-3, [(lambda v: abs(v - 180) < 0.5, "that is one GPU's cost: multiply by 64"),
+                                      (lambda v: abs(v - 4608) < 1, "the price is per hour, the run 72 hours: "
+                                       "4608 is GPU-hours")],
+                      "64 x 72 = 4,608 GPU-hours x 2.50 = 11,520"),
+        "11520 = run_cost(64, 72, 2.50) (mgpu_utils.energy)."),
     "11.1": Exercise(
         "A snapshot costs the job C = 2 minutes and the job fails on average once every M = 6 hours. By Young's "
         "formula, every how many minutes of training should it write a snapshot?",

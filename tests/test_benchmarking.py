@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from mgpu_utils import bench, scaling
@@ -151,8 +152,11 @@ def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_p
     # the job's FLOPs per step = world size x one rank's forward + backward, counted here in one process
     model = byte_gpt2(**cfg)
     x = torch.randint(0, 256, (4, 32))
-    with FlopCounterMode(display=False) as fc:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         model(x, labels=x).loss.backward()
+    attention = 3 * 2 * 2 * cfg["layers"] * 4 * 32 * 32 * cfg["embd"]   # fwd + bwd of QK^T and AV: 12 L T^2 d
+    assert {str(k) for k in fc.get_flop_counts()["Global"]} >= {"aten.bmm"}, "attention's products are counted"
+    assert fc.get_flop_counts()["Global"][torch.ops.aten.bmm] == attention
     assert res["flops_per_step"] == 2 * fc.get_total_flops()
     assert res["tokens_per_step"] == 2 * 4 * 32
     embed = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()

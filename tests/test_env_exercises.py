@@ -57,6 +57,10 @@ RIGHT = {
     "08.2": 3,
     "08.3": 100,
     "11.1": 37.95,
+    "10.1": 80,
+    "10.2": 9.14,
+    "10.3": 50,
+    "10.4": 11520,
     "11.2": 20,
     "11.3": 32,
 }
@@ -84,6 +88,10 @@ WRONG = {
     "08.1": 160,
     "08.2": 4,
     "08.3": 800,
+    "10.1": 3.2,
+    "10.2": 20,
+    "10.3": 16.67,
+    "10.4": 4608,
     "11.1": 26.83,
     "11.2": 23,
     "11.3": 24,
@@ -143,6 +151,13 @@ def test_exercise_answers_match_the_facts():
     sim = simulate_ps([1.0] * 4, 4000)
     assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
     assert 800 // 8 == RIGHT["08.3"]
+    from mgpu_utils.energy import run_cost
+    from mgpu_utils.scaling import amdahl_speedup, speedups
+    assert 100 * speedups([{"world_size": 1, "samples_per_s": 1 / 0.2},
+                           {"world_size": 4, "samples_per_s": 1 / 0.0625}])[4]["efficiency"] == pytest.approx(RIGHT["10.1"])
+    assert round(float(amdahl_speedup(16, 0.05)), 2) == RIGHT["10.2"]
+    assert 100 * 6 * 1.3e9 * 20_000 / 312e12 == pytest.approx(RIGHT["10.3"])
+    assert run_cost(64, 72, 2.50) == RIGHT["10.4"]
 
 
 def test_unknown_exercise_and_bad_types():
