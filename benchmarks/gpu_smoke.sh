@@ -4,8 +4,11 @@
 #   2. the mixed tier: the DDP, hooks and sync/async tests with 4 ranks on however many GPUs there are
 #      (fewer GPUs than ranks: the ranks run on CPU with the GPUs hidden, the references on the GPU);
 #   3. warm launches (mgpu_utils.warm) on the GPU, against torchrun;
-#   4. lessons 01 and 03 top to bottom under nbval (their GPU cells run and assert instead of SKIPPED);
-#   5. with 2 or more GPUs, the NCCL collectives bench (busbw per op and size, one rank per GPU).
+#   4. lessons 01, 03 and 10 top to bottom under nbval (their GPU cells run and assert instead of SKIPPED;
+#      lesson 10 times a CUDA matmul both ways, feeds the GPU from the DataLoader with pinned memory and,
+#      with 2 or more GPUs, runs its scaling study and its traces on NCCL);
+#   5. with 2 or more GPUs, the NCCL collectives bench (busbw per op and size, one rank per GPU) and
+#      benchmarks/scaling.py over all GPUs.
 # Usage: bash benchmarks/gpu_smoke.sh [PYTHON]   (default: .venv/bin/python if it exists, else python3;
 # torch must already be installed there). Exit 0 when every step passed or there is no GPU (SKIPPED).
 set -u
@@ -29,11 +32,12 @@ step "mixed tier, 4 ranks on $NGPU GPU(s): DDP, hooks, sync/async" \
     env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider tests/test_ddp.py tests/test_sync_async.py tests/test_checks.py
 step "warm launches on the GPU: ranks forked from the template use CUDA and NCCL as torchrun's do" \
     "$PY" -m pytest -q -p no:cacheprovider tests/test_warm.py -k "gpu_ranks or environment"
-step "lessons 01 and 03 under nbval" env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider \
-    notebooks/01_gpu_architecture.ipynb notebooks/03_ddp.ipynb
+step "lessons 01, 03 and 10 under nbval" env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider \
+    notebooks/01_gpu_architecture.ipynb notebooks/03_ddp.ipynb notebooks/10_benchmarking.ipynb
 if [ "$NGPU" -ge 2 ]; then
     step "NCCL collectives bench on $NGPU GPUs" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
         launch_scripts/collectives_bench.py --max-mib 256
+    step "scaling study on $NGPU GPUs (NCCL)" "$PY" benchmarks/scaling.py --max-nproc "$NGPU" --out build/scaling_gpu
 else
     echo "SKIPPED: the NCCL collectives bench needs 2 GPUs, found $NGPU"
 fi

@@ -17,6 +17,7 @@ Run:
 """
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -41,9 +42,11 @@ def main(argv=None):
     if args.max_nproc > cores:
         print(f"note: {args.max_nproc} ranks on {cores} physical cores: world sizes above {cores} take turns "
               f"on the cores, so their speed-up is not a scaling measurement", file=sys.stderr)
-    batch = args.global_batch
-    if any(batch % n for n in sizes):
-        raise SystemExit(f"--global-batch {batch} must be divisible by every world size {sizes}")
+    lcm = math.lcm(*sizes)
+    batch = max(lcm, lcm * round(args.global_batch / lcm))   # divisible by every world size
+    if batch != args.global_batch:
+        print(f"note: global batch {batch} instead of {args.global_batch}, so that every world size {sizes} "
+              f"gets the same share", file=sys.stderr)
     strong = bench.scaling_runs(sizes, "strong", batch, steps=args.steps, sweep=True, backend=args.backend)
     weak = bench.scaling_runs(sizes, "weak", args.per_rank_batch, steps=args.steps, backend=args.backend)
     res = bench.study(strong, weak, cores=cores)
