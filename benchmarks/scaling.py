@@ -9,8 +9,9 @@ scaling.png to --out and prints one final JSON line:
      "threads_per_rank": 1, "serial_fraction": f, "alpha_s": ..., "bandwidth_GBps": ..., "csv": ..., "png": ...}
 
 More ranks than physical cores only take turns on them: such points are reported and marked, and are not
-a speed-up measurement. On a GPU machine the ranks use the GPUs (NCCL), one per rank; --backend gloo keeps
-them on the CPU.
+a speed-up measurement. With 2 or more GPUs the ranks use the GPUs (NCCL), one per rank, and --max-nproc
+must not exceed them; with fewer, or with --backend gloo, every rank runs on the CPU (never a mix of
+a GPU world size 1 and CPU world sizes above it).
 
 Run:
     python benchmarks/scaling.py --max-nproc 2
@@ -33,13 +34,21 @@ def main(argv=None):
     p.add_argument("--global-batch", type=int, default=2048, help="strong scaling: samples per step in all")
     p.add_argument("--per-rank-batch", type=int, default=1024, help="weak scaling: samples per step per rank")
     p.add_argument("--steps", type=int, default=12, help="timed steps per run (the median is reported)")
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: NCCL with GPUs, else gloo")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+                   help="default: NCCL with 2 or more GPUs (one per rank), else gloo with CPU ranks")
     p.add_argument("--out", default="build/scaling", help="folder for scaling.csv and scaling.png")
     args = p.parse_args(argv)
 
-    cores = machine_report()["cpu_cores_physical"] or 1
+    import torch
+
+    gpus = torch.cuda.device_count()
+    backend = args.backend or ("nccl" if gpus > 1 else "gloo")   # one GPU per rank, or every rank on the CPU
+    if backend == "nccl" and args.max_nproc > gpus:
+        raise SystemExit(f"--max-nproc {args.max_nproc} needs {args.max_nproc} GPUs for NCCL (one per rank), "
+                         f"found {gpus}: use --max-nproc {gpus}, or --backend gloo for CPU ranks")
+    cores = (machine_report()["cpu_cores_physical"] or 1) if backend == "gloo" else None
     sizes = bench.world_sizes(args.max_nproc)
-    if args.max_nproc > cores:
+    if cores and args.max_nproc > cores:
         print(f"note: {args.max_nproc} ranks on {cores} physical cores: world sizes above {cores} take turns "
               f"on the cores, so their speed-up is not a scaling measurement", file=sys.stderr)
     lcm = math.lcm(*sizes)
@@ -47,8 +56,8 @@ def main(argv=None):
     if batch != args.global_batch:
         print(f"note: global batch {batch} instead of {args.global_batch}, so that every world size {sizes} "
               f"gets the same share", file=sys.stderr)
-    strong = bench.scaling_runs(sizes, "strong", batch, steps=args.steps, sweep=True, backend=args.backend)
-    weak = bench.scaling_runs(sizes, "weak", args.per_rank_batch, steps=args.steps, backend=args.backend)
+    strong = bench.scaling_runs(sizes, "strong", batch, steps=args.steps, sweep=True, backend=backend)
+    weak = bench.scaling_runs(sizes, "weak", args.per_rank_batch, steps=args.steps, backend=backend)
     res = bench.study(strong, weak, cores=cores)
 
     out = Path(args.out)
@@ -65,7 +74,7 @@ def main(argv=None):
         "efficiency": {str(n): v["efficiency"] for n, v in res["strong"].items()},
         "weak_speedup": {str(n): v["speedup"] for n, v in res["weak"].items()},
         "weak_efficiency": {str(n): v["efficiency"] for n, v in res["weak"].items()},
-        "threads_per_rank": strong[0]["threads_per_rank"], "physical_cores": cores,
+        "threads_per_rank": strong[0]["threads_per_rank"], "backend": backend, "physical_cores": cores,
         "serial_fraction": res["serial_fraction"], "alpha_s": ab.get("alpha_s"),
         "bandwidth_GBps": ab["bandwidth_bps"] / 1e9 if ab else None,
         "csv": str(out / "scaling.csv"), "png": str(out / "scaling.png")}))

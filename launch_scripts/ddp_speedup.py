@@ -120,7 +120,8 @@ def main():
                 times.append(t)
                 compute.append(c)
 
-        meter = EnergyMeter(gpus=[device.index or 0] if device.type == "cuda" else None)
+        own_gpu = [str(torch.cuda.get_device_properties(device).uuid)] if device.type == "cuda" else None
+        meter = EnergyMeter(gpus=own_gpu)         # NVML by UUID: its indices need not match CUDA's
         counts = device.type == "cuda" or rank == 0  # RAPL counts the whole machine: rank 0 reads it; NVML one GPU each
         measure = torch.tensor([int(meter.available or not counts)], device=device)
         if dist.is_initialized():
@@ -151,7 +152,8 @@ def main():
             last /= world
         ctx.log(f"world size {world}, {args.threads} thread(s) per rank, {local} samples per rank: "
                 f"step {1e3 * step_s:.1f} ms (compute {1e3 * statistics.median(compute):.1f} ms)")
-        emit_result({"world_size": world, "threads_per_rank": args.threads, "global_batch": args.global_batch,
+        emit_result({"world_size": world, "threads_per_rank": torch.get_num_threads(),  # as set, read back
+                     "global_batch": args.global_batch,
                      "local_batch": local, "params": sum(q.numel() for q in model.parameters()),
                      "grad_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
                      "step_seconds": step_s, "step_seconds_all": times,

@@ -8,8 +8,9 @@ on every rank, and each rank writes its own Chrome/Perfetto trace, <--trace-dir>
 
 MFU: the model FLOPs of one rank's step are counted with torch.utils.flop_counter.FlopCounterMode
 (forward + backward, on the model without DDP, attention through SDPA's math backend so that it is
-counted) and compared with 6 N per token (N: non-embedding parameters; Kaplan et al., 2020). The peak per rank is measured on a CPU as in lesson 01 (the best median
-FLOP/s of fp32 matmuls, with the same threads) and taken from the datasheet on a GPU (mgpu_utils.hardware).
+counted) and compared with 6 N per token (N: non-embedding parameters; Kaplan et al., 2020). The peak per
+rank is measured on a CPU as in lesson 01 (the best median FLOP/s of fp32 matmuls, with the same threads)
+and taken from the datasheet on a GPU (mgpu_utils.hardware).
 MFU = counted FLOPs per step x world size / (median step seconds x world size x peak per rank).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, device, params, non_embedding_params,
@@ -39,12 +40,13 @@ from mgpu_utils.timing import matmul_flops, synced_clock, time_fn
 
 
 def peak_per_rank(device) -> tuple[float, str]:
-    """FLOP/s one rank can reach: datasheet fp32 on a known GPU, else lesson 01's best median fp32 matmul."""
+    """(FLOP/s one rank can reach, where the number comes from): the datasheet fp32 peak on a known GPU,
+    else lesson 01's method, the best median FLOP/s of n x n fp32 matmuls (n up to 2048) on this device."""
     if device.type == "cuda" and match_gpu(torch.cuda.get_device_name(device)):
         gpu = match_gpu(torch.cuda.get_device_name(device))
         return GPUS[gpu]["fp32_tflops"] * 1e12, f"datasheet fp32, {gpu}"
     best = 0.0
-    for n in (256, 512, 1024):
+    for n in (256, 512, 1024, 2048):
         a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         best = max(best, matmul_flops(n) / time_fn(lambda: a @ b, device, iters=5, warmup=2)["median_s"])
     return best, f"measured: best median fp32 matmul, {torch.get_num_threads()} thread(s)"
@@ -107,7 +109,7 @@ def main():
             t0 = synced_clock(device)
             step(i)
             times.append(synced_clock(device) - t0)
-        peak, peak_source = peak_per_rank(device)  # after the steps: every rank measures alone, as in training
+        peak, peak_source = peak_per_rank(device)  # all ranks at once, as they train
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         if device.type != "cuda":                  # kineto's "gpuGetDeviceCount failed" on a CPU-only machine

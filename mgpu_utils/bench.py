@@ -81,6 +81,9 @@ def study(strong: list[dict], weak: list[dict] | None = None, cores: int | None 
         serial fraction over the world sizes up to ``cores``, and the alpha-beta constants fitted
         (lesson 04's ``fit_ring_allreduce``) to the all-reduce sweep of the largest of those world sizes.
         ``speedup`` and ``efficiency`` are also stored in each row.
+
+    Raises:
+        ValueError: a run list without world size 1, or with a world size twice (:func:`scaling.speedups`).
     """
     out = {"strong": scaling.speedups(strong), "weak": scaling.speedups(weak) if weak else None}
     for rows, table in ((strong, out["strong"]), (weak or [], out["weak"])):

@@ -12,13 +12,17 @@ _PHASE_COLORS = {"data": "#8FB8DE", "forward": "#4C72B0", "backward": "#DD8452",
                  "all-reduce": "#C44E52"}
 
 
-def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None, cores: int | None = None):  # pragma: no mutate block
+def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None,  # pragma: no mutate block
+                 cores: int | None = None):
     """Measured speed-ups (strong and weak scaling) with the ideal line, Amdahl's fit and the alpha-beta model.
 
     Args:
         study: :func:`mgpu_utils.bench.study` of the same runs.
         strong, weak: the runs (rows of :func:`mgpu_utils.bench.scaling_runs`).
-        cores: physical cores (the shaded region beyond them is oversubscribed).
+        cores: physical cores (the shaded region beyond them is oversubscribed); None for GPU runs.
+
+    Returns:
+        the matplotlib figure (speed-ups left, the all-reduce sweep and its fit right).
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -43,16 +47,16 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
     a1.grid(alpha=0.3)
     ab = study.get("alpha_beta")
     if ab:
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator
 
         r = next(r for r in strong if r["world_size"] == ab["world_size"])
         b = np.array([p[0] for p in r["allreduce_s"]], dtype=float)
         a2.loglog(b / 2**20, [1e3 * p[1] for p in r["allreduce_s"]], "o", label=f"{ab['world_size']} ranks, measured")
         a2.loglog(b / 2**20, 1e3 * ring_allreduce_model(b, ab["world_size"], ab["alpha_s"], ab["bandwidth_bps"]),
                   "-", color="gray", label="alpha-beta fit")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
         for axis in (a2.xaxis, a2.yaxis):
-            axis.set_major_formatter(plain)
+            axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         a2.set(xlabel="all-reduce size (MiB)", ylabel="ms (median)",
                title=f"all-reduce: alpha {1e6 * ab['alpha_s']:.0f} us, B {ab['bandwidth_bps'] / 1e9:.2f} GB/s")
@@ -72,6 +76,9 @@ def plot_timeline(traces: list[dict], threads_per_rank: int | None = None):  # p
     Args:
         traces: :func:`mgpu_utils.profiling.load_spans` of every rank (same machine: one clock).
         threads_per_rank: named in the title.
+
+    Returns:
+        the matplotlib figure.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -104,7 +111,8 @@ def plot_timeline(traces: list[dict], threads_per_rank: int | None = None):  # p
 
 def draw_clock_pitfall():  # pragma: no mutate block
     """Why a host clock needs a synchronisation: the host enqueues work that runs later on a device stream
-    (or a communication thread); reading the clock right after the enqueue measures the launch, not the work."""
+    (or a communication thread); reading the clock right after the enqueue measures the launch, not the work.
+    Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 2.6))
@@ -132,6 +140,10 @@ def plot_gpu_prediction(pred: dict, title: str):  # pragma: no mutate block
 
     Args:
         pred: ``{label: {N: {"efficiency", ...}}}`` from :func:`mgpu_utils.scaling.predict_scaling`.
+        title: the figure's title.
+
+    Returns:
+        the matplotlib figure.
     """
     import matplotlib.pyplot as plt
 
@@ -157,7 +169,10 @@ def plot_report(rows: list[dict], cores: int | None = None):  # pragma: no mutat
 
     Args:
         rows: scaling rows with ``mode``, ``world_size``, ``samples_per_s``, ``efficiency`` and ``mfu``.
-        cores: physical cores, named in the title.
+        cores: physical cores, named in the title (None for runs on GPUs).
+
+    Returns:
+        the matplotlib figure; a run without an MFU shows "n/a" instead of a bar.
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -179,12 +194,12 @@ def plot_report(rows: list[dict], cores: int | None = None):  # pragma: no mutat
     labels = [f"{r['mode']}\n{r['world_size']} rank" + ("s" if r["world_size"] > 1 else "") for r in rows]
     x = np.arange(len(rows))
     eff = [100 * r["efficiency"] for r in rows]
-    mfu = [100 * r["mfu"] if r.get("mfu") is not None else 0 for r in rows]
+    mfu = [100 * r["mfu"] if r.get("mfu") is not None else None for r in rows]
     a2.bar(x - 0.2, eff, 0.4, label="parallel efficiency", color="#4C72B0")
-    a2.bar(x + 0.2, mfu, 0.4, label="MFU", color="#DD8452")
+    a2.bar(x + 0.2, [m or 0 for m in mfu], 0.4, label="MFU", color="#DD8452")
     for xi, e, m in zip(x, eff, mfu):
         a2.text(xi - 0.2, e + 1, f"{e:.0f}%", ha="center", va="bottom", fontsize=9)
-        a2.text(xi + 0.2, m + 1, f"{m:.0f}%", ha="center", va="bottom", fontsize=9)
+        a2.text(xi + 0.2, (m or 0) + 1, "n/a" if m is None else f"{m:.0f}%", ha="center", va="bottom", fontsize=9)
     a2.set_xticks(x, labels, fontsize=9)
     a2.set(ylabel="%", ylim=(0, 118), title="Efficiency and MFU per run")
     a2.legend(fontsize=9, loc="upper right")

@@ -89,13 +89,18 @@ class AugmentedDigits:
     forkserver: a class defined in a notebook cell cannot be).
 
     Args:
-        size: output height and width (pixels); train: the training split (else the test split).
+        size: output height and width (pixels, >= 8); train: the training split (else the test split).
+
+    Raises:
+        ValueError: size below 8.
 
     Items: ``(x, y)``: x float32 (1, size, size) in [0, 1], y an int64 label.
     Introduced in ``notebooks/10_benchmarking.ipynb`` (the input pipeline).
     """
 
     def __init__(self, size: int = 32, train: bool = True):
+        if size < 8:
+            raise ValueError(f"size is the output height and width in pixels, at least the digits' 8; got {size}")
         self.size, self.data, self._transform = size, load_data()[0 if train else 1], None
 
     def __len__(self) -> int:

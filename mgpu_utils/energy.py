@@ -60,7 +60,10 @@ class EnergyMeter:
     Args:
         source: "auto" (NVML when an NVIDIA GPU is reachable, else RAPL), "rapl" (CPU packages only) or
             "nvml" (GPUs only; needs ``pip install nvidia-ml-py``, module ``pynvml``).
-        gpus: NVML device indices to sum; None means every GPU.
+        gpus: the GPUs to sum: NVML indices (ints; NVML numbers GPUs in PCI order, which can differ from
+            CUDA's numbering and ignores ``CUDA_VISIBLE_DEVICES``) or UUIDs (strings, as
+            ``str(torch.cuda.get_device_properties(d).uuid)`` gives them: the safe way to name a rank's
+            own GPU); None means every GPU.
         powercap_root: where the RAPL zones live.
 
     After :meth:`stop`: ``joules`` (float, None when not available), ``seconds`` (wall time, from
@@ -75,7 +78,7 @@ class EnergyMeter:
         ValueError: an unknown ``source``, or ``gpus=[]``. A machine without counters raises nothing.
     """
 
-    def __init__(self, source: str = "auto", gpus: list[int] | None = None,
+    def __init__(self, source: str = "auto", gpus: list[int | str] | None = None,
                  powercap_root: str = "/sys/class/powercap"):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}: "
@@ -142,7 +145,8 @@ class EnergyMeter:
 
     def _nvml_joules(self, pynvml) -> float:
         ids = range(pynvml.nvmlDeviceGetCount()) if self.gpus is None else self.gpus
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
+        handles = [pynvml.nvmlDeviceGetHandleByUUID(i if i.startswith("GPU-") else f"GPU-{i}")
+                   if isinstance(i, str) else pynvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
         return sum(pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles) / 1e3   # mJ -> J
 
     def _read(self) -> list:

@@ -18,9 +18,9 @@ from pathlib import Path
 #: The phases profile_step.py names with ``torch.profiler.record_function``, in step order.
 PHASES = ("data", "forward", "backward", "optimizer")
 
-#: Events that are the all-reduce's work: gloo's worker-thread span, NCCL's host span and GPU kernel.
-#: (``c10d::allreduce_`` on the main thread is only the enqueue: a few microseconds.)
-COMM = re.compile(r"^(gloo|nccl):all_reduce$|^nccl(Dev)?Kernel_AllReduce", re.IGNORECASE)
+#: Events that are the all-reduce's work: gloo's worker-thread span and NCCL's GPU kernel. (The host-side
+#: spans, ``c10d::allreduce_`` and NCCL's ``nccl:all_reduce``, only enqueue the work: not counted.)
+COMM = re.compile(r"^gloo:all_reduce$|^nccl(Dev)?Kernel_AllReduce", re.IGNORECASE)
 
 
 def trace_file(trace_dir, rank: int) -> Path:

@@ -43,15 +43,34 @@ def speedups(rows: list[dict]) -> dict[int, dict]:
     return {n: {"speedup": s / by_n[1], "efficiency": s / by_n[1] / n} for n, s in sorted(by_n.items())}
 
 
-def amdahl_speedup(n, serial_fraction: float):
-    """Amdahl's law: S(N) = 1 / (f + (1 - f) / N) for a fixed problem (strong scaling); n may be an array."""
+def _law_inputs(n, serial_fraction: float):
     n = np.asarray(n, dtype=float)
+    if not 0.0 <= serial_fraction <= 1.0:
+        raise ValueError(f"the serial fraction is a share between 0 and 1, got {serial_fraction}")
+    if np.any(n < 1):
+        raise ValueError(f"world sizes must be >= 1, got {n}")
+    return n
+
+
+def amdahl_speedup(n, serial_fraction: float):
+    """Amdahl's law (1967): S(N) = 1 / (f + (1 - f) / N) for a fixed problem (strong scaling).
+
+    Args:
+        n: world size(s) >= 1, scalar or array; serial_fraction: f in [0, 1].
+
+    Raises:
+        ValueError: f outside [0, 1] or a world size below 1.
+    """
+    n = _law_inputs(n, serial_fraction)
     return 1.0 / (serial_fraction + (1.0 - serial_fraction) / n)
 
 
 def gustafson_speedup(n, serial_fraction: float):
-    """Gustafson's law: S(N) = N - f (N - 1) when the problem grows with N (weak scaling); n may be an array."""
-    n = np.asarray(n, dtype=float)
+    """Gustafson's law (1988): S(N) = N - f (N - 1) when the problem grows with N (weak scaling).
+
+    Args and errors as :func:`amdahl_speedup`.
+    """
+    n = _law_inputs(n, serial_fraction)
     return n - serial_fraction * (n - 1.0)
 
 
@@ -81,8 +100,9 @@ def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, ba
 
     Args:
         n: world size (>= 1).
-        compute_s: forward + backward + optimizer seconds of the step on ONE rank with the whole
-            (strong) or its own (weak) batch.
+        compute_s: seconds of the step's computation on ONE rank with the whole (strong) or its own
+            (weak) batch: whatever the caller measured (``ddp_speedup.py``'s ``compute_seconds`` is the
+            forward and backward without DDP; the optimizer step is not in it).
         grad_bytes: bytes all-reduced per step (parameters x bytes per gradient element).
         alpha_s, bandwidth_bps: the link's latency per message (s) and bandwidth (bytes/s), fitted with
             :func:`mgpu_utils.bandwidth.fit_ring_allreduce` or from a datasheet.
@@ -112,9 +132,15 @@ def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: f
                     mode: str = "strong", overlap: float = 0.0) -> dict[int, dict]:
     """:func:`predict_step` for each world size, with the speed-up and efficiency it implies.
 
+    Args:
+        world_sizes: iterable of N >= 1; the other arguments as :func:`predict_step`.
+
     Returns:
         ``{N: {"step_s", "speedup", "efficiency"}}``; the speed-up is against the same model at N = 1,
         in throughput (weak scaling: N times the samples per step).
+
+    Raises:
+        ValueError: as :func:`predict_step`.
     """
     base = predict_step(1, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap)
     out = {}

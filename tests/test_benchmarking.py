@@ -39,6 +39,11 @@ def test_amdahl_fit_recovers_the_serial_fraction():
     assert scaling.amdahl_speedup(4, 0.2) == pytest.approx(1 / (0.2 + 0.8 / 4))
     assert scaling.fit_amdahl([1, 2], [1.0, 1.7]) == pytest.approx(2 / 1.7 - 1)   # one point: exact
     assert scaling.gustafson_speedup(8, 0.25) == pytest.approx(8 - 0.25 * 7)
+    for law in (scaling.amdahl_speedup, scaling.gustafson_speedup):
+        with pytest.raises(ValueError, match="serial fraction"):
+            law(4, 1.5)
+        with pytest.raises(ValueError, match="world size"):
+            law(0, 0.1)
     with pytest.raises(ValueError, match="more than 1 rank"):
         scaling.fit_amdahl([1], [1.0])
     with pytest.raises(ValueError, match="one speed-up per world size"):
@@ -79,7 +84,8 @@ def test_study_fits_amdahl_within_the_cores_and_alpha_beta_on_the_sweep(tmp_path
     res = bench.study(strong, weak, cores=2)
     assert res["serial_fraction"] == pytest.approx(0.1)
     assert res["alpha_beta"]["world_size"] == 2
-    assert res["alpha_beta"]["alpha_s"] == pytest.approx(alpha) and res["alpha_beta"]["bandwidth_bps"] == pytest.approx(bw)
+    assert res["alpha_beta"]["alpha_s"] == pytest.approx(alpha)
+    assert res["alpha_beta"]["bandwidth_bps"] == pytest.approx(bw)
     assert res["alpha_beta"]["max_rel_error"] < 1e-9
     assert res["weak"][2] == {"speedup": 1.9, "efficiency": 0.95} and weak[1]["speedup"] == 1.9
     bench.write_csv(strong + weak, tmp_path / "s.csv")
@@ -166,18 +172,19 @@ def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_p
 
 
 def test_scaling_benchmark_two_ranks_speed_up(tmp_path):
-    """benchmarks/scaling.py --max-nproc 2 on a machine with 2 physical cores: a speed-up of at least 1.5."""
+    """benchmarks/scaling.py --max-nproc 2 on a machine with 2 physical cores: a speed-up of at least 1.5
+    (20 quiet runs measured 1.59-1.79, README)."""
     from mgpu_utils.env import machine_report
 
     cores = machine_report()["cpu_cores_physical"] or 1
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--max-nproc", "2",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+                          "--backend", "gloo", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["threads_per_rank"] == 1 and set(res["speedup"]) == {"1", "2"} and res["speedup"]["1"] == 1.0
     assert (tmp_path / "scaling.csv").read_text().count("\n") == 5 and (tmp_path / "scaling.png").stat().st_size
-    assert res["alpha_s"] is not None and res["bandwidth_GBps"] > 0
     if cores >= 2:
+        assert res["alpha_s"] is not None and res["bandwidth_GBps"] > 0
         assert res["speedup"]["2"] >= 1.5, f"2 ranks on {cores} cores: speed-up {res['speedup']['2']:.2f}"
     else:
         print(f"SKIPPED the speed-up bound: this machine has {cores} physical core")

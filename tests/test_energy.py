@@ -70,6 +70,7 @@ def fake_nvml(monkeypatch):
     nv.nvmlInit, nv.nvmlShutdown = init, shutdown
     nv.nvmlDeviceGetCount = lambda: len(nv.mj)
     nv.nvmlDeviceGetHandleByIndex = handle
+    nv.nvmlDeviceGetHandleByUUID = lambda u: handle({"GPU-aaaa": 0, "GPU-bbbb": 1}.get(u, -1))
     nv.nvmlDeviceGetTotalEnergyConsumption = total_energy
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     return nv
@@ -156,6 +157,11 @@ def test_nvml_sums_gpus_in_joules_and_is_preferred(powercap, fake_nvml):
         fake_nvml.mj[0] += 4000
         fake_nvml.mj[1] += 250
     assert one.joules == pytest.approx(0.25)
+    by_uuid = EnergyMeter("nvml", gpus=["bbbb"])              # torch's uuid has no "GPU-" prefix
+    with by_uuid:
+        fake_nvml.mj[1] += 750
+    assert by_uuid.joules == pytest.approx(0.75)
+    assert not EnergyMeter("nvml", gpus=["cccc"]).available   # an unknown GPU: said, not raised
 
 
 def test_nvml_errors_make_it_unavailable_or_fall_back(powercap, fake_nvml):
