@@ -29,6 +29,8 @@ from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
+    "case_gan.py": ["--steps", 10, "--check-grads"],
+    "case_resnet.py": ["--epochs", 1, "--size", 8, "--batch", 4, "--check-grads"],
     "checkpoint_formats.py": lambda: ["--phase", "save", "--dir", tempfile.mkdtemp(prefix="mgpu_stress_"),
                                       "--repeats", 1, "--width", 64],
     "collective_errors.py": ["--case", "ok"],

@@ -89,7 +89,8 @@ class AugmentedDigits:
     forkserver: a class defined in a notebook cell cannot be).
 
     Args:
-        size: output height and width (pixels, >= 8); train: the training split (else the test split).
+        size: output height and width (pixels, >= 8); train: the training split (else the test split);
+        augment: the random affine transform (False: resized only, for evaluation).
 
     Raises:
         ValueError: size below 8.
@@ -98,10 +99,10 @@ class AugmentedDigits:
     Introduced in ``notebooks/10_benchmarking.ipynb`` (the input pipeline).
     """
 
-    def __init__(self, size: int = 32, train: bool = True):
+    def __init__(self, size: int = 32, train: bool = True, augment: bool = True):
         if size < 8:
             raise ValueError(f"size is the output height and width in pixels, at least the digits' 8; got {size}")
-        self.size, self.data, self._transform = size, load_data()[0 if train else 1], None
+        self.size, self.data, self.augment, self._transform = size, load_data()[0 if train else 1], augment, None
 
     def __len__(self) -> int:
         return len(self.data)
@@ -110,7 +111,9 @@ class AugmentedDigits:
         if self._transform is None:               # built on first use, in the process that uses it
             from torchvision.transforms import v2
 
-            self._transform = v2.Compose([v2.Resize((self.size, self.size), antialias=True),
-                                          v2.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(0.9, 1.1))])
+            steps = [v2.Resize((self.size, self.size), antialias=True)]
+            if self.augment:
+                steps.append(v2.RandomAffine(degrees=15, translate=(0.1, 0.1), scale=(0.9, 1.1)))
+            self._transform = v2.Compose(steps)
         x, y = self.data[i]
         return self._transform(x), y

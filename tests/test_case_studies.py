@@ -1,0 +1,57 @@
+"""Lesson 09's case studies under real torchrun/gloo: ResNet with DDP and a GAN with DDP."""
+import pytest
+
+from mgpu_utils.launcher import launch
+
+RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads"]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_resnet_first_step_is_the_per_shard_reference(nproc):
+    """DDP's first gradient = one process normalising each rank's shard on its own and averaging; the
+    whole global batch in one piece differs (BatchNorm statistics of other samples)."""
+    r = launch("case_resnet.py", nproc=nproc, args=RESNET_SMALL, show="none", threads_per_rank=1)
+    assert r["world_size"] == nproc and r["global_batch"] == 8 * nproc
+    assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
+    assert r["grad_vs_global_batch"] > 100 * max(r["grad_max_diff"], 1e-12), "BatchNorm makes them differ"
+
+
+def test_resnet_sync_bn_on_cpu_is_caught_and_reported():
+    r = launch("case_resnet.py", nproc=2, args=["--epochs", 1, "--size", 8, "--batch", 8, "--sync-bn"],
+               show="none", threads_per_rank=1)
+    assert r["sync_bn"] != "on" and ("GPU" in r["sync_bn"] or "CUDA" in r["sync_bn"]), r["sync_bn"]
+    assert len(r["epoch_losses"]) == 1                        # and training went on without it
+
+
+def test_resnet_learns_the_digits():
+    r = launch("case_resnet.py", nproc=2, args=[], show="none", threads_per_rank=1)
+    assert r["test_accuracy"] >= 0.9, r
+    assert r["epoch_losses"][-1] < r["epoch_losses"][0]
+
+
+def test_gan_first_step_replicas_and_training():
+    r = launch("case_gan.py", nproc=2, args=["--steps", 60, "--check-grads"], show="none", threads_per_rank=1)
+    assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
+    assert r["max_param_spread"] == 0.0, "every rank holds the same generator and discriminator"
+    assert r["d_changed"] and len(r["samples"]) == 16 and len(r["samples"][0]) == 8
+    assert all(0.0 <= v <= 1.0 for img in r["samples"] for row in img for v in row)
+
+
+def test_gan_without_the_discriminator_step_never_trains_it():
+    r = launch("case_gan.py", nproc=2, args=["--steps", 20, "--bug", "no-d-step"], show="none",
+               threads_per_rank=1)
+    assert not r["d_changed"], "the broken loop never updates the discriminator"
+    assert r["max_param_spread"] == 0.0
+
+
+def test_augmented_digits_without_augmentation_is_the_resized_image():
+    import torch
+    from mgpu_utils.data import AugmentedDigits, load_data
+
+    plain, aug = AugmentedDigits(8, train=False, augment=False), AugmentedDigits(8, train=False)
+    x, y = plain[3]
+    assert torch.equal(x, load_data()[1][3][0]) and y == load_data()[1][3][1]   # size 8: the image itself
+    torch.manual_seed(0)
+    assert not torch.equal(aug[3][0], aug[3][0]), "random affine: two reads differ"
+    with pytest.raises(ValueError, match="at least"):
+        AugmentedDigits(4)
