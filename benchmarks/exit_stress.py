@@ -29,6 +29,7 @@ from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
+    "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--batch", 4, "--check-grads"],
     "checkpoint_formats.py": lambda: ["--phase", "save", "--dir", tempfile.mkdtemp(prefix="mgpu_stress_"),

@@ -55,3 +55,39 @@ def test_augmented_digits_without_augmentation_is_the_resized_image():
     assert not torch.equal(aug[3][0], aug[3][0]), "random affine: two reads differ"
     with pytest.raises(ValueError, match="at least"):
         AugmentedDigits(4)
+
+
+def test_bert_first_step_is_one_process_on_the_global_batch():
+    """Each rank's summed token loss over the global batch's masked tokens, times the world size: DDP's
+    average is the global batch's mean, so the gradient equals HF's loss on the whole batch in one process."""
+    r = launch("case_bert.py", nproc=2, args=["--steps", 1, "--check-grads"], show="none", threads_per_rank=1)
+    assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
+    assert r["vocab_size"] == 2000 and r["global_batch"] == 16
+
+
+def test_bert_mlm_loss_falls_by_a_third():
+    import statistics
+
+    r = launch("case_bert.py", nproc=2, show="none", threads_per_rank=1)
+    first, last = r["losses"][0], statistics.mean(r["losses"][-20:])
+    assert first > 7.0, "an untrained model guesses among ~2,000 tokens: ln 2000 = 7.6"
+    assert last <= 0.7 * first, f"MLM loss {first:.2f} -> {last:.2f} (mean of the last 20 steps)"
+
+
+def test_bert_tokenizer_is_deterministic_and_round_trips():
+    import sys
+
+    from mgpu_utils.launcher import SCRIPTS_DIR
+    from mgpu_utils.text_data import stdlib_docstrings
+
+    sys.path.insert(0, str(SCRIPTS_DIR))
+    try:
+        from case_bert import train_tokenizer
+    finally:
+        sys.path.remove(str(SCRIPTS_DIR))
+    text = stdlib_docstrings()
+    a, b = train_tokenizer(text, 500), train_tokenizer(text, 500)
+    assert a.get_vocab() == b.get_vocab() and len(a) == 500
+    ids = a("Return the sum of a list.")["input_ids"]
+    assert a.convert_ids_to_tokens(ids)[0] == "[CLS]" and a.convert_ids_to_tokens(ids)[-1] == "[SEP]"
+    assert a.decode(ids, skip_special_tokens=True).replace(" ", "") == "returnthesumofalist."
