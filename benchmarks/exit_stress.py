@@ -31,7 +31,7 @@ CASES = {
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
-    "case_resnet.py": ["--epochs", 1, "--size", 8, "--batch", 4, "--check-grads"],
+    "case_resnet.py": ["--epochs", 1, "--size", 8, "--batch", 4, "--check-grads", "--max-steps", 3],
     "checkpoint_formats.py": lambda: ["--phase", "save", "--dir", tempfile.mkdtemp(prefix="mgpu_stress_"),
                                       "--repeats", 1, "--width", 64],
     "collective_errors.py": ["--case", "ok"],

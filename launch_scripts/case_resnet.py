@@ -82,6 +82,7 @@ def main():
     g.add_argument("--warmup-epochs", type=float, default=1.0, help="linear warm-up from --lr to the scaled lr")
     g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm (GPUs only)")
     g.add_argument("--check-grads", action="store_true", help="compare the first step with a single process")
+    g.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: all epochs)")
     g.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
@@ -126,6 +127,8 @@ def main():
             sampler.set_epoch(epoch)
             total_loss = torch.zeros(2, device=device)
             for x, y in loader:
+                if args.max_steps and step >= args.max_steps:
+                    break
                 x, y = x.to(device), y.to(device)
                 loss = F.cross_entropy(ddp(x), y)
                 loss.backward()

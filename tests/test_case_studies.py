@@ -3,7 +3,7 @@ import pytest
 
 from mgpu_utils.launcher import launch
 
-RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads"]
+RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads", "--max-steps", 2]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -17,8 +17,8 @@ def test_resnet_first_step_is_the_per_shard_reference(nproc):
 
 
 def test_resnet_sync_bn_on_cpu_is_caught_and_reported():
-    r = launch("case_resnet.py", nproc=2, args=["--epochs", 1, "--size", 8, "--batch", 8, "--sync-bn"],
-               show="none", threads_per_rank=1)
+    r = launch("case_resnet.py", nproc=2, args=["--epochs", 1, "--size", 8, "--batch", 8, "--sync-bn",
+                                                "--max-steps", 2], show="none", threads_per_rank=1)
     assert r["sync_bn"] != "on" and ("GPU" in r["sync_bn"] or "CUDA" in r["sync_bn"]), r["sync_bn"]
     assert len(r["epoch_losses"]) == 1                        # and training went on without it
 
