@@ -15,8 +15,8 @@ BERT itself was trained by Google on TPUs with TensorFlow, not with PyTorch DDP;
 objective, at a size that trains on a laptop.
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, vocab_size, params, global_batch, seq, losses (the
-global batch's masked-token loss per step), samples_per_s, and with --check-grads grad_max_diff and
-grad_scale.
+global batch's masked-token loss per step), masked_per_rank (masked tokens of each rank's rows at step 0),
+samples_per_s, and with --check-grads grad_max_diff and grad_scale.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/case_bert.py --steps 400
@@ -43,7 +43,7 @@ def train_tokenizer(text: str, vocab_size: int):
     WordPieceTrainer, whose ties follow hash order: two processes would disagree on the token ids."""
     from collections import Counter
 
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     norm, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
@@ -54,7 +54,7 @@ def train_tokenizer(text: str, vocab_size: int):
     ranked = [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0])) if w not in known]
     vocab += ranked[:max(0, vocab_size - len(vocab))]
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer, tok.pre_tokenizer = norm, pre
+    tok.normalizer, tok.pre_tokenizer, tok.decoder = norm, pre, decoders.WordPiece()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab.index("[CLS]")), ("[SEP]", vocab.index("[SEP]"))])
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
@@ -72,14 +72,16 @@ def chunks(tokenizer, text: str, seq: int) -> torch.Tensor:
 
 def main():
     p = argparse.ArgumentParser(description="BERT MLM with DDP")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
-    p.add_argument("--seq", type=int, default=64, help="tokens per sequence")
-    p.add_argument("--vocab", type=int, default=2000, help="WordPiece vocabulary size")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
-    p.add_argument("--check-grads", action="store_true", help="compare the first step with one process")
+    g = p.add_argument_group("model and data")
+    g.add_argument("--vocab", type=int, default=2000, help="WordPiece vocabulary size")
+    g.add_argument("--hidden", type=int, default=128, help="hidden size (4x in the feed-forward layers)")
+    g.add_argument("--layers", type=int, default=2, help="transformer layers")
+    g.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=400, help="optimizer steps")
+    g.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    g.add_argument("--check-grads", action="store_true", help="compare the first step with one process")
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():
@@ -108,7 +110,9 @@ def main():
             torch.manual_seed(1000 + step)             # the same global batch and masks on every rank
             pick = torch.randint(0, len(rows), (global_batch,))
             batch = collate([{"input_ids": r} for r in rows[pick]])
-            masked = (batch["labels"] != -100).sum()
+            masked = (batch["labels"] != -100).sum().item()
+            if step == 0:                               # unequal: why each rank's own mean would be wrong
+                result["masked_per_rank"] = (batch["labels"] != -100).view(world, -1).sum(1).tolist()
             mine = slice(rank * args.batch, (rank + 1) * args.batch)
             x, y = batch["input_ids"][mine].to(device), batch["labels"][mine].to(device)
             logits = ddp(input_ids=x).logits

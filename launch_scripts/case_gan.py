@@ -52,12 +52,14 @@ def flat(module) -> torch.Tensor:
 
 def main():
     p = argparse.ArgumentParser(description="GAN with DDP")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=32, help="real (and fake) images per rank per step")
-    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate of both networks")
-    p.add_argument("--bug", choices=["none", "no-d-step"], default="none")
-    p.add_argument("--check-grads", action="store_true", help="compare the first D step with one process")
-    p.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=300, help="steps (one discriminator and one generator update)")
+    g.add_argument("--batch", type=int, default=32, help="real (and fake) images per rank per step")
+    g.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate of both networks")
+    g.add_argument("--seed", type=int, default=0, help="weights and data order; noise uses 1000 + rank")
+    g = p.add_argument_group("bugs and checks")
+    g.add_argument("--bug", choices=["none", "no-d-step"], default="none", help="a classic broken loop")
+    g.add_argument("--check-grads", action="store_true", help="compare the first D step with one process")
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():
