@@ -9,9 +9,14 @@ dist.all_reduce of fp32 buffers of 1, 2, ..., 2n elements (message count growing
 ones (message count fixed, bytes growing), and a ping-pong between ranks 0 and 1 (one message each
 way) as the cost of a single message.
 
-Each timing: a barrier, then one call; the median over --repeats calls of the slowest rank.
-Rank 0 prints one JSON line (MGPU_RESULT): world_size, backend, per element count the median
-seconds ("allreduce_s": {elements: seconds}), "pingpong_s" (round trip, seconds; None at world size 1).
+Each timing: a barrier, then one call, the slowest rank's time. The sizes are timed in interleaved
+rounds (every size once per round, --repeats rounds), so a noisy stretch on a shared machine lands
+on all sizes alike instead of on one size's block of calls. Each size reports the median and the best
+(minimum): with more ranks than cores most calls also wait for a descheduled rank, which spreads the
+median over milliseconds from run to run, while the best call is the cost of the messages alone.
+Rank 0 prints one JSON line (MGPU_RESULT): world_size, backend, per element count the median and the
+best seconds ("allreduce_s", "allreduce_best_s": {elements: seconds}), and the ping-pong round trip
+("pingpong_s", "pingpong_best_s": seconds; None at world size 1).
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/allreduce_latency.py
@@ -26,21 +31,32 @@ import torch.distributed as dist
 from mgpu_utils.dist import distributed, emit_result
 
 
-def slowest_median(fn, repeats, device):
-    """Median over repeats of the slowest rank's time for one fn() after a barrier, in seconds."""
+def slowest_time(fn, device):
+    """The slowest rank's time for one fn() after a barrier, in seconds (every rank gets the same value)."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return dt.item()
+
+
+def interleaved_times(fns, repeats, device):
+    """{name: (median, best) seconds} over `repeats` rounds; each round times every fn once, in order.
+
+    Interleaving puts the same machine noise on every size; three untimed rounds warm up buffers,
+    connections and caches first.
+    """
     for _ in range(3):
-        fn()                                      # warm-up: buffers, connections, caches
-    times = []
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-        times.append(dt.item())
-    return statistics.median(times)
+        for name, fn in fns.items():
+            times[name].append(slowest_time(fn, device))
+    return {name: (statistics.median(ts), min(ts)) for name, ts in times.items()}
 
 
 def main():
@@ -54,13 +70,7 @@ def main():
             raise SystemExit("needs a process group: run under torchrun (--nproc-per-node 2 or more)")
         n, rank, device = ctx.world_size, ctx.rank, ctx.device
         counts = list(range(1, 2 * n + 1)) + [int(v) for v in args.large.split(",") if v]
-        allreduce = {}
-        for k in counts:
-            t = torch.ones(k, device=device)
-            allreduce[k] = slowest_median(lambda: dist.all_reduce(t), args.repeats, device)
-            t.fill_(1.0)
-            dist.all_reduce(t)
-            assert torch.all(t == n), "all_reduce of ones must give the world size everywhere"
+        buffers = {k: torch.ones(k, device=device) for k in counts}
         ball = torch.zeros(1, device=device)
 
         def pingpong():
@@ -71,9 +81,20 @@ def main():
                 dist.recv(ball, 0)
                 dist.send(ball, 0)
 
-        rtt = slowest_median(pingpong, args.repeats, device) if n > 1 else None
-        ctx.log(", ".join(f"{k} el {1e3 * s:.2f} ms" for k, s in allreduce.items()))
-        emit_result({"world_size": n, "backend": ctx.backend, "allreduce_s": allreduce, "pingpong_s": rtt}, rank)
+        fns = {k: (lambda t=t: dist.all_reduce(t)) for k, t in buffers.items()}
+        if n > 1:
+            fns["pingpong"] = pingpong
+        stats = interleaved_times(fns, args.repeats, device)
+        allreduce = {k: stats[k][0] for k in counts}
+        best = {k: stats[k][1] for k in counts}
+        rtt, rtt_best = stats.get("pingpong", (None, None))
+        for t in buffers.values():
+            t.fill_(1.0)
+            dist.all_reduce(t)
+            assert torch.all(t == n), "all_reduce of ones must give the world size everywhere"
+        ctx.log(", ".join(f"{k} el {1e3 * s:.2f} ms (best {1e3 * best[k]:.2f})" for k, s in allreduce.items()))
+        emit_result({"world_size": n, "backend": ctx.backend, "allreduce_s": allreduce, "allreduce_best_s": best,
+                     "pingpong_s": rtt, "pingpong_best_s": rtt_best}, rank)
 
 
 if __name__ == "__main__":

@@ -212,11 +212,15 @@ def test_from_scratch_all_reduce_in_threads(algorithm, n, monkeypatch):
 
 def test_allreduce_latency_probe_reports_every_element_count():
     """allreduce_latency.py (lesson 04): element counts 1..2n plus the large ones, all positive times,
-    and a ping-pong; the script itself asserts the all-reduce of ones gives the world size."""
+    the best call never above the median, and a ping-pong; the script itself asserts the all-reduce of
+    ones gives the world size."""
     r = launch("allreduce_latency.py", nproc=3, show="none", args=["--repeats", 3, "--large", "256"])
     assert r["world_size"] == 3
     assert [int(k) for k in r["allreduce_s"]] == [1, 2, 3, 4, 5, 6, 256]
     assert all(v > 0 for v in r["allreduce_s"].values()) and r["pingpong_s"] > 0
+    assert list(r["allreduce_best_s"]) == list(r["allreduce_s"])
+    assert all(0 < r["allreduce_best_s"][k] <= r["allreduce_s"][k] for k in r["allreduce_s"]), "best <= median"
+    assert 0 < r["pingpong_best_s"] <= r["pingpong_s"]
 
 
 def test_alpha_beta_fit_weights_relative_errors_and_names_bad_input():
