@@ -15,7 +15,8 @@ DDP gradient with one process on the global batch (every rank's real and fake im
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, steps, d_losses, g_losses, d_changed (whether the
 discriminator's parameters moved), max_param_spread (largest difference of any parameter across ranks:
-0 means identical replicas), samples (16 generated images, 8x8, values in [0, 1]), and with
+0 means identical replicas), samples (16 generated images, 8x8, values in [0, 1]), samples_per_s (real
+images per second over all ranks, the training loop only), and with
 --check-grads grad_max_diff and grad_scale.
 
 Run:
@@ -32,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.timing import synced_clock
 
 NOISE = 16
 
@@ -81,6 +83,7 @@ def main():
         noise = torch.Generator(device="cpu").manual_seed(1000 + rank)       # each rank its own noise
         d_start, result, d_losses, g_losses = flat(d_net).clone(), {}, [], []
         ones, zeros = torch.ones(args.batch, 1, device=device), torch.zeros(args.batch, 1, device=device)
+        t0 = synced_clock(device)
         for step in range(args.steps):
             idx = next(batches)
             if len(idx) < args.batch:
@@ -106,6 +109,7 @@ def main():
                 dist.all_reduce(stats)
             d_losses.append(stats[0].item() / world)
             g_losses.append(stats[1].item() / world)
+        samples_per_s = args.steps * args.batch * world / (synced_clock(device) - t0)   # real images, all ranks
         params = torch.cat([flat(g_net), flat(d_net)])
         spread = torch.zeros((), device=device)
         if dist.is_initialized():
@@ -119,7 +123,7 @@ def main():
         ctx.log(f"{args.steps} steps: D loss {d_losses[-1]:.3f}, G loss {g_losses[-1]:.3f}")
         result.update(world_size=world, steps=args.steps, d_losses=d_losses, g_losses=g_losses,
                       d_changed=bool((flat(d_net) - d_start).abs().max() > 0), max_param_spread=spread.item(),
-                      samples=samples.reshape(16, 8, 8).cpu().tolist())
+                      samples=samples.reshape(16, 8, 8).cpu().tolist(), samples_per_s=samples_per_s)
         emit_result(result, rank)
 
 

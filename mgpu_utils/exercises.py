@@ -278,6 +278,45 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "steps / H"},
                     "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
         "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
+    "09.1": Exercise(
+        "A recipe trains with a learning rate of 0.1 for a global batch of 256. You move it to 64 GPUs with 32 "
+        "images each and keep the number of epochs. By the linear scaling rule, what learning rate do you use?",
+        _float_answer(0.8, 1e-3, [(lambda v: abs(v - 0.1) < 1e-6, "the batch grew: the rule scales the rate with it"),
+                                  (lambda v: abs(v - 0.0125) < 1e-4, "the rate grows with the batch, it does not "
+                                   "shrink: multiply by 2048 / 256"),
+                                  (lambda v: abs(v - 3.2) < 1e-3, "the global batch is 64 x 32 = 2048, and the "
+                                   "factor is 2048 / 256, not 32"),
+                                  (lambda v: abs(v - 6.4) < 1e-3, "the factor is 2048 / 256 = 8, not the GPU count")],
+                      "global batch 64 x 32 = 2048 = 8 x 256, so 8 x 0.1 = 0.8, reached by a warm-up over the "
+                      "first epochs (Goyal et al. 2017)"),
+        "0.8 = 0.1 x (64 x 32) / 256; case_resnet.py --lr 0.1 --base-batch 256 --scale-lr computes the same."),
+    "09.2": Exercise(
+        "A 13-billion-parameter model trains on 260 billion tokens with full activation recomputation, on 512 A100s "
+        "achieving 120 TFLOP/s each. How many days does it take?",
+        _float_answer(5.094, 0.01, [(lambda v: abs(v - 3.82) < 0.05, "6 N D leaves out the recomputed forward: "
+                                     "with full recomputation it is 8 N D"),
+                                    (lambda v: abs(v - 122.3) < 1, "that is hours; the answer is in days"),
+                                    (lambda v: abs(v - 440104) < 500, "that is seconds; the answer is in days"),
+                                    (lambda v: abs(v - 2608) < 30, "divide by all 512 GPUs' FLOP/s, not one's")],
+                      "8 x 13e9 x 260e9 = 2.70e22 FLOPs / (512 x 120e12 FLOP/s) = 440,000 s = 5.1 days"),
+        "5.094 = 8 * 13e9 * 260e9 / (512 * 120e12) / 86400, as lesson 09 computes GPT-3's 34 days."),
+    "09.3": Exercise(
+        "ddp = DDP(BertForMaskedLM(cfg)). Which expression gives the model's configuration: ddp.config, "
+        "ddp.module.config or ddp.model.config?",
+        _choice("ddp.module.config", {"ddp.config": "DDP is a wrapper: it does not forward the model's attributes "
+                                      "(AttributeError, as in the notebook)",
+                                      "ddp.model.config": "the wrapped model is stored under another name",
+                                      "default": "one of the three expressions, as written"},
+                "DDP keeps the wrapped model as .module; save_pretrained and generate are reached the same way"),
+        "ddp.module.config: DDP(model).module is model."),
+    "09.4": Exercise(
+        "(optional) In one step of case_gan.py, how many times does the discriminator's forward run on each rank?",
+        _int_answer(3, {2: "real and fake for D's own step, and once more for the generator's step",
+                        1: "D sees real images and fake ones in its own step, and the fakes again for G",
+                        "default": "count the calls d(...) in one iteration of the loop"},
+                    "3: D(real) and D(fake.detach()) for the discriminator's step, D(fake) for the generator's; "
+                    "each backward that reaches D makes its DDP reducer all-reduce D's gradients"),
+        "3 = d(real), d(fake.detach()), d(fake): see the step picture at the top of lesson 09."),
     "10.1": Exercise(
         "Strong scaling: one rank takes 200 ms per step; 4 ranks take 62.5 ms per step on the same global batch. "
         "What is the parallel efficiency at 4 ranks, in percent?",

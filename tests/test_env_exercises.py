@@ -56,6 +56,10 @@ RIGHT = {
     "08.1": 140.28,
     "08.2": 3,
     "08.3": 100,
+    "09.1": 0.8,
+    "09.2": 5.094,
+    "09.3": "ddp.module.config",
+    "09.4": 3,
     "11.1": 37.95,
     "10.1": 80,
     "10.2": 9.14,
@@ -88,6 +92,10 @@ WRONG = {
     "08.1": 160,
     "08.2": 4,
     "08.3": 800,
+    "09.1": 0.1,
+    "09.2": 3.82,
+    "09.3": "ddp.config",
+    "09.4": 2,
     "10.1": 3.2,
     "10.2": 20,
     "10.3": 16.67,
@@ -158,6 +166,22 @@ def test_exercise_answers_match_the_facts():
     assert round(float(amdahl_speedup(16, 0.05)), 2) == RIGHT["10.2"]
     assert 100 * 6 * 1.3e9 * 20_000 / 312e12 == pytest.approx(RIGHT["10.3"])
     assert run_cost(64, 72, 2.50) == RIGHT["10.4"]
+    assert 0.1 * (64 * 32) / 256 == pytest.approx(RIGHT["09.1"])
+    assert 8 * 13e9 * 260e9 / (512 * 120e12) / 86400 == pytest.approx(RIGHT["09.2"], rel=1e-3)
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(2, 2)
+        model.config = "the config"
+        assert eval(RIGHT["09.3"], {"ddp": DDP(model)}) == "the config"
+    finally:
+        dist.destroy_process_group()
+    import re
+    from mgpu_utils.launcher import SCRIPTS_DIR
+    loop = (SCRIPTS_DIR / "case_gan.py").read_text().split("for step in range(args.steps):")[1].split("params =")[0]
+    assert len(re.findall(r"\bd\(", loop)) == RIGHT["09.4"]     # d(real), d(fake.detach()), d(fake)
 
 
 def test_unknown_exercise_and_bad_types():
