@@ -76,6 +76,7 @@ def main():
     g.add_argument("--vocab", type=int, default=2000, help="WordPiece vocabulary size")
     g.add_argument("--hidden", type=int, default=128, help="hidden size (4x in the feed-forward layers)")
     g.add_argument("--layers", type=int, default=2, help="transformer layers")
+    g.add_argument("--heads", type=int, default=2, help="attention heads (must divide --hidden)")
     g.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=400, help="optimizer steps")
@@ -93,7 +94,7 @@ def main():
         rows = chunks(tokenizer, text, args.seq)
         collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
         cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=2, intermediate_size=4 * args.hidden, max_position_embeddings=args.seq,
+                         num_attention_heads=args.heads, intermediate_size=4 * args.hidden, max_position_embeddings=args.seq,
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                          pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)

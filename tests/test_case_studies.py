@@ -51,6 +51,7 @@ def test_gan_without_the_discriminator_step_never_trains_it():
     r = launch("case_gan.py", nproc=2, args=["--steps", 20, "--bug", "no-d-step"], show="none",
                threads_per_rank=1)
     assert not r["d_changed"], "the broken loop never updates the discriminator"
+    assert r["d_losses"][-1] > r["d_losses"][0], "G learns to fool a D that never answers back"
     assert r["max_param_spread"] == 0.0
 
 
@@ -102,3 +103,24 @@ def test_bert_tokenizer_is_deterministic_and_round_trips():
     ids = a("Return the sum of a list.")["input_ids"]
     assert a.convert_ids_to_tokens(ids)[0] == "[CLS]" and a.convert_ids_to_tokens(ids)[-1] == "[SEP]"
     assert a.decode(ids, skip_special_tokens=True).replace(" ", "") == "returnthesumofalist."
+
+
+def test_case_plots_draw_every_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from mgpu_utils import case_plots
+
+    fig = case_plots.draw_case_steps()
+    texts = {t.get_text() for t in fig.axes[0].texts}
+    assert {"D(real)", "D(fake.detach())", "D(G(z))"} <= texts, "the GAN row shows D's three forwards"
+    run = {"label": "a", "test_accuracy": 0.9, "epoch_losses": [2.0, 1.0]}
+    assert len(case_plots.plot_recipe([run, dict(run, label="b")]).axes) == 2
+    samples = np.random.default_rng(0).random((16, 8, 8))
+    assert len(case_plots.plot_gan_samples(samples, real=samples[:8]).axes) == 3 * 8   # real row + 2 rows
+    assert len(case_plots.plot_images([samples[0], samples[1]], ["x", "y"]).axes) == 2
+    assert case_plots.plot_losses({"loss": [3, 2, 1]}, "t").axes[0].get_title() == "t"
+    plt.close("all")
