@@ -40,8 +40,9 @@ def test_resnet_learns_the_digits():
     assert r["epoch_losses"][-1] < r["epoch_losses"][0]
 
 
-def test_gan_first_step_replicas_and_training():
-    r = launch("case_gan.py", nproc=2, args=["--steps", 60, "--check-grads"], show="none", threads_per_rank=1)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_gan_first_step_replicas_and_training(nproc):
+    r = launch("case_gan.py", nproc=nproc, args=["--steps", 60, "--check-grads"], show="none", threads_per_rank=1)
     assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
     assert r["max_param_spread"] == 0.0, "every rank holds the same generator and discriminator"
     assert r["d_changed"] and len(r["samples"]) == 16 and len(r["samples"][0]) == 8
@@ -68,12 +69,13 @@ def test_augmented_digits_without_augmentation_is_the_resized_image():
         AugmentedDigits(4)
 
 
-def test_bert_first_step_is_one_process_on_the_global_batch():
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_bert_first_step_is_one_process_on_the_global_batch(nproc):
     """Each rank's summed token loss over the global batch's masked tokens, times the world size: DDP's
     average is the global batch's mean, so the gradient equals HF's loss on the whole batch in one process."""
-    r = launch("case_bert.py", nproc=2, args=["--steps", 1, "--check-grads"], show="none", threads_per_rank=1)
+    r = launch("case_bert.py", nproc=nproc, args=["--steps", 1, "--check-grads"], show="none", threads_per_rank=1)
     assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
-    assert r["vocab_size"] == 2000 and r["global_batch"] == 16
+    assert r["vocab_size"] == 2000 and r["global_batch"] == 8 * nproc
     assert len(set(r["masked_per_rank"])) > 1, "equal counts would hide a per-rank-mean bug"
 
 
