@@ -120,8 +120,10 @@ def main():
             token_sum = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-100,
                                         reduction="sum")
             (token_sum * world / masked).backward()     # DDP averages: the global batch's mean
-            if step == 0 and args.check_grads:
+            if step == 0 and args.check_grads:                # the check is not training: not timed
+                tc = synced_clock(device)
                 result.update(check_first_step(reference, model, batch, device, rank))
+                t0 += synced_clock(device) - tc
             opt.step()
             opt.zero_grad(set_to_none=True)
             total = token_sum.detach().clone()

@@ -96,7 +96,9 @@ def main():
             opt_d.zero_grad(set_to_none=True)
             d_loss.backward()
             if step == 0 and d_ref is not None:
+                tc = synced_clock(device)                     # the check is not training: not timed
                 result.update(check_first_step(d_ref, d_net, real, fake.detach(), world))
+                t0 += synced_clock(device) - tc
             if args.bug != "no-d-step":
                 opt_d.step()
             # 2) the generator, through the discriminator: fakes labelled real

@@ -18,15 +18,17 @@ CASE_STEPS: dict[str, list[tuple[int, str, float, float, int]]] = {
         (1, "BN\nbuffers", 0.0, 0.8, 3), (0, "forward", 0.8, 2.0, 0), (0, "backward", 2.8, 4.0, 1),
         (1, "all-reduce (buckets)", 3.8, 3.6, 2), (0, "SGD", 7.4, 0.9, 4)],
     "GPT-2\n(06: dp x tp)": [
-        (0, "forward", 0.0, 2.4, 0), (1, "tp", 0.6, 0.5, 2), (1, "tp", 1.6, 0.5, 2), (0, "backward", 2.4, 4.2, 1),
-        (1, "tp", 3.4, 0.5, 2), (1, "tp", 5.0, 0.5, 2), (1, "dp all-reduce", 6.6, 1.2, 2), (0, "AdamW", 7.8, 0.8, 4)],
+        (0, "fwd", 0.0, 0.9, 0), (1, "tp", 0.9, 0.4, 2), (0, "fwd", 1.3, 0.9, 0), (1, "tp", 2.2, 0.4, 2),
+        (0, "bwd", 2.6, 1.5, 1), (1, "tp", 4.1, 0.4, 2), (0, "bwd", 4.5, 1.5, 1), (1, "tp", 6.0, 0.4, 2),
+        (1, "dp all-reduce", 6.4, 1.1, 2), (0, "AdamW", 7.5, 0.8, 4)],
     "BERT\n(DDP)": [
         (0, "forward", 0.0, 2.4, 0), (0, "backward", 2.4, 4.4, 1),
         (1, "all-reduce (buckets)", 3.4, 3.8, 2), (0, "AdamW", 7.2, 0.9, 4)],
     "GAN\n(DDP x 2)": [
-        (0, "D(real)", 0.0, 0.9, 0), (0, "D(fake.detach())", 0.9, 1.6, 0), (0, "D bwd", 2.5, 1.3, 1),
-        (1, "D all-reduce", 2.9, 1.1, 2), (0, "D step", 4.0, 0.6, 4), (0, "D(G(z))", 4.6, 1.2, 0),
-        (0, "bwd: D, then G", 5.8, 1.8, 1), (1, "D + G all-reduce", 6.1, 1.7, 2), (0, "G step", 7.8, 0.6, 4)],
+        (0, "G(z)", 0.0, 0.8, 0), (1, "G's BN\nbuffers", 0.0, 0.8, 3), (0, "D(real)", 0.8, 0.8, 0),
+        (0, "D(fake.detach())", 1.6, 1.4, 0), (0, "D bwd", 3.0, 1.0, 1), (1, "D all-reduce", 3.3, 1.0, 2),
+        (0, "D step", 4.3, 0.6, 4), (0, "D(fake)", 4.9, 0.8, 0), (0, "bwd: D, then G", 5.7, 1.6, 1),
+        (1, "D + G all-reduce", 6.0, 1.6, 2), (0, "G step", 7.6, 0.6, 4)],
 }
 
 
@@ -34,6 +36,8 @@ def draw_case_steps():
     """The picture of lesson 09: what one training step of each case computes and communicates.
 
     Compute (upper lane) and communication (lower lane) of one rank; lengths are schematic, not measured.
+    Overlap is drawn where it happens: DDP's bucket all-reduces run during the backward pass, while
+    Megatron's tensor-parallel all-reduces (GPT-2) block the layer that needs their result.
     Returns the figure.
     """
     fig, ax = plt.subplots(figsize=(10, 4.6))

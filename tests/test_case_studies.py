@@ -1,4 +1,5 @@
-"""Lesson 09's case studies under real torchrun/gloo: ResNet with DDP and a GAN with DDP."""
+"""Lesson 09's case studies under real torchrun/gloo: ResNet, BERT and a GAN with DDP, each checked against one
+process. The accuracy and loss targets are asserted by the notebook itself, which `make test` runs under nbval."""
 import pytest
 
 from mgpu_utils.launcher import launch
@@ -32,12 +33,6 @@ def test_resnet_sync_bn_on_gpus_matches_the_global_batch():
     r = launch("case_resnet.py", nproc=2, backend="nccl", show="none", args=RESNET_SMALL + ["--sync-bn"])
     assert r["sync_bn"] == "on" and r["grad_max_diff"] == r["grad_vs_global_batch"]
     assert r["grad_max_diff"] <= 1e-4 * r["grad_scale"], r
-
-
-def test_resnet_learns_the_digits():
-    r = launch("case_resnet.py", nproc=2, args=[], show="none", threads_per_rank=1)
-    assert r["test_accuracy"] >= 0.9 and r["test_images"] == 359, r
-    assert r["epoch_losses"][-1] < r["epoch_losses"][0]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -79,15 +74,6 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc):
     assert len(set(r["masked_per_rank"])) > 1, "equal counts would hide a per-rank-mean bug"
 
 
-def test_bert_mlm_loss_falls_by_a_third():
-    import statistics
-
-    r = launch("case_bert.py", nproc=2, show="none", threads_per_rank=1)
-    first, last = r["losses"][0], statistics.mean(r["losses"][-20:])
-    assert first > 7.0, "an untrained model guesses among ~2,000 tokens: ln 2000 = 7.6"
-    assert last <= 0.7 * first, f"MLM loss {first:.2f} -> {last:.2f} (mean of the last 20 steps)"
-
-
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
 
@@ -118,7 +104,7 @@ def test_case_plots_draw_every_figure():
 
     fig = case_plots.draw_case_steps()
     texts = {t.get_text() for t in fig.axes[0].texts}
-    assert {"D(real)", "D(fake.detach())", "D(G(z))"} <= texts, "the GAN row shows D's three forwards"
+    assert {"D(real)", "D(fake.detach())", "D(fake)"} <= texts, "the GAN row shows D's three forwards"
     run = {"label": "a", "test_accuracy": 0.9, "epoch_losses": [2.0, 1.0]}
     assert len(case_plots.plot_recipe([run, dict(run, label="b")]).axes) == 2
     samples = np.random.default_rng(0).random((16, 8, 8))
