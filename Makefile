@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 KERNEL := mgpu-course
 NPROC  ?= 4
 
-.PHONY: lab course test gpu-check mutation setup clean
+.PHONY: lab lab-config course test gpu-check mutation setup clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,23 @@ $(STAMP): pyproject.toml
 # as root (containers, some clusters) Jupyter needs --allow-root
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
+# A quiet start: kernels talk over local IPC sockets, not TCP (so ipykernel has no unencrypted port to
+# warn about), JupyterLab does not ask about fetching news, and the committed notebooks are trusted.
+# The sockets live in a short private folder: a socket path may not exceed 107 bytes, and Jupyter's
+# runtime folder under a long home directory would.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings
+LAB_SOCKETS  := $(or $(XDG_RUNTIME_DIR),/tmp)/mgpu-lab-$(shell id -u)
+LAB_FLAGS    := --notebook-dir=notebooks --KernelManager.transport=ipc --KernelManager.ip=$(LAB_SOCKETS)/kernel
+
+lab-config: $(STAMP)
+	@mkdir -p -m 700 $(LAB_SOCKETS)
+	@test -O $(LAB_SOCKETS) || { echo "$(LAB_SOCKETS) belongs to another user: set XDG_RUNTIME_DIR to a private folder"; exit 1; }
+	@mkdir -p $(LAB_SETTINGS)
+	@cp jupyter/overrides.json $(LAB_SETTINGS)/overrides.json
+	@$(VENV)/bin/jupyter trust notebooks/*.ipynb >/dev/null
+
+lab: lab-config
+	$(VENV)/bin/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
 
 course: $(STAMP)
 	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks
