@@ -87,19 +87,20 @@ DEFAULTS = dict(n_params=0, layers=32, hidden=4096, heads=32, seq_len=2048, micr
                 precision="mixed", optimizer="adam", zero_stage=0, dp=8, tp=1, pp=1, recompute="none")
 
 
-def calculator(show_static: bool = True, **defaults):  # pragma: no mutate block
+def calculator(show_static: bool = False, **defaults):  # pragma: no mutate block
     """An ipywidgets memory calculator: a parameter count and/or a GPT shape, precision, optimizer, ZeRO stage, dp/tp/pp,
     recomputation -> a stacked bar of the memory per GPU for ZeRO stages 0-3 (the chosen one marked).
     ``n_params`` 0 means the GPT count of the shape; ``layers`` 0 means model states of ``n_params``
     only (no activations).
 
-    ``show_static``: also draw the figure for ``defaults`` once with plain matplotlib, so a notebook
-    rendered without a widget front end (GitHub, nbconvert) still shows it. Returns the widget box,
+    Where widgets cannot run (a notebook opened without running it, GitHub), the widget's stored
+    output shows the figure for ``defaults`` (:func:`mgpu_utils.widget_view.with_static_view`).
+    ``show_static``: also draw that figure once outside the widget, with plain matplotlib. Returns the widget box,
     or None (with a printed SKIPPED line) when ipywidgets is not installed.
     """
     cfg = {**DEFAULTS, **defaults}
 
-    def draw(**kw):
+    def draw(show=True, **kw):
         import matplotlib.pyplot as plt
         kw["n_params"] = kw["n_params"] or None
         rows = {f"ZeRO-{z}" + (" *" if z == kw["zero_stage"] else ""): calculate(**{**kw, "zero_stage": z})
@@ -115,7 +116,8 @@ def calculator(show_static: bool = True, **defaults):  # pragma: no mutate block
         fig = plot_memory(rows, unit=unit, unit_name=unit_name,
                           title=f"{shape}\ndp={kw['dp']} tp={kw['tp']} pp={kw['pp']}, {kw['precision']} {kw['optimizer']}",
                           capacity=80e9 if top >= 8e9 else None)  # the 80 GB line only where it is in range
-        plt.show()
+        if show:
+            plt.show()
         return fig
 
     if show_static:
@@ -126,6 +128,7 @@ def calculator(show_static: bool = True, **defaults):  # pragma: no mutate block
         print("SKIPPED: interactive calculator needs ipywidgets (pip install ipywidgets)")
         return None
     from mgpu_utils.memory_model import BYTES_PER_PARAM, RECOMPUTE
+    from mgpu_utils.widget_view import with_static_view
 
     ints = {k: w.IntText(value=cfg[k], description=k, layout=w.Layout(width="180px"))
             for k in ("layers", "hidden", "heads", "seq_len", "micro_batch", "vocab")}
@@ -150,5 +153,6 @@ def calculator(show_static: bool = True, **defaults):  # pragma: no mutate block
     for c in controls.values():
         c.observe(update, names="value")
     update()
-    return w.VBox([w.HBox(list(ints.values())[:4]), w.HBox(list(ints.values())[4:]), w.HBox(list(degs.values())),
-                   w.HBox([prec, opt]), w.HBox([zero, rec]), out])
+    box = w.VBox([w.HBox(list(ints.values())[:4]), w.HBox(list(ints.values())[4:]), w.HBox(list(degs.values())),
+                  w.HBox([prec, opt]), w.HBox([zero, rec]), out])
+    return with_static_view(box, draw(show=False, **cfg))

@@ -344,14 +344,17 @@ def ring_stepper(n: int = 4):
     """An ipywidgets slider over the 2(n-1) steps of ring all-reduce, drawing one state at a time.
 
     Returns the widget (display it, or let it be the cell's value). Where widgets do not render
-    (e.g. a static HTML export or nbval) use :func:`draw_ring_steps`.
+    (a notebook opened without running it, GitHub, a static HTML export) its output shows step 0 as
+    a picture (:func:`mgpu_utils.widget_view.with_static_view`); :func:`draw_ring_steps` draws any steps.
     """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+
+    from mgpu_utils.widget_view import with_static_view
 
     def show(step):
         draw_ring_steps(n, [step])
         plt.show()
 
     slider = widgets.IntSlider(value=0, min=0, max=2 * (n - 1), description="step")
-    return widgets.interactive(show, step=slider)
+    return with_static_view(widgets.interactive(show, step=slider), draw_ring_steps(n, [0]))

@@ -255,35 +255,44 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
 
 def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no mutate block
     """ipywidgets explorer: sliders for p and m, a schedule menu; draws the predicted timeline
-    (:func:`simulate`) with its bubble and peak in-flight micro-batches. Returns the widget box."""
+    (:func:`simulate`) with its bubble and peak in-flight micro-batches. Returns the widget box, whose
+    stored output shows the starting settings as a picture where widgets cannot run
+    (:func:`mgpu_utils.widget_view.with_static_view`)."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
+
+    from mgpu_utils.widget_view import with_static_view
 
     ps = w.IntSlider(value=p, min=1, max=8, description="stages p")
     ms = w.IntSlider(value=m, min=1, max=32, description="micro m")
     sc = w.Dropdown(options=list(SCHEDULES), value=schedule, description="schedule")
     out = w.Output()
 
+    def figure(pp, mm, name):
+        """The timeline figure and its one-line summary for these settings."""
+        note = ""
+        if name == "interleaved" and mm % pp:
+            note = f"interleaved needs m divisible by p: using m = {mm - mm % pp or pp}\n"
+            mm = mm - mm % pp or pp
+        v = 2 if name == "interleaved" else 1
+        tl = simulate(schedule_actions(name, pp, mm))
+        m_eff = 1 if name == "naive" else mm
+        return plot_timeline(tl, f"{name}, p={pp}, m={mm}"), (
+            f"{note}bubble {bubble_fraction(tl):.3f} (formula {bubble_formula(pp, m_eff, v):.3f}); "
+            f"peak in-flight micro-batches per rank: {peak_in_flight(tl)}")
+
     def draw(*_):
         with out:
             out.clear_output(wait=True)
-            pp, mm, name = ps.value, ms.value, sc.value
-            if name == "interleaved" and mm % pp:
-                print(f"interleaved needs m divisible by p: using m = {mm - mm % pp or pp}")
-                mm = mm - mm % pp or pp
-            v = 2 if name == "interleaved" else 1
-            tl = simulate(schedule_actions(name, pp, mm))
-            fig = plot_timeline(tl, f"{name}, p={pp}, m={mm}")
+            fig, summary = figure(ps.value, ms.value, sc.value)
             plt.show()
-            m_eff = 1 if name == "naive" else mm
-            print(f"bubble {bubble_fraction(tl):.3f} (formula {bubble_formula(pp, m_eff, v):.3f}); "
-                  f"peak in-flight micro-batches per rank: {peak_in_flight(tl)}")
+            print(summary)
             plt.close(fig)
 
     for wd in (ps, ms, sc):
         wd.observe(draw, names="value")
     draw()
-    return w.VBox([w.HBox([ps, ms, sc]), out])
+    return with_static_view(w.VBox([w.HBox([ps, ms, sc]), out]), figure(p, m, schedule)[0])
 
 
 def p2p_plan(actions: list[tuple], rank: int, p: int) -> list[list[tuple]]:
