@@ -33,7 +33,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 RUN_ALL_TIMEOUT_S = 420
 
 # JavaScript run in the page: one record per cell of the open notebook
-CELLS_JS = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')]
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"     # the notebook in front
+CELLS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')]
   .map(c => ({code: c.classList.contains('jp-CodeCell'),
               prompt: (c.querySelector('.jp-InputPrompt') || {}).textContent || '',
               imgs: c.querySelectorAll('.jp-OutputArea-output img').length,
@@ -51,10 +52,10 @@ def _stored(path: Path):
              c["cell_type"] == "code" and bool(WIDGET_CALLS.search("".join(c["source"])))) for c in cells]
 
 
-def _open(page, base: str, path: Path):
+def _open(page, base: str, path: Path, n_cells: int):
+    """Open a notebook in its own fresh workspace and wait until all its cells are in the page."""
     page.goto(f"{base}/lab/workspaces/test-{path.stem}/tree/{path.name}?reset")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=60_000)
-    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') !== null",
+    page.wait_for_function(f"() => document.querySelectorAll('{PANEL} .jp-Cell').length === {n_cells}",
                            timeout=60_000)
 
 
@@ -136,8 +137,8 @@ def _run_all_notebooks(context, base, token, report):
     page.screenshot(path=str(SHOTS / "00_start.png"))
     for path in NOTEBOOKS:
         stored = _stored(path)
-        _open(page, base, path)
-        cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell")
+        _open(page, base, path, len(stored))
+        cells = page.locator(f"{PANEL} .jp-Cell")
         before = page.evaluate(CELLS_JS)
         assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
         for i, (is_code, n_img, is_widget) in enumerate(stored):
@@ -146,6 +147,9 @@ def _run_all_notebooks(context, base, token, report):
                 assert before[i]["imgs"] >= 1 or "run this cell" in before[i]["text"], \
                     f"{path.name} cell {i}: no static view before running"
                 cells.nth(i).screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_unrun.png"))
+        _menu(page, "Edit", "Clear Outputs of All Cells")   # stored prompts [n] would look finished
+        page.wait_for_function(f"() => [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')]"
+                               ".every(p => !/\\d/.test(p.textContent))", timeout=10_000)
         t0 = time.monotonic()
         _menu(page, "Run", "Run All Cells")
         deadline = t0 + RUN_ALL_TIMEOUT_S
@@ -153,7 +157,7 @@ def _run_all_notebooks(context, base, token, report):
             now = page.evaluate(CELLS_JS)
             running = [i for i, c in enumerate(now) if c["code"] and "*" in c["prompt"]]
             done = all(re.search(r"\[\d+\]", c["prompt"]) for c in now if c["code"])
-            if done or (not running and time.monotonic() > t0 + 10):
+            if done or (not running and time.monotonic() > t0 + 10):   # finished, or stopped by an error
                 break
             assert time.monotonic() < deadline, f"{path.name}: Run All still running cell {running}"
             time.sleep(1.0)

@@ -95,3 +95,25 @@ def test_course_widgets_have_static_views():
     for w in (ring_stepper(4), explorer(4, 8, "1f1b"), calculator(layers=4, hidden=256, heads=4)):
         data = w._repr_mimebundle_()
         assert WIDGET_VIEW in data and "image/png" in data and data["text/plain"] == RUN_LINE
+
+
+def _unclosed_tables(markdown: str) -> list[int]:
+    """Line numbers (1-based) where a markdown table is followed directly by a line of prose: the renderer
+    takes that line as one more table row."""
+    lines, bad, in_code = markdown.splitlines(), [], False
+    for n, (line, nxt) in enumerate(zip(lines, lines[1:]), 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        if not in_code and line.lstrip().startswith("|") and nxt.strip() and not nxt.lstrip().startswith("|"):
+            bad.append(n + 1)
+    return bad
+
+
+def test_markdown_tables_end_with_a_blank_line():
+    assert _unclosed_tables("| a | b |\n|---|---|\n| 1 | 2 |\nprose\n") == [4]
+    assert _unclosed_tables("| a | b |\n|---|---|\n| 1 | 2 |\n\nprose\n") == []
+    assert _unclosed_tables("```\n| not a table\ncode\n```\n") == []
+    bad = [f"{p.name} cell {i} line {n}" for p in NOTEBOOKS for i, c in enumerate(json.loads(p.read_text())["cells"])
+           if c["cell_type"] == "markdown" for n in _unclosed_tables(_text(c["source"]))]
+    bad += [f"README.md line {n}" for n in _unclosed_tables((ROOT / "README.md").read_text())]
+    assert not bad, f"a table runs into the next line (add a blank line after it): {bad}"
