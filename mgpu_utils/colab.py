@@ -1,0 +1,168 @@
+"""Colab in one click: the repository's address, the "Open in Colab" badges and every notebook's setup
+cell, all made from one setting (README, "Colab").
+
+The address is ``[project.urls] Repository`` in ``pyproject.toml``. ``python -m mgpu_utils.colab`` writes
+it into the first cell of every notebook (which clones the course when it runs on Colab without it) and
+into the README's badge list; ``--check`` only compares, and ``tests/test_colab.py`` runs that check, so
+a changed address fails the tests until the copies are regenerated.
+
+Usage::
+
+    python -m mgpu_utils.colab           # after changing [project.urls] Repository
+    python -m mgpu_utils.colab --check   # exit status 1 if a notebook or the README differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+BADGES_BEGIN = "<!-- colab badges: written by `python -m mgpu_utils.colab` from pyproject.toml -->"
+BADGES_END = "<!-- end of colab badges -->"
+SETUP_END = "    print(colab_notes())\n"   # the last line of the setup block
+
+SETUP_TEMPLATE = '''\
+# Setup: make mgpu_utils importable. In a clone it is found in this folder or a parent; on Colab the
+# first run clones the course into /content/course and installs it (REPO_URL: pyproject.toml).
+import os, pathlib, subprocess, sys
+REPO_URL = os.environ.get("MGPU_REPO_URL", "{url}")
+ON_COLAB = "google.colab" in sys.modules
+try:
+    import mgpu_utils
+except ImportError:
+    course = pathlib.Path(os.environ.get("MGPU_COLAB_ROOT", "/content")) / "course"
+    here = pathlib.Path.cwd().resolve()
+    roots = [r for r in (here, *here.parents, course) if (r / "mgpu_utils" / "__init__.py").is_file()]
+    if not roots and ON_COLAB:
+        print(f"Colab: cloning {{REPO_URL}} into {{course}} and installing mgpu_utils ...")
+        subprocess.run(["git", "clone", "-q", "--depth", "1", REPO_URL, str(course)], check=True)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(course)]
+        subprocess.run(pip, check=True)
+        roots = [course]
+    if not roots:
+        raise ImportError(f"mgpu_utils not found: in a clone of {{REPO_URL}}, run `make lab`")
+    sys.path.insert(0, str(roots[0]))
+    import mgpu_utils
+if ON_COLAB:                      # run from the course's notebooks/ folder, as locally; say what differs
+    os.chdir(pathlib.Path(mgpu_utils.__file__).parents[1] / "notebooks")
+    from mgpu_utils.colab import colab_notes
+    print(colab_notes())
+'''
+
+
+def repo_url(root: Path = ROOT) -> str:
+    """The course repository's address: ``[project.urls] Repository`` of ``root/pyproject.toml``.
+
+    Raises:
+        KeyError: the setting is missing (add it under ``[project.urls]``).
+    """
+    import tomllib
+
+    with open(root / "pyproject.toml", "rb") as f:
+        urls = tomllib.load(f)["project"].get("urls", {})
+    if "Repository" not in urls:
+        raise KeyError("pyproject.toml has no [project.urls] Repository: add the course's GitHub address there")
+    return urls["Repository"].rstrip("/")
+
+
+def colab_link(notebook: str, url: str | None = None, branch: str = "main") -> str:
+    """Colab's address that opens ``notebooks/<notebook>`` of the GitHub repository ``url``.
+
+    Raises:
+        ValueError: ``url`` is not a ``https://github.com/<owner>/<repo>`` address (Colab opens only those).
+    """
+    url = url or repo_url()
+    m = re.fullmatch(r"https://github\.com/([\w.-]+)/([\w.-]+?)(\.git)?", url)
+    if not m:
+        raise ValueError(f"Colab opens GitHub repositories only; {url!r} is not https://github.com/<owner>/<repo>")
+    return f"https://colab.research.google.com/github/{m[1]}/{m[2]}/blob/{branch}/notebooks/{notebook}"
+
+
+def setup_source(url: str | None = None) -> str:
+    """The setup block that starts the first code cell of every notebook, for repository ``url``."""
+    return SETUP_TEMPLATE.format(url=url or repo_url())
+
+
+def badges(notebooks: list[str], url: str | None = None) -> str:
+    """The README's badge list: one "Open in Colab" line per notebook, between the two markers."""
+    lines = [f"- [![Open In Colab]({BADGE_IMAGE})]({colab_link(n, url)}) `{n}`" for n in notebooks]
+    return "\n".join([BADGES_BEGIN, *lines, BADGES_END])
+
+
+def colab_notes() -> str:
+    """What differs on Colab, in a few lines: its GPUs, its torch against the pinned one, and where the
+    multi-rank launches run (gloo on CPU unless there is one GPU per rank). Printed by every notebook's
+    setup cell on Colab."""
+    import torch
+
+    from mgpu_utils.compat import OLDEST_TORCH
+    n = torch.cuda.device_count()
+    gpus = f"{n} GPU ({torch.cuda.get_device_name(0)})" if n == 1 else f"{n} GPUs"
+    old = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) < OLDEST_TORCH
+    return "\n".join([
+        f"On Colab: {gpus}; torch {torch.__version__} (Colab's own; the course pins 2.14.1"
+        + (f", and needs {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer: pip install 'torch>=2.13')" if old else ")"),
+        "  multi-rank launches run as CPU processes over gloo (NCCL needs one GPU per rank);"
+        + (" a launch with nproc=1 uses the GPU." if n else " no GPU: Runtime > Change runtime type adds one."),
+    ])
+
+
+def _notebooks(root: Path) -> list[Path]:
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def sync(root: Path = ROOT, check: bool = False) -> list[str]:
+    """Write (or, with ``check``, compare) the setup block of every notebook and the README's badges.
+
+    Returns:
+        The files that differ (``check``) or were rewritten.
+
+    Raises:
+        ValueError: a notebook's first code cell has no setup block to replace (it must end with
+            ``    print(colab_notes())``, as :data:`SETUP_TEMPLATE` does).
+    """
+    import nbformat
+
+    url, changed = repo_url(root), []
+    block = setup_source(url)
+    for path in _notebooks(root):
+        nb = nbformat.read(path, as_version=4)
+        cell = next(c for c in nb.cells if c.cell_type == "code")
+        if SETUP_END not in cell.source:
+            raise ValueError(f"{path.name}: the first code cell has no setup block ending with {SETUP_END!r}")
+        new = block + cell.source.split(SETUP_END, 1)[1]
+        if new != cell.source:
+            changed.append(path.name)
+            if not check:
+                cell.source = new
+                nbformat.write(nb, path)
+    readme = root / "README.md"
+    text = readme.read_text()
+    new_badges = badges([p.name for p in _notebooks(root)], url)
+    pattern = re.compile(re.escape(BADGES_BEGIN) + ".*?" + re.escape(BADGES_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"README.md has no badge markers ({BADGES_BEGIN!r} ... {BADGES_END!r})")
+    new_text = pattern.sub(lambda _: new_badges, text)
+    if new_text != text:
+        changed.append("README.md")
+        if not check:
+            readme.write_text(new_text)
+    return changed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Write the repository address into the notebooks and README.")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 if something differs")
+    args = parser.parse_args(argv)
+    changed = sync(check=args.check)
+    verb = "differ from" if args.check else "rewritten from"
+    print(f"{len(changed)} file(s) {verb} pyproject.toml's Repository ({repo_url()}): {changed}")
+    return 1 if (args.check and changed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
