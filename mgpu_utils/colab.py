@@ -36,7 +36,7 @@ try:
 except ImportError:
     course = pathlib.Path(os.environ.get("MGPU_COLAB_ROOT", "/content")) / "course"
     here = pathlib.Path.cwd().resolve()
-    roots = [r for r in (here, *here.parents, course) if (r / "mgpu_utils" / "__init__.py").is_file()]
+    roots = [r for r in (here, *here.parents, course) if (r / "mgpu_utils/__init__.py").is_file()]
     if not roots and ON_COLAB:
         print(f"Colab: cloning {{REPO_URL}} into {{course}} and installing mgpu_utils ...")
         subprocess.run(["git", "clone", "-q", "--depth", "1", REPO_URL, str(course)], check=True)
