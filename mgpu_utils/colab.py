@@ -47,7 +47,7 @@ except ImportError:
         raise ImportError(f"mgpu_utils not found: in a clone of {{REPO_URL}}, run `make lab`")
     sys.path.insert(0, str(roots[0]))
     import mgpu_utils
-if ON_COLAB:                      # run from the course's notebooks/ folder, as locally; say what differs
+if ON_COLAB:  # run from the course's notebooks/ folder, as locally; say what differs
     os.chdir(pathlib.Path(mgpu_utils.__file__).parents[1] / "notebooks")
     from mgpu_utils.colab import colab_notes
     print(colab_notes())
