@@ -67,7 +67,7 @@ def draw_elastic_nodes(nproc_per_node: int = 2):  # pragma: no mutate block
     from matplotlib.patches import FancyBboxPatch
 
     P, red = nproc_per_node, "#C44E52"
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, lost in zip(axes, (False, True)):
         world = P if lost else 2 * P
         ax.add_patch(FancyBboxPatch((3.3, 3.65), 3.6, 0.6, boxstyle="round,pad=0.03", fc="#FCEBD2", ec="#DD8452"))

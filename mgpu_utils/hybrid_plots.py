@@ -14,7 +14,7 @@ def draw_mesh_2d(dp: int = 2, tp: int = 2, n_heads: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    fig, ax = plt.subplots(figsize=(2.6 * tp + 4.2, 1.5 * dp + 1.6))
+    fig, ax = plt.subplots(figsize=(min(11, 2.6 * tp + 4.2), 1.5 * dp + 1.6))
     ax.set_xlim(-0.4, 2.6 * tp + 3.6)
     ax.set_ylim(-0.9, 1.5 * dp + 0.3)
     ax.axis("off")
@@ -27,7 +27,7 @@ def draw_mesh_2d(dp: int = 2, tp: int = 2, n_heads: int = 4):
                                         alpha=0.25 + 0.5 * (t + 1) / tp, ec="k"))
             ax.text(x + 1.05, y + 0.68, f"rank {d * tp + t}", ha="center", weight="bold", fontsize=10)
             ax.text(x + 1.05, y + 0.22, f"heads {t * hp}..{(t + 1) * hp - 1}, MLP cols {t + 1}/{tp}\n"
-                    f"batch rows of replica {d}", ha="center", fontsize=7)
+                    f"batch rows of replica {d}", ha="center", fontsize=8)
         if tp > 1:
             ax.annotate("", xy=(2.6 * tp - 0.45, y + 0.5), xytext=(2.15, y + 0.5),
                         arrowprops=dict(arrowstyle="<->", color="crimson", lw=1.5))
@@ -49,7 +49,7 @@ def draw_3d(dp: int = 2, tp: int = 4, pp: int = 2, gpus_per_node: int = 8):
     pipeline stage, rows = dp replicas, columns = tp shards; colour = node."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, pp, figsize=(1.0 * tp * pp + 1.5 * pp, 0.7 * dp + 1.3), squeeze=False)
+    fig, axes = plt.subplots(1, pp, figsize=(min(11, 1.0 * tp * pp + 1.5 * pp), 0.7 * dp + 1.3), squeeze=False)
     for p, ax in enumerate(axes[0]):
         for d in range(dp):
             for t in range(tp):
@@ -59,8 +59,8 @@ def draw_3d(dp: int = 2, tp: int = 4, pp: int = 2, gpus_per_node: int = 8):
                 ax.text(t + 0.45, dp - 1 - d + 0.4, str(r), ha="center", va="center", fontsize=8)
         ax.set_xlim(-0.1, tp)
         ax.set_ylim(-0.1, dp)
-        ax.set_xticks([t + 0.45 for t in range(tp)], [f"tp {t}" for t in range(tp)], fontsize=7)
-        ax.set_yticks([dp - 1 - d + 0.4 for d in range(dp)], [f"dp {d}" for d in range(dp)], fontsize=7)
+        ax.set_xticks([t + 0.45 for t in range(tp)], [f"tp {t}" for t in range(tp)], fontsize=8)
+        ax.set_yticks([dp - 1 - d + 0.4 for d in range(dp)], [f"dp {d}" for d in range(dp)], fontsize=8)
         ax.set_title(f"pipeline stage {p}\n(layer block {p + 1} of {pp})", fontsize=9)
         for s in ax.spines.values():
             s.set_visible(False)
@@ -79,7 +79,7 @@ def plot_losses(result: dict, tol: float | None = None):
     import numpy as np
 
     ref = np.array(result["reference"]["loss"])
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     steps = np.arange(1, len(ref) + 1)
     a1.plot(steps, ref, "k-", lw=4, alpha=0.3, label="single process (reference)")
     for i, (name, r) in enumerate(result["layouts"].items()):
@@ -111,7 +111,7 @@ def plot_plan(layouts, memory_gb: float, title: str = ""):
         comm = sum(x.comm_s.values())
         if x.feasible:
             ax.scatter(comm, x.memory_gb, color="#55A868", s=40, zorder=3)
-            ax.annotate(f"{x.dp}/{x.tp}/{x.pp}", (comm, x.memory_gb), fontsize=7, xytext=(3, 3),
+            ax.annotate(f"{x.dp}/{x.tp}/{x.pp}", (comm, x.memory_gb), fontsize=8, xytext=(3, 3),
                         textcoords="offset points")
         else:
             ax.scatter(comm, x.memory_gb, color="grey", marker="x", s=20, alpha=0.6)
@@ -119,7 +119,7 @@ def plot_plan(layouts, memory_gb: float, title: str = ""):
     ax.set(xscale="log", yscale="log", xlabel="communication per step, no overlap (s)",
            ylabel="memory per GPU (GB)", title=title or "layouts: dp/tp/pp (green: feasible)")
     ax.text(0.99, 0.02, "grey x: infeasible (memory, tp > node, divisibility)", transform=ax.transAxes,
-            ha="right", fontsize=7, color="grey")
+            ha="right", fontsize=8, color="grey")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -59,7 +59,7 @@ def plot_memory(rows: dict, unit: float = 1e9, unit_name: str = "GB", title: str
     import matplotlib.pyplot as plt
 
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.6))
+        fig, ax = plt.subplots(figsize=(min(11, max(5.0, 1.3 * len(rows) + 2)), 3.6))
     else:
         fig = ax.figure
     labels = list(rows)

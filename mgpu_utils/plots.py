@@ -103,11 +103,11 @@ def draw_ddp_step(nproc: int = 3, layers: int = 4):
         for i in range(layers):
             x0 = fwd + i * bwd
             ax.barh(y + 0.15, bwd, left=x0, height=0.35, color="#fdae6b", edgecolor="k")
-            ax.text(x0 + bwd / 2, y + 0.15, f"bwd L{layers - i}", ha="center", va="center", fontsize=7)
+            ax.text(x0 + bwd / 2, y + 0.15, f"bwd L{layers - i}", ha="center", va="center", fontsize=8)
             if i % 2 == 1:  # a bucket is ready every two layers
                 ax.barh(y - 0.25, ar, left=x0 + bwd, height=0.3, color="#74c476", edgecolor="k")
                 ax.text(x0 + bwd + ar / 2, y - 0.25, f"all-reduce\nbucket {i // 2}", ha="center", va="center",
-                        fontsize=6.5)
+                        fontsize=8)
         end = fwd + layers * bwd + ar
         ax.barh(y + 0.15, opt, left=end, height=0.35, color="#bcbddc", edgecolor="k")
         ax.text(end + opt / 2, y + 0.15, "step", ha="center", va="center", fontsize=8)
@@ -136,7 +136,7 @@ def draw_zero_stages(ranks: int = 4):
 
     kinds = [("weights (2 B)", 2, "#4C72B0"), ("grads (2 B)", 2, "#DD8452"), ("optimizer states (12 B)", 12, "#55A868")]
     sharded = {0: set(), 1: {2}, 2: {1, 2}, 3: {0, 1, 2}}      # stage -> indices of the sharded kinds
-    fig, axes = plt.subplots(1, 4, figsize=(13, 1.3 + 0.55 * ranks), sharey=True)
+    fig, axes = plt.subplots(1, 4, figsize=(11, 1.3 + 0.55 * ranks), sharey=True)
     for stage, ax in enumerate(axes):
         per_rank = sum(b / ranks if i in sharded[stage] else b for i, (_, b, _) in enumerate(kinds))
         for r in range(ranks):
@@ -277,7 +277,7 @@ def plot_collective(name: str, before: list, after: list, rule: str = "", base: 
     import matplotlib.pyplot as plt
 
     width = max(len(r) for r in before + after)
-    fig, axes = plt.subplots(1, 2, figsize=(min(14, 3 + 0.42 * (len(before[0]) + width)), 0.55 * len(before) + 1.1),
+    fig, axes = plt.subplots(1, 2, figsize=(min(11, 3 + 0.42 * (len(before[0]) + width)), 0.55 * len(before) + 1.1),
                              gridspec_kw={"width_ratios": [len(before[0]), max(width, 1)]})
     for ax, rows, label in ((axes[0], before, "before"), (axes[1], after, "after")):
         ax.set_xlim(0, max(len(r) for r in rows) or 1)
@@ -291,7 +291,7 @@ def plot_collective(name: str, before: list, after: list, rule: str = "", base: 
                 src = None if (reduced and rows is after) else int(v) // base   # rank r starts with base*r + j
                 ax.add_patch(plt.Rectangle((j, r), 1, 1, fc=_color(src) if src is not None else "#BBBBBB",
                                            alpha=0.35, ec="white"))
-                ax.text(j + 0.5, r + 0.5, f"{v:g}", ha="center", va="center", fontsize=7)
+                ax.text(j + 0.5, r + 0.5, f"{v:g}", ha="center", va="center", fontsize=8)
     for r in range(len(before)):
         axes[0].text(-0.2, r + 0.5, f"rank {r}", ha="right", va="center", fontsize=8)
     fig.suptitle(f"{name}" + (f": {rule}" if rule else ""), fontsize=10, x=0.02, ha="left")
@@ -314,7 +314,7 @@ def draw_ring_steps(n: int = 4, steps=None):
     steps = list(range(len(states))) if steps is None else list(steps)
     cols = min(len(steps), 4)
     rows = (len(steps) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.1 * cols, 0.55 * n * rows + 0.9 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.75 * cols, 0.6 * n * rows + 0.9 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, k in zip(axes.flat, steps):
@@ -322,7 +322,7 @@ def draw_ring_steps(n: int = 4, steps=None):
             for c in range(n):
                 frac = len(states[k][r][c]) / n
                 ax.add_patch(plt.Rectangle((c, r), 1, 1, fc=plt.cm.Blues(0.1 + 0.85 * frac), ec="white"))
-                ax.text(c + 0.5, r + 0.5, f"{len(states[k][r][c])}/{n}", ha="center", va="center", fontsize=7,
+                ax.text(c + 0.5, r + 0.5, f"{len(states[k][r][c])}/{n}", ha="center", va="center", fontsize=8,
                         color="white" if frac > 0.6 else "black")
             if k < len(sched):
                 c = sched[k]["send"][r]
@@ -331,7 +331,7 @@ def draw_ring_steps(n: int = 4, steps=None):
         ax.set_xlim(-0.9, n)
         ax.set_ylim(n, -0.3)
         for r in range(n):
-            ax.text(-0.1, r + 0.5, f"r{r}", ha="right", va="center", fontsize=7)
+            ax.text(-0.1, r + 0.5, f"r{r}", ha="right", va="center", fontsize=8)
         title = "start" if k == 0 else f"after step {k}: {sched[k - 1]['phase']}"
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"Ring all-reduce, {n} ranks x {n} chunks: fraction of ranks summed into each chunk "

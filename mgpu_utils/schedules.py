@@ -234,7 +234,9 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
             bars.setdefault((a["kind"], chunk), []).append((x0, w))
             if w > span * scale / 45:                     # label only bars wide enough to read
                 label = f"{a['mb']}" + (f".{chunk}" if n_stages > p else "")
-                ax.text(x0 + w / 2, r, label, ha="center", va="center", fontsize=7, color="white")
+                # on a hatched bar (a later chunk) the label sits on a solid patch, not under the hatching
+                ax.text(x0 + w / 2, r, label, ha="center", va="center", fontsize=8, color="white",
+                        bbox=dict(boxstyle="square,pad=0.15", fc=_KIND_COLORS[a["kind"]], ec="none") if chunk else None)
         for (kind, chunk), xs in bars.items():
             ax.broken_barh(xs, (r - 0.4, 0.8), facecolors=_KIND_COLORS[kind], edgecolors="k", linewidth=0.5,
                            alpha=1.0 if chunk == 0 else 0.6, hatch="//" if chunk else None)
@@ -247,7 +249,7 @@ def plot_timeline(timeline: list[list[dict]], title: str = "", ax=None, unit: st
     ax.set_title(f"{title}  (bubble {bf:.0%})" if title else f"bubble {bf:.0%}", fontsize=10)
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=_KIND_COLORS["F"], label="forward"), Patch(color=_KIND_COLORS["B"],
-              label="backward")], loc="lower right", fontsize=7)
+              label="backward")], loc="lower right", fontsize=8)
     if own:
         fig.tight_layout()
     return fig
@@ -387,8 +389,8 @@ def draw_layer_split(p: int = 4, layers: int = 8):  # pragma: no mutate block
             ax.annotate("", xy=(x0 + 3.0, 1.9), xytext=(x0 + 2.05, 1.9), arrowprops=dict(arrowstyle="->", lw=1.8))
             ax.annotate("", xy=(x0 + 2.05, 1.1), xytext=(x0 + 3.0, 1.1),
                         arrowprops=dict(arrowstyle="->", lw=1.8, color="#C44E52"))
-            ax.text(x0 + 2.52, 2.05, "activation", ha="center", fontsize=7)
-            ax.text(x0 + 2.52, 0.8, "gradient", ha="center", fontsize=7, color="#C44E52")
+            ax.text(x0 + 2.52, 2.05, "activation", ha="center", fontsize=8)
+            ax.text(x0 + 2.52, 0.8, "gradient", ha="center", fontsize=8, color="#C44E52")
     ax.text(p * 1.5 - 0.5, -0.5, "forward: rank r waits for rank r-1 (send/recv of activations);  backward: rank r "
             "waits for rank r+1 (gradients)", ha="center", fontsize=9, style="italic")
     ax.set_title(f"Layer split: {layers} layers on {p} ranks; each rank stores only its own layers", fontsize=11)

@@ -30,7 +30,7 @@ def draw_sync_vs_async(workers: int = 3, slow: float = 1.8, horizon: float = 7.0
         start = nxt[w] - times[w]
         ax2.barh(w, times[w], left=start, color="#9ecae1", edgecolor="k")
         ax2.text(start + times[w] / 2, w, f"v{base[w]} \u2192 stale {version - base[w]}", ha="center",
-                 va="center", fontsize=7)
+                 va="center", fontsize=8)
         version += 1
         base[w] = version
         nxt[w] += times[w]
@@ -51,7 +51,7 @@ def plot_sync_async(result: dict):
     ``sync_async.py`` (sync / async, with and without the straggler)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     style = {"sync": ("#4C72B0", "-"), "async": ("#DD8452", "-"),
              "sync + straggler": ("#4C72B0", "--"), "async + straggler": ("#DD8452", "--")}
     for name, run in result["runs"].items():
@@ -77,7 +77,7 @@ def plot_staleness(result: dict, simulated: dict | None = None):
     :func:`mgpu_utils.staleness.simulate_ps`, drawn as outlines."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, run in result["runs"].items():
         if run["mode"] != "async":
             continue
@@ -117,7 +117,7 @@ def plot_local_sgd(result: dict):
     import matplotlib.pyplot as plt
     from matplotlib import ticker
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, run in result["runs"].items():
         steps, _, acc = zip(*run["curve"])
         axes[0].plot(steps, acc, marker=".", label=f"{name} ({run['allreduce_calls']} all-reduces)")
@@ -143,7 +143,7 @@ def plot_hooks(result: dict):
     """DDP communication hooks: accuracy curves (left), bytes per all-reduce after compression (right)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     names = list(result["hooks"])
     for name in names:
         steps, acc = zip(*result["hooks"][name]["curve"])
@@ -201,7 +201,7 @@ def plot_emulator(result: dict):
     links = list(dict.fromkeys(e["link"] for e in result["emulator"]))
     hooks = list(dict.fromkeys(e["hook"] for e in result["emulator"]))
     colors = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
-    fig, ax = plt.subplots(figsize=(12, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     w = 0.8 / len(hooks)
     for j, h in enumerate(hooks):
         rows = {e["link"]: e for e in result["emulator"] if e["hook"] == h}

@@ -276,9 +276,9 @@ def draw_tp_mlp(t: int = 2):
     ax.set_ylim(-0.6, 4.2)
     ax.axis("off")
     ax.add_patch(Rectangle((0.2, 1.0), 1.0, 2.0, fc="#bbbbbb", ec="k"))
-    ax.text(0.7, 2.0, "X\n(b·s, h)\nsame on\nevery rank", ha="center", va="center", fontsize=7)
+    ax.text(0.7, 2.0, "X\n(b·s, h)\nsame on\nevery rank", ha="center", va="center", fontsize=8)
     ax.text(1.75, 3.45, "f", fontsize=14, weight="bold", ha="center")
-    ax.text(1.75, 0.5, "fwd: identity\nbwd: all-reduce", fontsize=7, ha="center")
+    ax.text(1.75, 0.5, "fwd: identity\nbwd: all-reduce", fontsize=8, ha="center")
     for r in range(t):                                   # A = [A_1 .. A_t]: columns
         ax.add_patch(Rectangle((2.4 + r * 2.0 / t, 1.0), 2.0 / t, 2.0, fc=colors[r % 8], ec="k", alpha=0.8))
         ax.text(2.4 + (r + 0.5) * 2.0 / t, 2.0, f"A{r}", ha="center", va="center", color="white", fontsize=8)
@@ -289,9 +289,9 @@ def draw_tp_mlp(t: int = 2):
         ax.text(7.2, 3.0 - (r + 0.5) * 2.0 / t, f"B{r}", ha="center", va="center", color="white", fontsize=8)
     ax.text(7.2, 3.3, "fc2: B split by rows\n(row parallel)", ha="center", fontsize=8)
     ax.text(8.9, 3.45, "g", fontsize=14, weight="bold", ha="center")
-    ax.text(8.9, 0.5, "fwd: all-reduce\nbwd: identity", fontsize=7, ha="center")
+    ax.text(8.9, 0.5, "fwd: all-reduce\nbwd: identity", fontsize=8, ha="center")
     ax.add_patch(Rectangle((9.8, 1.0), 1.0, 2.0, fc="#bbbbbb", ec="k"))
-    ax.text(10.3, 2.0, "Z = Σ_r\ngelu(X A_r) B_r", ha="center", va="center", fontsize=7)
+    ax.text(10.3, 2.0, "Z = Σ_r\ngelu(X A_r) B_r", ha="center", va="center", fontsize=8)
     for x0, x1 in ((1.25, 2.35), (4.45, 4.75), (5.65, 6.15), (8.25, 9.75)):
         ax.annotate("", xy=(x1, 2.0), xytext=(x0, 2.0), arrowprops=dict(arrowstyle="->", lw=1.5))
     ax.set_title(f"Tensor-parallel MLP on {t} ranks: rank r holds A_r and B_r; one all-reduce forward, "

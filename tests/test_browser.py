@@ -3,12 +3,13 @@ Playwright) against JupyterLab started as `make lab` starts it.
 
 For every notebook, before running: widget cells show a picture, never `interactive(children=...`; then
 Run All in a fresh kernel: every code cell runs (Run All stops at an unexpected error), no traceback on
-stderr, every figure the committed notebook has is drawn; every widget renders as a widget and redraws
-within 5 s when its first control changes. After the first page load no "Jupyter news" question appears.
+stderr, every figure the committed notebook has is drawn and shown at 0.75x its size or larger in a
+1280-pixel window; every widget renders as a widget and redraws within 5 s when its first control changes.
+After the first page load no "Jupyter news" question appears.
 Screenshots go to build/browser/. The browser is Debian's Chromium (/usr/bin/chromium, or $MGPU_CHROMIUM);
 without it, or without the playwright package, the test says SKIPPED and how to install them.
 
-Run alone: .venv/bin/python -m pytest tests/test_browser.py (about 6 minutes on 2 cores);
+Run alone: .venv/bin/python -m pytest tests/test_browser.py (about 7 minutes on 2 cores);
 MGPU_BROWSER_NOTEBOOKS=00,04 runs only those lessons.
 """
 import json
@@ -31,6 +32,9 @@ WIDGET_CALLS = re.compile(r"ring_stepper\(|explorer\(|calculator\(|widgets\.inte
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 RUN_ALL_TIMEOUT_S = 420
+# a 1280-pixel window with the file browser open: the width the line and figure conventions are made for
+# (tests/test_notebook_views.py); every figure must be shown at 0.75x its size or larger
+VIEW_WIDTH, MIN_FIGURE_SCALE = 1280, 0.75
 
 # JavaScript run in the page: one record per cell of the open notebook
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"     # the notebook in front
@@ -38,6 +42,7 @@ CELLS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')]
   .map(c => ({code: c.classList.contains('jp-CodeCell'),
               prompt: (c.querySelector('.jp-InputPrompt') || {}).textContent || '',
               imgs: c.querySelectorAll('.jp-OutputArea-output img').length,
+              shown: [...c.querySelectorAll('.jp-OutputArea-output img')].map(i => [i.naturalWidth, i.clientWidth]),
               widget: !!c.querySelector('.jp-OutputArea-output .jupyter-widgets'),
               stderr: [...c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
                       .map(e => e.textContent).join('\\n'),
@@ -115,7 +120,7 @@ def test_every_notebook_runs_in_jupyterlab(browser, tmp_path):
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
     report = []
     with running_lab(tmp_path, env=env) as (base, token, log, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        context = browser.new_context(viewport={"width": VIEW_WIDTH, "height": 800})
         try:
             _run_all_notebooks(context, base, token, report)
         finally:
@@ -123,8 +128,8 @@ def test_every_notebook_runs_in_jupyterlab(browser, tmp_path):
         text = log.read_text()
         assert "without encryption" not in text, text[-2000:]
     (SHOTS / "report.json").write_text(json.dumps(report, indent=1))
-    for name, seconds, widgets in report:
-        print(f"{name:<32} {seconds:6.1f} s  widgets: {widgets}")
+    for name, seconds, widgets, scale in report:
+        print(f"{name:<28} {seconds:6.1f} s  smallest figure shown at {scale:.2f}x  widgets: {widgets}")
 
 
 def _run_all_notebooks(context, base, token, report):
@@ -136,7 +141,7 @@ def _run_all_notebooks(context, base, token, report):
     assert "Jupyter news" not in page.inner_text("body"), "the news pop-up appeared"
     page.screenshot(path=str(SHOTS / "00_start.png"))
     for path in NOTEBOOKS:
-        stored = _stored(path)
+        stored, scales = _stored(path), []
         _open(page, base, path, len(stored))
         cells = page.locator(f"{PANEL} .jp-Cell")
         before = page.evaluate(CELLS_JS)
@@ -167,6 +172,10 @@ def _run_all_notebooks(context, base, token, report):
         for i, c in enumerate(now):
             assert "Traceback" not in c["stderr"], f"{path.name} cell {i}: {c['stderr'][-1500:]}"
             assert c["imgs"] >= stored[i][1], f"{path.name} cell {i}: {c['imgs']} figures, stored {stored[i][1]}"
+            for natural, shown in c["shown"]:
+                assert shown >= MIN_FIGURE_SCALE * natural, \
+                    f"{path.name} cell {i}: a figure {natural} px wide is shown {shown} px wide (too small to read)"
+                scales.append(shown / natural)
         widgets = []
         for i, (_, _, is_widget) in enumerate(stored):
             if not is_widget:
@@ -182,6 +191,6 @@ def _run_all_notebooks(context, base, token, report):
             widgets.append((i, what, round(time.monotonic() - t1, 2)))
             cell.screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_widget.png"))
         page.screenshot(path=str(SHOTS / f"{path.stem}.png"))
-        report.append((path.name, round(seconds, 1), widgets))
+        report.append((path.name, round(seconds, 1), widgets, round(min(scales, default=1.0), 2)))
         for s in api(base, token, "/api/sessions") or []:   # the next notebook gets a fresh kernel
             api(base, token, f"/api/sessions/{s['id']}", "DELETE")

@@ -117,3 +117,74 @@ def test_markdown_tables_end_with_a_blank_line():
            if c["cell_type"] == "markdown" for n in _unclosed_tables(_text(c["source"]))]
     bad += [f"README.md line {n}" for n in _unclosed_tables((ROOT / "README.md").read_text())]
     assert not bad, f"a table runs into the next line (add a blank line after it): {bad}"
+
+
+# ---- readable at the displayed width ------------------------------------------------------------------
+# Measured in JupyterLab 4.6 (tests/test_browser.py's page): in a 1280-pixel-wide window with the file
+# browser open, the output area is 848 px wide and holds 108 monospace characters. So: code and output
+# lines at most 100 characters; figures at most 11 inches at 100 dpi (1,100 px, shown at 0.77x or more);
+# text in figures at least 8 pt (11 px at 100 dpi, 8.5 px or more as shown).
+MAX_LINE = 100
+MAX_FIG_IN, MAX_FIG_PX, MIN_FONT_PT = 11, 1100, 8
+SIZE_KEYWORDS = {"fontsize", "labelsize", "size"}
+
+
+def _figure_lint(source: str, where: str) -> list[str]:
+    """Literal font sizes under MIN_FONT_PT and literal figure widths over MAX_FIG_IN in ``source``."""
+    import ast
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        for kw in node.keywords:
+            v = kw.value
+            if kw.arg in SIZE_KEYWORDS and isinstance(v, ast.Constant) and isinstance(v.value, (int, float)) \
+                    and (kw.arg != "size" or name in {"text", "annotate", "set_title", "suptitle", "legend"}) \
+                    and v.value < MIN_FONT_PT:
+                bad.append(f"{where} line {node.lineno}: {kw.arg}={v.value} (at least {MIN_FONT_PT})")
+            if kw.arg == "figsize" and isinstance(v, ast.Tuple) and isinstance(v.elts[0], ast.Constant) \
+                    and v.elts[0].value > MAX_FIG_IN:
+                bad.append(f"{where} line {node.lineno}: figsize width {v.elts[0].value} (at most {MAX_FIG_IN})")
+    return bad
+
+
+def _code_cells(nb):
+    for i, c in enumerate(nb["cells"]):
+        if c["cell_type"] == "code":
+            yield i, "\n".join(line for line in _text(c["source"]).splitlines()
+                               if not line.lstrip().startswith(("!", "%")))
+
+
+def test_figures_follow_the_size_convention():
+    assert _figure_lint("plt.text(0, 0, 's', fontsize=7)\nplt.subplots(figsize=(12, 3))", "x") == [
+        "x line 1: fontsize=7 (at least 8)", "x line 2: figsize width 12 (at most 11)"]
+    bad = []
+    for path in sorted((ROOT / "mgpu_utils").glob("*.py")):
+        bad += _figure_lint(path.read_text(), f"mgpu_utils/{path.name}")
+    for path in NOTEBOOKS:
+        for i, src in _code_cells(json.loads(path.read_text())):
+            bad += _figure_lint(src, f"{path.name} cell {i}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_figures_fit_the_page(path):
+    import base64
+    import struct
+    for i, cell, out in _outputs(json.loads(path.read_text())):
+        png = out.get("data", {}).get("image/png")
+        if png:
+            width = struct.unpack(">I", base64.b64decode(_text(png))[16:20])[0]
+            assert width <= MAX_FIG_PX, f"cell {i}: a figure {width} px wide (at most {MAX_FIG_PX}: 11 in at 100 dpi)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_and_output_lines_fit_the_page(path):
+    nb, bad = json.loads(path.read_text()), []
+    for i, src in _code_cells(nb):
+        bad += [f"cell {i} code ({len(line)}): {line}" for line in src.splitlines() if len(line) > MAX_LINE]
+    for i, cell, out in _outputs(nb):
+        text = _text(out.get("text", "")) + _text(out.get("data", {}).get("text/plain", ""))
+        bad += [f"cell {i} output ({len(line)}): {line}" for line in text.splitlines() if len(line) > MAX_LINE]
+    assert not bad, f"{len(bad)} lines over {MAX_LINE} characters:\n" + "\n".join(bad[:20])
