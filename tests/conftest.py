@@ -26,7 +26,8 @@ def pytest_collection_modifyitems(config, items):
             src = inspect.getsource(fn)
         except (OSError, TypeError):
             continue
-        if any(call in src for call in ("launch(", "run_torchrun(", "subprocess.", "_run(")):
+        if any(call in src for call in ("launch(", "run_torchrun(", "subprocess.", "_run(", "running_lab(",
+                                        "_run_first_cell(")):
             item.add_marker("launches")
 
 
