@@ -139,7 +139,7 @@ def main():
         caps = [None if c.strip() == "default" else float(c) for c in args.caps.split(",") if c.strip()]
         rows, compute_s = bucket_sweep(model, xl, yl, caps, args.steps) if caps else ([], 0.0)
         n_params = sum(p.numel() for p in model.parameters())
-        ctx.log(f"max |grad_ddp - grad_ref| = {diffs[0]:.2e}, no_sync: {diffs[1]:.2e}, "
+        ctx.log(f"max |grad_ddp - grad_ref| = {diffs[0]:.2e}, no_sync: {diffs[1]:.2e},\n  "
                 f"loss x world_size: grad norm ratio {norm(g_bad) / norm(g_ref):.3f}")
         emit_result({"world_size": world, "global_batch": args.global_batch, "local_batch": b,
                      "accum_steps": args.accum_steps, "params": n_params,

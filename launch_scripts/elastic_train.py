@@ -91,7 +91,7 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
             epoch, pos = step // args.steps_per_epoch, 0
         if saved_world != world:                           # elastic: the global batch stays, each rank's share changes
             ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch {args.batch // saved_world} -> "
-                    f"{args.batch // world}; the RNG states are per rank and are not restored")
+                    f"{args.batch // world};\n  the RNG states are per rank and are not restored")
         elif "rng" in s:
             cpu, gpu = s["rng"][rank]
             torch.set_rng_state(cpu)

@@ -95,7 +95,7 @@ def main():
         errs = torch.tensor(errs, device=device)
         if dist.is_initialized():
             dist.all_reduce(errs, op=dist.ReduceOp.MAX)              # worst rank
-        ctx.log(f"all-reduce per step: every micro-batch {res['every']}, no_sync {res['no_sync']}; "
+        ctx.log(f"all-reduce per step: every micro-batch {res['every']},\n  no_sync {res['no_sync']}; "
                 f"max |grad - ref| {errs.max().item():.1e}")
         emit_result({"world_size": world, "backend": ctx.backend, "global_batch": args.global_batch,
                      "micro_batches": args.micro, "micro_batch_size": b // args.micro, "grad_bytes": grad_bytes,

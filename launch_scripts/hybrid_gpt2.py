@@ -57,27 +57,33 @@ def to_linear_gpt2(model):
     for block in model.transformer.h:
         block.attn.c_attn = QKV(block.attn.c_attn)
         block.attn.c_proj = _linear(block.attn.c_proj.weight, block.attn.c_proj.bias)
-        block.mlp.c_fc, block.mlp.c_proj = (_linear(c.weight, c.bias) for c in (block.mlp.c_fc, block.mlp.c_proj))
+        block.mlp.c_fc = _linear(block.mlp.c_fc.weight, block.mlp.c_fc.bias)
+        block.mlp.c_proj = _linear(block.mlp.c_proj.weight, block.mlp.c_proj.bias)
     return model
 
 
 def tensor_parallel(model, tp_mesh):
-    """Megatron tensor parallelism of every block over tp_mesh: 2 all-reduces forward, 2 backward. Run
-    to_linear_gpt2(model) first. Raises ValueError if tp does not divide n_head or the model is not swapped."""
+    """Megatron tensor parallelism of every block over tp_mesh: 2 all-reduces forward, 2 backward.
+    Run to_linear_gpt2(model) first. Raises ValueError if tp does not divide n_head or the model is
+    not swapped."""
     tp = tp_mesh.size()
     if model.config.n_head % tp:
-        raise ValueError(f"tp={tp} does not divide n_head={model.config.n_head}: pick tp from its divisors")
+        raise ValueError(f"tp={tp} does not divide n_head={model.config.n_head}: "
+                         f"pick tp from its divisors")
     if not all(isinstance(b.attn.c_attn, QKV) for b in model.transformer.h):
-        raise ValueError("tensor_parallel needs to_linear_gpt2(model) first (Conv1D -> nn.Linear, q/k/v split)")
-    plan = {"attn.c_attn": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-                                              use_local_output=False),  # one input-grad all-reduce for q, k, v
+        raise ValueError("tensor_parallel needs to_linear_gpt2(model) first "
+                         "(Conv1D -> nn.Linear, q/k/v split)")
+    # one input-grad all-reduce for q, k, v
+    qkv_in = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                                use_local_output=False)
+    plan = {"attn.c_attn": qkv_in,
             "attn.c_attn.q": ColwiseParallel(), "attn.c_attn.k": ColwiseParallel(),
             "attn.c_attn.v": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
             "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()}
     for block in model.transformer.h:
         parallelize_module(block, tp_mesh, plan)
-        # the local c_attn output is [q_r | k_r | v_r] of h/tp columns each: split it there. The head
-        # count follows, since HF reshapes with view(..., -1, head_dim): n_head/tp local heads.
+        # the local c_attn output is [q_r | k_r | v_r] of h/tp columns each: split it there. The
+        # head count follows, since HF reshapes with view(..., -1, head_dim): n_head/tp local heads.
         block.attn.split_size = block.attn.embed_dim // tp
     return model
 
@@ -89,18 +95,21 @@ def grad_norms(model):
 
 
 def train(model, batches, lr, dp_group=None, comm=None):
-    """AdamW over ``batches`` (int64 (b, seq) byte ids: this rank's rows). With ``dp_group``: the parameters
-    (local shards) are first broadcast from dp rank 0, as DDP does at construction; after each backward the
-    gradients are averaged over it (one flat all-reduce; parameters without a gradient are skipped: all ranks
-    run the same code, so they agree). Returns the losses over the global batch and step 0's gradient norms."""
+    """AdamW over ``batches`` (int64 (b, seq) byte ids: this rank's rows). With ``dp_group``: the
+    parameters (local shards) are first broadcast from dp rank 0, as DDP does at construction; after
+    each backward the gradients are averaged over it (one flat all-reduce; parameters without a
+    gradient are skipped: all ranks run the same code, so they agree). Returns the losses over the
+    global batch and step 0's gradient norms."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     with torch.no_grad():
         for q in model.parameters() if dp > 1 else []:
-            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q, group=dp_group, group_src=0)
+            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q,
+                           group=dp_group, group_src=0)
     losses = []
     for step, xb in enumerate(batches):
-        with comm if (comm is not None and step == 0) else contextlib.nullcontext(), warnings.catch_warnings():
+        with (comm if (comm is not None and step == 0) else contextlib.nullcontext(),
+              warnings.catch_warnings()):
             # CommDebugMode's module hooks cannot see HF's output objects (harmless notice)
             warnings.filterwarnings("ignore", message="For backward hooks to be called")
             loss = model(xb, labels=xb).loss              # HF shifts the labels by one itself

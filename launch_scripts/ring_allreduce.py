@@ -78,9 +78,9 @@ def ring_all_reduce(t):
     """Ring all-reduce of a 1-D contiguous tensor, in place: 2(n-1) steps of one chunk each.
 
     Chunk c is t.tensor_split(n)[c] (sizes differ by at most one element, so any length works).
-    Reduce-scatter: at step s rank r sends chunk (r - s) mod n and adds the received chunk (r - s - 1)
-    mod n; afterwards rank r holds the complete sum of chunk (r + 1) mod n. All-gather: at step s rank r
-    sends chunk (r + 1 - s) mod n and stores the received chunk (r - s) mod n.
+    Reduce-scatter: at step s rank r sends chunk (r - s) mod n and adds the received chunk
+    (r - s - 1) mod n; afterwards rank r holds the complete sum of chunk (r + 1) mod n. All-gather:
+    at step s rank r sends chunk (r + 1 - s) mod n and stores the received chunk (r - s) mod n.
     """
     rank, n = dist.get_rank(), dist.get_world_size()
     chunks = list(t.tensor_split(n))      # views into t: writing a chunk writes t

@@ -151,7 +151,7 @@ def main():
         errors = {n: dict(zip(("out", "x_grad", "param_grad"), v)) for n, v in zip(names, t_err.tolist())}
         for n in names:
             ctx.log(f"{n:22s} max error: output {errors[n]['out']:.1e}, input grad {errors[n]['x_grad']:.1e}, "
-                    f"parameter grads {errors[n]['param_grad']:.1e}")
+                    f"param grads {errors[n]['param_grad']:.1e}")
         emit_result({"world_size": t, "backend": ctx.backend, "batch": args.batch, "seq": s, "hidden": h,
                      "heads": args.heads, "ffn": args.ffn, "errors": errors, "comm": comm,
                      "grad_placements": placements,

@@ -145,8 +145,8 @@ def main():
             if dist.is_initialized():
                 dist.all_reduce(errs, op=dist.ReduceOp.MAX)     # worst rank
                 dist.all_gather_object(per_rank, mine)
-            ctx.log(f"{mode}: max |grad - ref| {errs[0]:.1e}, max |param - ref| after Adam {errs[1]:.1e}, "
-                    f"bytes on rank 0 {mine}")
+            ctx.log(f"{mode}: max |grad - ref| {errs[0]:.1e}, max |param - ref| after Adam {errs[1]:.1e}; "
+                    f"bytes on rank 0:\n  " + ", ".join(f"{k} {v}" for k, v in mine.items()))
             out[mode] = {"zero_stage": STAGE[mode], "per_rank": per_rank, "max_grad_diff": errs[0].item(),
                          "max_param_diff": errs[1].item(), "max_grad_norm_ratio_error": errs[2].item()}
         emit_result({"world_size": world, "backend": ctx.backend, "device": device.type, "params": n_params,

@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import sys
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ BACKEND_ENV = "MGPU_BACKEND"
 TIMEOUT_ENV = "MGPU_COLLECTIVE_TIMEOUT_S"
 #: Set by the launcher to the machine's GPU count when it hid the GPUs from ranks that run on CPU/gloo.
 HIDDEN_GPUS_ENV = "MGPU_HIDDEN_GPUS"
+#: Longest output line the course prints (JupyterLab wraps longer ones mid-word), in characters.
+LINE_WIDTH = 100
+#: Environment variable with the width :meth:`DistContext.log` wraps at (default :data:`LINE_WIDTH`); set
+#: by :func:`mgpu_utils.nodes.launch_nodes`, which puts ``[node k] `` in front of every line.
+LINE_WIDTH_ENV = "MGPU_LINE_WIDTH"
 #: What the ranks' backend line adds when the GPUs are hidden from them (see :func:`choose_backend`).
 HIDDEN_NOTE = ("; the GPU(s) are hidden from the ranks (CUDA_VISIBLE_DEVICES=''), so no library takes a CUDA "
                "path with their CPU tensors")
@@ -190,8 +196,8 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
         return forced, f"{forced} (forced)" + (HIDDEN_NOTE if forced == "gloo" and (num_gpus or hidden) else "")
     if num_gpus == 0 and not hidden:
         if note:
-            return "gloo", "gloo on CPU: no usable CUDA GPU, so ranks are simulated as CPU processes" + note
-        return "gloo", "gloo on CPU: no CUDA GPU visible, so ranks are simulated as CPU processes"
+            return "gloo", "gloo on CPU (no usable CUDA GPU): ranks are CPU processes" + note
+        return "gloo", "gloo on CPU (no CUDA GPU visible): ranks are CPU processes"
     if num_gpus >= local_world_size:
         return "nccl", f"nccl: {num_gpus} GPU(s) for {local_world_size} local rank(s), one GPU per rank"
     return "gloo", (f"gloo on CPU: {local_world_size} local ranks but only {num_gpus or hidden} GPU(s); "
@@ -225,11 +231,45 @@ class DistContext:
         return self.env.rank == 0
 
     def log(self, *args, all_ranks: bool = False) -> None:
-        """Print with a ``[rank r]`` prefix; by default only on rank 0. One write per line, so that ranks
-        sharing one output (several workers of a torchrun agent) do not interleave within a line."""
+        """Print with a ``[rank r]`` prefix; by default only on rank 0. A line longer than
+        ``$MGPU_LINE_WIDTH`` (default :data:`LINE_WIDTH`) wraps at spaces (:func:`wrap_text`): every line
+        has the prefix, continuation lines two more spaces. One write per call, so that ranks sharing one
+        output (several workers of a torchrun agent) do not interleave within a line."""
         if all_ranks or self.is_main:
-            sys.stdout.write(" ".join([f"[rank {self.rank}]", *map(str, args)]) + "\n")
+            prefix = f"[rank {self.rank}] "
+            width = int(os.environ.get(LINE_WIDTH_ENV) or LINE_WIDTH) - len(prefix)
+            text = wrap_text(" ".join(map(str, args)), width)
+            sys.stdout.write("".join(prefix + line + "\n" for line in text.split("\n")))
             sys.stdout.flush()
+
+
+def wrap_text(text: str, width: int = LINE_WIDTH, indent: str = "  ", first: int = 0) -> str:
+    """``text`` with every line longer than ``width`` characters broken at spaces (never inside a word).
+
+    A continuation line starts with its line's own leading spaces plus ``indent``; lines that fit, and
+    the line breaks already in ``text``, stay as they are. A word longer than a line stays whole.
+
+    Args:
+        text: one or more lines.
+        width: the longest line, in characters.
+        indent: what continuation lines add in front.
+        first: characters that the caller prints in front of the first line (e.g. ``"ValueError: "``):
+            the first line is that much shorter.
+
+    Returns:
+        The wrapped text (lines joined by ``"\\n"``, no trailing newline added).
+    """
+    out = []
+    for i, line in enumerate(str(text).split("\n")):
+        pad = " " * first if i == 0 else ""
+        if len(pad + line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        lines = textwrap.wrap(line.lstrip(" "), width, initial_indent=pad + lead, subsequent_indent=lead + indent,
+                              break_long_words=False, break_on_hyphens=False)
+        out += [lines[0][len(pad):], *lines[1:]] if lines else [line]
+    return "\n".join(out)
 
 
 def _report_error(rank: int, exc: BaseException) -> None:

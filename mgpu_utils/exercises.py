@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from mgpu_utils.dist import wrap_text
+
 
 @dataclass(frozen=True)
 class Exercise:
@@ -423,12 +425,12 @@ def check(exercise_id: str, answer: Any, quiet: bool = False) -> bool:
     else:
         ok, text = ex.checker(answer)
     if not quiet:
-        print(f"[{exercise_id}] {'correct' if ok else 'not yet'}: {text}")
+        print(wrap_text(f"[{exercise_id}] {'correct' if ok else 'not yet'}: {text}"))
     return ok
 
 
 def solution(exercise_id: str) -> str:
     """The worked solution (for instructors, or after you tried). Prints it and returns it."""
     text = _get(exercise_id).solution
-    print(f"[{exercise_id}] solution: {text}")
+    print(wrap_text(f"[{exercise_id}] solution: {text}"))
     return text

@@ -21,6 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from mgpu_utils.dist import wrap_text
 from mgpu_utils.launcher import REPO_ROOT, LaunchError, LaunchTimeout, run_torchrun
 
 #: Templates and, in ``solutions/``, the worked solutions.
@@ -251,8 +252,8 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
         new = not (WORKSPACE / g.template).exists()
         path = exercise_file(exercise_id)
         if not quiet:
-            print(f"[{exercise_id}] grading {path.relative_to(REPO_ROOT)}" + (
-                f", your copy of exercises/{g.template} (made now): edit it, then run this cell again" if new else ""))
+            made = f", your copy of exercises/{g.template} (made now):\n  edit it, then run this cell again"
+            print(wrap_text(f"[{exercise_id}] grading {path.relative_to(REPO_ROOT)}" + (made if new else "")))
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: exercise_file({exercise_id!r}) makes your copy")
@@ -262,10 +263,10 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
         hint = _grade_once(exercise_id, g, path.resolve(), world)
         if hint:
             if not quiet:
-                print(f"[{exercise_id}] not yet: {hint}")
+                print(wrap_text(f"[{exercise_id}] not yet: {hint}"))
             return False
     if not quiet:
-        print(f"[{exercise_id}] correct: {g.what} (world sizes {', '.join(map(str, sizes))})")
+        print(wrap_text(f"[{exercise_id}] correct: {g.what} (world sizes {', '.join(map(str, sizes))})"))
         for line in _MEASURED:
-            print(f"    {line}")
+            print(wrap_text(f"    {line}"))
     return True

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgpu_utils.compat import check_torch_version
-from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, HIDDEN_GPUS_ENV, RESULT_MARKER, parse_result
+from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, HIDDEN_GPUS_ENV, RESULT_MARKER, parse_result, wrap_text
 
 #: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -107,8 +107,9 @@ def resolve_script(script) -> Path:
         if cand.is_file():
             return cand.resolve()
     avail = ", ".join(sorted(x.name for x in SCRIPTS_DIR.glob("*.py"))) or "none"
-    raise FileNotFoundError(f"launch script {str(script)!r} not found (looked in the current directory and in "
-                            f"launch_scripts/ of the repository). Available: {avail}")
+    raise FileNotFoundError(wrap_text(f"launch script {str(script)!r} not found (looked in the current directory "
+                                      f"and in launch_scripts/ of the repository).", first=len("FileNotFoundError: "))
+                            + "\n" + wrap_text(f"  Available: {avail}"))
 
 
 def _validate(nproc, backend) -> str | None:
@@ -342,7 +343,7 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None
         pool = primary or failures
         rank = min(pool, key=lambda r: (pool[r][0], r))          # the earliest report
         _, _, exc_type, message = failures[rank]
-        text = f"rank {rank} failed with {exc_type}: {message}"
+        text = wrap_text(f"rank {rank} failed with {exc_type}: {message}", first=len("LaunchError: "))
     elif crashed or codes:
         bad = crashed or {r: c for r, c in codes.items() if c != 0} or codes
         rank = min(bad)
@@ -350,13 +351,14 @@ def _diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
             else f"exit code {code}"
         exc_type, message = f"exit code {code}", f"rank {rank} {how} without a Python traceback"
-        text = f"rank {rank} failed: {how} (no Python traceback: out of memory, os._exit or a native crash?)"
+        text = f"rank {rank} failed: {how}, no Python traceback\n  (out of memory, os._exit or a native crash?)"
     else:
         rank, exc_type, message = None, f"exit code {returncode}", display_paths(torchrun_err.strip()[-2000:])
-        text = f"torchrun exited with code {returncode} before any rank reported an error:\n{message}"
+        text = wrap_text(f"torchrun exited with code {returncode} before any rank reported an error:\n{message}",
+                         first=len("LaunchError: "))
     hint = fix_hint(message)
     if hint:
-        text += f"\nhint: {hint}"
+        text += "\n" + wrap_text(f"hint: {hint}")
     others = sorted(set(failures) - {rank})
     if others:
         text += f"\n(ranks {others} failed afterwards, as a consequence)"
@@ -466,9 +468,10 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             job.stop()
             logs = _read_logs(log_dir, nproc)
             tails = "\n".join(_format_rank_output(r, logs[r], max_lines=10) for r in logs)
-            raise LaunchTimeout(f"{path.name} with {nproc} rank(s) ran past timeout_s={timeout_s:g} s; all processes "
-                                f"were killed. A rank waiting in a collective that another rank never called hangs "
-                                f"like this. Last output:\n{tails}", logs=logs)
+            raise LaunchTimeout(wrap_text(f"{path.name} with {nproc} rank(s) ran past timeout_s={timeout_s:g} s; all "
+                                          f"processes were killed. A rank waiting in a collective that another rank "
+                                          f"never called hangs like this. Last output:", first=len("LaunchTimeout: "))
+                                + f"\n{tails}", logs=logs)
         seconds = time.perf_counter() - t0
         agent_out.seek(0)
         torchrun_log = agent_out.read()
@@ -485,7 +488,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         restarts = _restarts(log_dir)
         failed = _attempt_failures(log_dir, nproc, torchrun_log, restarts)
         if show != "none" and failed:
-            print("\n".join("[launcher] " + f for f in failed), flush=True)
+            print("\n".join(wrap_text("[launcher] " + f) for f in failed), flush=True)
         return LaunchResult(result, {r: {"stdout": e["stdout"], "stderr": e["stderr"]} for r, e in logs.items()},
                             seconds, returncode, cmd, restarts, failed, via)
     finally:
@@ -524,11 +527,12 @@ def _start_warm(path: Path, args, nproc: int, child_env: dict, log_dir: str, tim
                               timeout_s=timeout_s)
     except RuntimeError as e:
         if "not safe" not in str(e):
-            raise LaunchError(f"the warm launch could not start: {e}\nhint: launch(..., via='torchrun') "
-                              f"starts the ranks without the template") from None
+            text = wrap_text(f"the warm launch could not start: {e}", first=len("LaunchError: "))
+            raise LaunchError(f"{text}\nhint: launch(..., via='torchrun') starts the ranks without the "
+                              f"template") from None
         if str(e) not in _WARM_UNSAFE_SAID:
             _WARM_UNSAFE_SAID.add(str(e))
-            print(f"[launcher] {e}; this kernel launches with torchrun instead", flush=True)
+            print(wrap_text(f"[launcher] {e}; this kernel launches with torchrun instead"), flush=True)
         return None
 
 

@@ -127,6 +127,7 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
     except ImportError:
         print("SKIPPED: interactive calculator needs ipywidgets (pip install ipywidgets)")
         return None
+    from mgpu_utils.dist import wrap_text
     from mgpu_utils.memory_model import BYTES_PER_PARAM, RECOMPUTE
     from mgpu_utils.widget_view import with_static_view
 
@@ -148,7 +149,7 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
             try:
                 draw(**{k: c.value for k, c in controls.items()})
             except ValueError as e:  # e.g. layers not divisible by pp: say why, keep the widget alive
-                print(f"not a valid configuration: {e}")
+                print(wrap_text(f"not a valid configuration: {e}"))
 
     for c in controls.values():
         c.observe(update, names="value")

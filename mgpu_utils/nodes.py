@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
-from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER, parse_result
+from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH, LINE_WIDTH_ENV, RESULT_MARKER, parse_result, wrap_text
 from mgpu_utils.launcher import _SECONDARY, REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
 
 #: Rendezvous settings for one machine: close a round 2 s after the minimum number of nodes joined
@@ -133,6 +133,8 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     child_env.update(PYTHONUNBUFFERED="1", LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     child_env.setdefault("OMP_NUM_THREADS", str(max(1, cores // (nodes * nproc_per_node))))
     child_env.setdefault("CUDA_VISIBLE_DEVICES", "")      # the nodes share this machine: gloo on CPU
+    # the ranks' log lines get "[node k] " in front here: they wrap that much earlier
+    child_env[LINE_WIDTH_ENV] = str(int(child_env.get(LINE_WIDTH_ENV) or LINE_WIDTH) - len(f"[node {nodes - 1}] "))
     from torch.distributed import TCPStore
 
     # the rendezvous store, here: it lives until every agent is gone (port 0: the system picks a free one)
@@ -166,8 +168,8 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                                       f"restart {pending.get('restart_count')}", flush=True)
                         pending = None
                 elif "Worker group FAILED" in text and show:
-                    print(f"[node {k}] agent: a worker failed; {text.split(';')[0].split('FAILED. ')[-1]}; "
-                          f"restarting the worker group", flush=True)
+                    print(wrap_text(f"[node {k}] agent: a worker failed; {text.split(';')[0].split('FAILED. ')[-1]}; "
+                                    f"restarting the worker group"), flush=True)
                 continue
             with lock:
                 outputs[k].append(line)
@@ -176,8 +178,8 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                     quiet[k] = True
                     if show:
                         message = re.sub(r"^\[[^\]]*\]\s*", "", err["message"])     # gloo's source path
-                        print(f"[node {k}] [rank {err['rank']}] failed: {err['type']}: {message.split('. ')[0][:160]}",
-                              flush=True)
+                        print(wrap_text(f"[node {k}] [rank {err['rank']}] failed: {err['type']}: "
+                                        f"{message.split('. ')[0][:160]}"), flush=True)
                     continue
                 if quiet[k] and not line.startswith("[rank"):
                     continue
@@ -205,8 +207,9 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                 for q in _tree(p.pid):
                     seen[q.pid] = q
             if time.perf_counter() - t0 > timeout_s:
-                raise LaunchTimeout(f"{path.name} on {nodes} nodes ran past timeout_s={timeout_s:g} s; every agent "
-                                    f"and worker was killed. Last output:\n" + "\n".join(
+                raise LaunchTimeout(wrap_text(f"{path.name} on {nodes} nodes ran past timeout_s={timeout_s:g} s; "
+                                              f"every agent and worker was killed. Last output:",
+                                              first=len("LaunchTimeout: ")) + "\n" + "\n".join(
                                         f"[node {k}] {line}" for k in range(nodes) for line in outputs[k][-5:]))
             if kill_event.is_set() and killed is None:
                 if show:
@@ -236,10 +239,12 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     codes = [p.returncode for p in procs]
     swapped = {k: j for k, j in node_rank.items() if j != k}
     if swapped:                     # c10d orders agents by (host, pid): node 0 started first has the lower pid
-        raise LaunchError(f"the rendezvous numbered the agents differently from their start order ({swapped}: "
-                          f"process ids wrapped around?); node 0 must be the job's node 0. Run it again.")
+        raise LaunchError(wrap_text(f"the rendezvous numbered the agents differently from their start order "
+                                    f"({swapped}: process ids wrapped around?); node 0 must be the job's node 0. "
+                                    f"Run it again.", first=len("LaunchError: ")))
     if kill_node is not None and killed is None:
-        raise LaunchError(f"the text {kill_when!r} never appeared in the output, so node {kill_node} was not killed")
+        raise LaunchError(wrap_text(f"the text {kill_when!r} never appeared in the output, so node {kill_node} was "
+                                    f"not killed", first=len("LaunchError: ")))
     failed = [k for k, code in enumerate(codes) if k != killed and code != 0]
     if failed:                      # name the root cause: a rank whose error is not a peer's connection closing
         errors = [(k, json.loads(line[len(ERROR_MARKER):])) for k in failed for line in outputs[k]
@@ -249,9 +254,10 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         tail = "\n".join(f"[node {k}] {line}" for line in outputs[k][-15:])
         if errors:
             err = errors[0][1]
-            raise LaunchError(f"rank {err['rank']} on node {k} failed with {err['type']}: {err['message'][:300]}\n"
-                              f"Node {k}'s last output:\n{tail}", rank=err["rank"], exc_type=err["type"],
-                              message=err["message"])
+            raise LaunchError(wrap_text(f"rank {err['rank']} on node {k} failed with {err['type']}: "
+                                        f"{err['message'][:300]}", first=len("LaunchError: "))
+                              + f"\nNode {k}'s last output:\n{tail}",
+                              rank=err["rank"], exc_type=err["type"], message=err["message"])
         raise LaunchError(f"node {k}'s agent exited with code {codes[k]}. Its last output:\n{tail}")
     result = None
     for k in range(nodes):

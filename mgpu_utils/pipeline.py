@@ -165,7 +165,8 @@ def layer_split_step(stage: nn.Module, x, y, loss_fn, rank: int, p: int):
     return out.detach(), loss
 
 
-def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, loss_fn, rank: int, p: int):
+def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, loss_fn, rank: int,
+                 p: int):
     """Run this rank's action list (from :mod:`mgpu_utils.schedules`): the hand-written executor.
 
     Args:

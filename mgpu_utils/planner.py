@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mgpu_utils.dist import LINE_WIDTH, wrap_text
 from mgpu_utils.hardware import GPUS
 from mgpu_utils.hardware import LINKS as _HW_LINKS
 from mgpu_utils.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
@@ -250,7 +251,8 @@ def plan(model: ModelSpec, cluster: Cluster, **kwargs) -> list[Layout]:
 def table(layouts: list[Layout], limit: int | None = None, unit: str = "GB", time_unit: str = "s") -> str:
     """A plain-text table: layout, micro-batches, memory per GPU, bytes sent per GPU and time per step by
     kind, bubble, estimated step time, and why a layout is not feasible. ``unit``: "GB", "MB" or "kB"
-    (powers of 1000); ``time_unit``: "s", "ms" or "us"."""
+    (powers of 1000); ``time_unit``: "s", "ms" or "us". A note that does not fit in the row's
+    :data:`~mgpu_utils.dist.LINE_WIDTH` characters goes on the lines below it, indented."""
     ub = {"GB": 1e9, "MB": 1e6, "kB": 1e3}[unit]
     ut = {"s": 1.0, "ms": 1e-3, "us": 1e-6}[time_unit]
     rows = [f"{'dp':>5} {'tp':>3} {'pp':>3} {'m':>5} {unit + '/GPU':>7} {'dp ' + unit:>7} {'tp ' + unit:>7} "
@@ -258,10 +260,13 @@ def table(layouts: list[Layout], limit: int | None = None, unit: str = "GB", tim
             f"{'step ' + time_unit:>7}  note"]
     for x in layouts[:limit]:
         if x.memory is None:
-            rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {'-':>7}" + " " * 55 + "; ".join(x.problems))
-            continue
-        cb, cs = x.comm_bytes, x.comm_s
-        rows.append(f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {x.memory.total / ub:>7.1f} {cb['dp'] / ub:>7.2f} "
-                    f"{cb['tp'] / ub:>7.2f} {cb['pp'] / ub:>7.2f} {cs['dp'] / ut:>6.2f} {cs['tp'] / ut:>6.2f} "
-                    f"{cs['pp'] / ut:>6.2f} {x.bubble:>6.3f} {x.step_s / ut:>7.2f}  " + ("; ".join(x.problems) or "ok"))
+            row, note = f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {'-':>7}" + " " * 53, "; ".join(x.problems)
+        else:
+            cb, cs = x.comm_bytes, x.comm_s
+            row = (f"{x.dp:>5} {x.tp:>3} {x.pp:>3} {x.n_micro:>5} {x.memory.total / ub:>7.1f} {cb['dp'] / ub:>7.2f} "
+                   f"{cb['tp'] / ub:>7.2f} {cb['pp'] / ub:>7.2f} {cs['dp'] / ut:>6.2f} {cs['tp'] / ut:>6.2f} "
+                   f"{cs['pp'] / ut:>6.2f} {x.bubble:>6.3f} {x.step_s / ut:>7.2f}")
+            note = "; ".join(x.problems) or "ok"
+        fits = len(row) + 2 + len(note) <= LINE_WIDTH
+        rows.append(f"{row}  {note}" if fits else f"{row.rstrip()}\n" + wrap_text(" " * 8 + note))
     return "\n".join(rows)

@@ -263,6 +263,7 @@ def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no muta
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
+    from mgpu_utils.dist import wrap_text
     from mgpu_utils.widget_view import with_static_view
 
     ps = w.IntSlider(value=p, min=1, max=8, description="stages p")
@@ -288,7 +289,7 @@ def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no muta
             out.clear_output(wait=True)
             fig, summary = figure(ps.value, ms.value, sc.value)
             plt.show()
-            print(summary)
+            print(wrap_text(summary))
             plt.close(fig)
 
     for wd in (ps, ms, sc):

@@ -214,7 +214,8 @@ class TPMLP(nn.Module):
         if self.sp:
             x = GatherFromSP.apply(x)
             partial = F.linear(F.gelu(F.linear(x, self.w1, self.b1)), self.w2)
-            return ScatterToSP.apply(partial) + CopyToTP.apply(self.b2)   # bias grad: summed over ranks
+            # the bias gradient: summed over the ranks
+            return ScatterToSP.apply(partial) + CopyToTP.apply(self.b2)
         x = CopyToTP.apply(x)
         partial = F.linear(F.gelu(F.linear(x, self.w1, self.b1)), self.w2)
         return ReduceFromTP.apply(partial) + self.b2

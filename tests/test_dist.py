@@ -1,10 +1,11 @@
 """Unit tests of mgpu_utils.dist (no processes started)."""
 import json
+import re
 
 import pytest
 
-from mgpu_utils.dist import (RESULT_MARKER, DistEnv, choose_backend, emit_result, get_dist_env,
-                             parse_result)
+from mgpu_utils.dist import (RESULT_MARKER, DistContext, DistEnv, choose_backend, emit_result, get_dist_env,
+                             parse_result, wrap_text)
 
 
 def test_env_without_torchrun_is_world_size_1():
@@ -38,6 +39,40 @@ def test_forced_backend(monkeypatch):
         choose_backend(2, num_gpus=0, forced="mpi")
     monkeypatch.setenv("MGPU_BACKEND", "gloo")
     assert choose_backend(2, num_gpus=2)[0] == "gloo"
+
+
+def test_the_cpu_backend_line_fits_in_100_characters_under_a_node_prefix():
+    for ranks in (1, 4, 16):
+        assert len(f"[node 0] [rank 0] world size {ranks}, backend {choose_backend(ranks, num_gpus=0)[1]}") <= 100
+
+
+def test_wrap_text_breaks_long_lines_at_spaces_and_loses_nothing():
+    text = "short line\n  " + " ".join(f"word{i}" for i in range(40))
+    out = wrap_text(text, 50)
+    lines = out.split("\n")
+    assert lines[0] == "short line" and lines[1].startswith("  word0 ") and all(len(x) <= 50 for x in lines)
+    assert all(x.startswith("    word") for x in lines[2:]) and len(lines) > 3    # its own indent + 2 spaces
+    assert re.sub(r"\n +", " ", out) == re.sub(r"\n +", " ", text)
+    assert wrap_text("x" * 60 + " y", 50) == "x" * 60 + "\n  y"                   # a long word stays whole
+    first = wrap_text("LaunchError text " * 10, 50, first=len("LaunchError: ")).split("\n")
+    assert len(first[0]) <= 50 - 13 < len(first[0] + " LaunchError") and first[1].startswith("  ")
+    assert wrap_text("a b", 3) == "a b" and wrap_text("", 10) == ""
+
+
+def test_log_wraps_long_lines_with_the_rank_prefix_on_every_line(capsys, monkeypatch):
+    monkeypatch.delenv("MGPU_LINE_WIDTH", raising=False)
+    ctx = DistContext(DistEnv(rank=3, world_size=4), "gloo", "", None)
+    ctx.log("x " * 80 + "end", all_ranks=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(x.startswith("[rank 3] ") and len(x) <= 100 for x in lines)
+    assert lines[1].startswith("[rank 3]   x") and lines[1].endswith("x end")
+    monkeypatch.setenv("MGPU_LINE_WIDTH", "60")                     # launch_nodes: "[node k] " in front
+    ctx.log("one\n  two " + "y " * 40, all_ranks=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["[rank 3] one", "[rank 3]   two" + " y" * 23]          # 60 characters
+    assert all(x.startswith("[rank 3]     y") and len(x) <= 60 for x in lines[2:])
+    ctx.log("only rank 0 prints this")
+    assert capsys.readouterr().out == ""
 
 
 def test_result_roundtrip(capsys, monkeypatch):

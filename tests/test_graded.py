@@ -37,6 +37,11 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
 }
 
 
+def printed(capsys):
+    """What the grader printed, with its wrapped lines joined again (it wraps at 100 characters)."""
+    return re.sub(r"\n +", " ", capsys.readouterr().out)
+
+
 def solution(exercise_id):
     return SOLUTIONS / GRADED[exercise_id].template
 
@@ -77,12 +82,12 @@ def test_typical_mistakes_get_their_hints(tmp_path):
 
 def test_check_script_confirms_with_the_measurements(capsys):
     assert check_script("03.4", solution("03.4"), world_sizes=(2,))
-    out = capsys.readouterr().out
+    out = printed(capsys)
     assert "[03.4] correct" in out and re.search(r"world size 2: one step .* ms with yours, .* ms with DDP", out)
     assert check_script("07.4", solution("07.4"), world_sizes=(2,))
     held, full = map(lambda t: int(t.replace(",", "")), re.search(
         r"your optimizer holds ([\d,]+) bytes on rank 0; Adam's moments for the whole model are ([\d,]+)",
-        capsys.readouterr().out).groups())
+        printed(capsys)).groups())
     assert held <= full / 2 * 1.05 + 256                   # two ranks: about half each
 
 
@@ -95,7 +100,7 @@ def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys):
     file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template,
             "broadcast": None}[path] or wrong(tmp_path, "04.6", "dist.all_reduce(t)  ", "dist.broadcast(t, src=0)  ")
     assert check_script("04.6", file, world_sizes=sizes) == (path == "solution")
-    out = capsys.readouterr().out
+    out = printed(capsys)
     assert re.search(hint, out), out
 
 
@@ -107,7 +112,7 @@ def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, 
                     "    dist.all_gather(out, x)\n"
                     "    return out\n")
     assert not check_script("04.4", path, world_sizes=(2,))
-    assert "allows point-to-point only, and dist.all_gather was called" in capsys.readouterr().out
+    assert "allows point-to-point only, and dist.all_gather was called" in printed(capsys)
 
 
 def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):

@@ -139,14 +139,15 @@ def test_planner_table_prints_every_column_by_hand():
     gb = table([x]).splitlines()[1].split()                            # default units: GB and seconds
     assert gb[4] == f"{x.memory.total / 1e9:.1f}" and gb[12] == f"{x.step_s:.2f}"
     big = evaluate(toy, Cluster(4, memory_gb=1e-6), 2, 2, 1, global_batch=8, precision="fp32")   # too small a GPU
-    assert "GB per GPU" in table([big]).splitlines()[1]
+    head, row, note = table([big]).splitlines()             # a note too long for the row: on the next line
+    assert note == " " * 8 + big.problems[0] and "GB per GPU" in note and row.split()[12] == f"{big.step_s:.2f}"
     assert len(table([x, x, x], limit=2).splitlines()) == 3             # header + 2 rows
 
 
 def test_planner_table_units_pipeline_columns_and_unsplittable_rows():
     """MB and ms columns, a pipeline layout (non-zero pp columns), a layout that cannot split (memory
     undefined: dashes and every problem, joined by '; '), and plan()'s order, checked by hand."""
-    from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan, table
+    from mgpu_utils.planner import GPT3_175B, Cluster, Layout, ModelSpec, evaluate, plan, table
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     x = evaluate(toy, Cluster(4, memory_gb=1), 2, 1, 2, global_batch=8, precision="fp32")   # pp = 2
     row = table([x], unit="MB", time_unit="ms").splitlines()[1].split()
@@ -158,7 +159,12 @@ def test_planner_table_units_pipeline_columns_and_unsplittable_rows():
     bad = evaluate(toy, Cluster(8, gpus_per_node=4, memory_gb=1), 1, 8, 1, global_batch=8)   # tp=8: 2 problems
     assert bad.memory is None and len(bad.problems) == 2
     line = table([bad, x], unit="MB").splitlines()
-    assert len(line) == 3 and line[1] == f"{1:>5} {8:>3} {1:>3} {bad.n_micro:>5} {'-':>7}" + " " * 55 + "; ".join(bad.problems)
+    assert len(line) == 4 and line[1] == f"{1:>5} {8:>3} {1:>3} {bad.n_micro:>5} {'-':>7}"
+    assert line[2] == " " * 8 + "; ".join(bad.problems) and line[3].endswith("  ok")
+    short = Layout(1, 8, 1, bad.n_micro, None, problems=["tp=8: no"])            # a note that fits: in the row
+    assert table([short]).splitlines()[1] == f"{1:>5} {8:>3} {1:>3} {bad.n_micro:>5} {'-':>7}" + " " * 55 + "tp=8: no"
+    edge = [Layout(1, 8, 1, 8, None, problems=["x" * n]) for n in (18, 19)]      # row, 2 spaces, note: 100, 101
+    assert [len(table([e]).splitlines()) for e in edge] == [2, 3] and len(table(edge[:1]).splitlines()[1]) == 100
     lays = plan(toy, Cluster(8, gpus_per_node=4, memory_gb=1), global_batch=8, precision="fp32")
     assert all(isinstance(l.dp, int) for l in lays)
     feasible = [l for l in lays if l.feasible]
@@ -186,4 +192,5 @@ def test_planner_orders_infeasible_layouts_and_prints_every_problem():
     assert big.comm_s["pp"] > 0.1                                                    # hundreds of ms
     two = evaluate(GPT3_175B, Cluster(1024, memory_gb=10), 4, 16, 16, global_batch=1536)
     assert two.memory is not None and len(two.problems) == 2
-    assert table([two]).endswith("  " + two.problems[0] + "; " + two.problems[1])
+    assert table([two]).endswith("\n" + " " * 8 + two.problems[0] + "; " + two.problems[1])
+    assert max(map(len, table(plan(GPT3_175B, Cluster(1024, memory_gb=10), global_batch=1536)).splitlines())) <= 100
