@@ -55,7 +55,7 @@ LINKS: dict[str, dict] = {
     "NVLink 3 (A100, 12 links)": dict(gbps=300, latency_us=1, source="NVIDIA A100 datasheet: 600 GB/s bidirectional"),
     "NVLink 4 (H100, 18 links)": dict(gbps=450, latency_us=1, source="NVIDIA H100 datasheet: 900 GB/s bidirectional"),
     "NVSwitch (DGX H100, any-to-any)": dict(gbps=450, latency_us=1,
-                                            source="NVIDIA DGX H100 user guide: every GPU at full NVLink rate"),
+                                            source="DGX H100 user guide: every GPU at full NVLink rate"),
     "InfiniBand NDR (400 Gb/s)": dict(gbps=50, latency_us=2, source="NVIDIA ConnectX-7 datasheet"),
     "Ethernet 100 GbE": dict(gbps=12.5, latency_us=10, source="IEEE 802.3 (100 Gb/s); TCP latency typical"),
     "Ethernet 10 GbE": dict(gbps=1.25, latency_us=20, source="IEEE 802.3 (10 Gb/s); TCP latency typical"),
