@@ -136,7 +136,7 @@ def draw_zero_stages(ranks: int = 4):
 
     kinds = [("weights (2 B)", 2, "#4C72B0"), ("grads (2 B)", 2, "#DD8452"), ("optimizer states (12 B)", 12, "#55A868")]
     sharded = {0: set(), 1: {2}, 2: {1, 2}, 3: {0, 1, 2}}      # stage -> indices of the sharded kinds
-    fig, axes = plt.subplots(1, 4, figsize=(11, 1.3 + 0.55 * ranks), sharey=True)
+    fig, axes = plt.subplots(1, 4, figsize=(10.7, 1.3 + 0.55 * ranks), sharey=True)
     for stage, ax in enumerate(axes):
         per_rank = sum(b / ranks if i in sharded[stage] else b for i, (_, b, _) in enumerate(kinds))
         for r in range(ranks):
