@@ -16,7 +16,7 @@ import base64
 import io
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-RUN_LINE = "Static picture of the default settings: run this cell for the interactive version."
+RUN_LINE = "A static view of the default settings: run this cell for the interactive version."
 
 
 def figure_png(fig, note: str = RUN_LINE) -> str:
