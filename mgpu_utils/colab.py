@@ -28,7 +28,7 @@ SETUP_END = "    print(colab_notes())\n"   # the last line of the setup block
 SETUP_TEMPLATE = '''\
 # Setup: make mgpu_utils importable. In a clone it is found in this folder or a parent; on Colab the
 # first run clones the course into /content/course and installs it (REPO_URL: pyproject.toml).
-import os, pathlib, subprocess, sys
+import os, pathlib, shutil, subprocess, sys
 REPO_URL = os.environ.get("MGPU_REPO_URL", "{url}")
 ON_COLAB = "google.colab" in sys.modules
 try:
@@ -38,6 +38,7 @@ except ImportError:
     here = pathlib.Path.cwd().resolve()
     roots = [r for r in (here, *here.parents, course) if (r / "mgpu_utils/__init__.py").is_file()]
     if not roots and ON_COLAB:
+        shutil.rmtree(course, ignore_errors=True)  # what an interrupted clone left
         print(f"Colab: cloning {{REPO_URL}} into {{course}} and installing mgpu_utils ...")
         subprocess.run(["git", "clone", "-q", "--depth", "1", REPO_URL, str(course)], check=True)
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(course)]
@@ -93,21 +94,37 @@ def badges(notebooks: list[str], url: str | None = None) -> str:
     return "\n".join([BADGES_BEGIN, *lines, BADGES_END])
 
 
+def pinned_torch(root: Path = ROOT) -> str:
+    """The torch release ``root/pyproject.toml`` pins (``"torch==X"``), e.g. ``"2.14.1"``; ``"?"`` if none."""
+    import tomllib
+
+    with open(root / "pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"].get("dependencies", [])
+    return next((d.split("==", 1)[1] for d in deps if d.replace(" ", "").startswith("torch==")), "?")
+
+
 def colab_notes() -> str:
-    """What differs on Colab, in a few lines: its GPUs, its torch against the pinned one, and where the
-    multi-rank launches run (gloo on CPU unless there is one GPU per rank). Printed by every notebook's
-    setup cell on Colab."""
+    """What differs on Colab: its GPUs, its torch against the pinned one, and where the multi-rank
+    launches run (gloo on CPU unless there is one GPU per rank). Printed by every notebook's setup cell
+    on Colab.
+
+    Returns:
+        Three lines of text, each at most 100 characters (four where Colab's torch is older than
+        :data:`mgpu_utils.compat.OLDEST_TORCH`, with the command that fixes it).
+    """
     import torch
 
     from mgpu_utils.compat import OLDEST_TORCH
     n = torch.cuda.device_count()
     gpus = f"{n} GPU ({torch.cuda.get_device_name(0)})" if n == 1 else f"{n} GPUs"
     old = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2]) < OLDEST_TORCH
+    oldest = ".".join(map(str, OLDEST_TORCH))
     return "\n".join([
-        f"On Colab: {gpus}; torch {torch.__version__} (Colab's own; the course pins 2.14.1"
-        + (f", and needs {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer: pip install 'torch>=2.13')" if old else ")"),
-        "  multi-rank launches run as CPU processes over gloo (NCCL needs one GPU per rank);"
-        + (" a launch with nproc=1 uses the GPU." if n else " no GPU: Runtime > Change runtime type adds one."),
+        f"On Colab: {gpus}; torch {torch.__version__} (Colab's own; the course pins {pinned_torch()})",
+        *([f"  the course needs torch {oldest} or newer: !pip install 'torch>={oldest}',"
+           " then Runtime > Restart session"] if old else []),
+        "  multi-rank launches run as CPU processes over gloo (NCCL needs one GPU per rank)",
+        "  a launch with nproc=1 uses the GPU" if n else "  no GPU here: Runtime > Change runtime type adds one",
     ])
 
 

@@ -123,3 +123,45 @@ def plot_plan(layouts, memory_gb: float, title: str = ""):
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def plan_explorer(n_gpus: int = 1024, gpu: str = "A100", recompute: str = "selective", zero_stage: int = 0,
+                  precision: str = "mixed", global_batch: int = 1536):  # pragma: no mutate block
+    """An ipywidgets explorer of the planner (:func:`mgpu_utils.planner.plan`) for GPT-3 175B: menus for the
+    cluster size, GPU (A100 with NVLink 3 and InfiniBand HDR, or H100/H200 with NVLink 4 and NDR),
+    recomputation, ZeRO stage and precision; prints the feasible (dp, tp, pp) layouts, best first
+    (:func:`mgpu_utils.planner.table`; at least 3 rows, so infeasible ones show their reason).
+
+    Returns the widget, whose stored output shows the table for the starting settings where widgets
+    cannot run (:func:`mgpu_utils.widget_view.with_static_view`). Introduced in
+    ``notebooks/06_hybrid_parallel.ipynb``.
+    """
+    import ipywidgets as widgets
+
+    from mgpu_utils import planner
+    from mgpu_utils.widget_view import with_static_view
+
+    def table(n_gpus, gpu, recompute, zero_stage, precision) -> str:
+        hopper = gpu.startswith("H")
+        cluster = planner.Cluster(n_gpus=n_gpus, gpu=gpu, gpus_per_node=8,
+                                  intra_link="NVLink 4 (H100, 18 links)" if hopper else "NVLink 3 (A100, 12 links)",
+                                  inter_link="InfiniBand NDR (400 Gb/s)" if hopper else "InfiniBand HDR (200 Gb/s)")
+        layouts = planner.plan(planner.GPT3_175B, cluster, global_batch=global_batch, recompute=recompute,
+                               zero_stage=zero_stage, precision=precision)
+        return planner.table(layouts, limit=max(3, sum(lay.feasible for lay in layouts)))
+
+    def show(n_gpus, gpu, recompute, zero_stage, precision):
+        print(table(n_gpus, gpu, recompute, zero_stage, precision))
+
+    start = dict(n_gpus=n_gpus, gpu=gpu, recompute=recompute, zero_stage=zero_stage, precision=precision)
+    box = widgets.interactive(show,
+                              n_gpus=widgets.Dropdown(options=[256, 512, 1024, 1536, 2048], value=n_gpus,
+                                                      description="n_gpus"),
+                              gpu=widgets.Dropdown(options=["A100", "H100", "H200"], value=gpu, description="gpu"),
+                              recompute=widgets.Dropdown(options=["none", "selective", "full"], value=recompute,
+                                                         description="recompute"),
+                              zero_stage=widgets.Dropdown(options=[0, 1, 2, 3], value=zero_stage,
+                                                          description="zero_stage"),
+                              precision=widgets.Dropdown(options=["mixed", "mixed_fp32_grads"], value=precision,
+                                                         description="precision"))
+    return with_static_view(box, table(**start))

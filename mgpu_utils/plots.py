@@ -154,9 +154,10 @@ def draw_zero_stages(ranks: int = 4):
         ax.set_ylim(-0.2, ranks)
         ax.set_xticks([0, 2, 4, 16])
         ax.set_xlabel("bytes per parameter")
-        ax.set_title(f"stage {stage}: {per_rank:g} B per rank" + ("\n(plain data parallel)" if stage == 0 else
-                     "\n(shards " + ", ".join(kinds[i][0].split(" (")[0] for i in sorted(sharded[stage])) + ")"),
-                     fontsize=10)
+        names = [kinds[i][0].split(" (")[0] for i in sorted(sharded[stage])]
+        shards = ("plain data parallel" if not names else         # the last kind on its own line: no overlap
+                  "shards " + (", ".join(names[:-1]) + ",\n" if len(names) > 1 else "") + names[-1])
+        ax.set_title(f"stage {stage}: {per_rank:g} B per rank\n{shards}", fontsize=10)
     axes[0].set_yticks([ranks - 1 - r + 0.35 for r in range(ranks)])
     axes[0].set_yticklabels([f"rank {r}" for r in range(ranks)])
     handles = [Rectangle((0, 0), 1, 1, fc=c, ec="#444444") for _, _, c in kinds]

@@ -295,7 +295,7 @@ def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no muta
     for wd in (ps, ms, sc):
         wd.observe(draw, names="value")
     draw()
-    return with_static_view(w.VBox([w.HBox([ps, ms, sc]), out]), figure(p, m, schedule)[0])
+    return with_static_view(w.VBox([w.HBox([ps, ms, sc]), out]), *figure(p, m, schedule))
 
 
 def p2p_plan(actions: list[tuple], rank: int, p: int) -> list[list[tuple]]:

@@ -292,7 +292,7 @@ def draw_tp_mlp(t: int = 2):
     ax.text(8.9, 3.45, "g", fontsize=14, weight="bold", ha="center")
     ax.text(8.9, 0.5, "fwd: all-reduce\nbwd: identity", fontsize=8, ha="center")
     ax.add_patch(Rectangle((9.8, 1.0), 1.0, 2.0, fc="#bbbbbb", ec="k"))
-    ax.text(10.3, 2.0, "Z = Σ_r\ngelu(X A_r) B_r", ha="center", va="center", fontsize=8)
+    ax.text(10.3, 2.0, "Z = Σ_r\ngelu(X A_r)\n· B_r", ha="center", va="center", fontsize=8)
     for x0, x1 in ((1.25, 2.35), (4.45, 4.75), (5.65, 6.15), (8.25, 9.75)):
         ax.annotate("", xy=(x1, 2.0), xytext=(x0, 2.0), arrowprops=dict(arrowstyle="->", lw=1.5))
     ax.set_title(f"Tensor-parallel MLP on {t} ranks: rank r holds A_r and B_r; one all-reduce forward, "

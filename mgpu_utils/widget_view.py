@@ -16,11 +16,11 @@ import base64
 import io
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-RUN_LINE = "A static view of the default settings: run this cell for the interactive version."
+RUN_LINE = "A static view of the starting settings: run this cell for the interactive version."
 
 
 def figure_png(fig, note: str = RUN_LINE) -> str:
-    """A matplotlib figure as a base64 PNG with ``note`` written under it; closes the figure.
+    """A matplotlib figure as a base64 PNG with ``note`` (one or more lines) written under it; closes it.
 
     Args:
         fig: a ``matplotlib.figure.Figure``.
@@ -39,8 +39,8 @@ def figure_png(fig, note: str = RUN_LINE) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def with_static_view(widget, picture):
-    """Give ``widget`` a static view of its default settings, for front ends that cannot run it.
+def with_static_view(widget, picture, note: str = ""):
+    """Give ``widget`` a static view of its starting settings, for front ends that cannot run it.
 
     The widget's rich output (``_repr_mimebundle_``) keeps the live view and gains ``image/png``
     (``picture``, a figure) or a text form (``picture``, a string). Its ``text/plain`` becomes the
@@ -48,8 +48,10 @@ def with_static_view(widget, picture):
 
     Args:
         widget: an ipywidgets widget (``interactive``, ``VBox``, ...).
-        picture: a ``matplotlib.figure.Figure`` of the default settings (closed here) or a ``str``
+        picture: a ``matplotlib.figure.Figure`` of the starting settings (closed here) or a ``str``
             (what the widget prints for them, e.g. a table).
+        note: what the widget prints under its figure for those settings (a summary line), shown
+            above :data:`RUN_LINE`.
 
     Returns:
         ``widget`` itself, so ``stepper = with_static_view(...)`` still has ``.children`` etc.
@@ -57,10 +59,11 @@ def with_static_view(widget, picture):
     Raises:
         TypeError: ``picture`` is neither a figure nor a string.
     """
+    lines = (note.rstrip("\n") + "\n" if note else "") + RUN_LINE
     if isinstance(picture, str):
-        png, text = None, picture.rstrip("\n") + "\n\n" + RUN_LINE
+        png, text = None, picture.rstrip("\n") + "\n\n" + lines
     elif hasattr(picture, "savefig"):
-        png, text = figure_png(picture), RUN_LINE
+        png, text = figure_png(picture, lines), lines
     else:
         raise TypeError(f"picture must be a matplotlib Figure or a str, not {type(picture).__name__}")
     live = widget._repr_mimebundle_

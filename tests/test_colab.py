@@ -86,10 +86,18 @@ def test_first_cell_clones_and_installs_on_simulated_colab(tmp_path):
     assert f"On Colab: 0 GPUs; torch {torch.__version__}" in first.stdout
     assert "multi-rank launches run as CPU processes over gloo" in first.stdout
 
-    again = _run_first_cell(tmp_path)                # the next notebook: the clone is there, nothing to do
+    again = _run_first_cell(tmp_path)                # the cell again in the same runtime: nothing to do
     assert again.returncode == 0, again.stdout + again.stderr
     assert "cloning" not in again.stdout and len((tmp_path / "pip.log").read_text().splitlines()) == 1
     assert f"MGPU_FILE {course / 'mgpu_utils' / '__init__.py'}" in again.stdout
+
+
+def test_first_cell_replaces_an_interrupted_clone(tmp_path):
+    course = tmp_path / "content" / "course"
+    (course / "notebooks").mkdir(parents=True)               # a clone that stopped before mgpu_utils/
+    r = _run_first_cell(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Colab: cloning" in r.stdout and (course / "mgpu_utils" / "__init__.py").is_file()
 
 
 def test_first_cell_outside_colab_without_the_course_says_what_to_do(tmp_path):

@@ -88,13 +88,20 @@ def test_course_widgets_have_static_views():
     """The four widgets of the course, built as their notebooks build them."""
     import matplotlib
     matplotlib.use("Agg")
+    from mgpu_utils.hybrid_plots import plan_explorer
     from mgpu_utils.memory_calc import calculator
     from mgpu_utils.plots import ring_stepper
     from mgpu_utils.schedules import explorer
 
     for w in (ring_stepper(4), explorer(4, 8, "1f1b"), calculator(layers=4, hidden=256, heads=4)):
         data = w._repr_mimebundle_()
-        assert WIDGET_VIEW in data and "image/png" in data and data["text/plain"] == RUN_LINE
+        assert WIDGET_VIEW in data and "image/png" in data and data["text/plain"].endswith(RUN_LINE)
+    assert "bubble 0.273 (formula 0.273)" in explorer(4, 8, "1f1b")._repr_mimebundle_()["text/plain"]
+    planner_box = plan_explorer(n_gpus=256)
+    data = planner_box._repr_mimebundle_()
+    assert WIDGET_VIEW in data and "image/png" not in data
+    assert data["text/plain"].splitlines()[0].split()[:3] == ["dp", "tp", "pp"] and data["text/plain"].endswith(RUN_LINE)
+    planner_box.children[1].value = "H100"                    # a control changes: the planner reruns
 
 
 def _unclosed_tables(markdown: str) -> list[int]:
