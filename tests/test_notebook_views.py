@@ -67,7 +67,7 @@ def test_static_view_keeps_the_widget_and_adds_a_picture():
     assert WIDGET_VIEW in data and data["text/plain"] == RUN_LINE
     import base64
     assert base64.b64decode(data["image/png"])[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not plt.get_fignums(), "the static figure must be closed (else inline shows it twice)"
+    assert not plt.fignum_exists(fig.number), "the static figure must be closed (else inline shows it twice)"
 
     box = with_static_view(widgets.VBox([widgets.IntSlider()]), "a table\n")
     data = box._repr_mimebundle_()
