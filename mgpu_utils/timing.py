@@ -6,6 +6,7 @@ launch. :func:`time_fn` synchronises (CUDA events on GPU) and reports the best a
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -75,3 +76,124 @@ def synced_clock(device=None) -> float:
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on: its affinity mask (``taskset``, Slurm's ``--cpus-per-task``),
+    capped by a cgroup v2 CPU quota (``docker --cpus``); ``os.cpu_count()`` where neither is known."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def _tree_cpu_s() -> float | None:
+    """CPU seconds used by this process and every descendant (the ranks of a launch, the warm template,
+    torchrun), including descendants that have ended and been reaped inside the tree. None where the
+    children's times cannot be read (only Linux reports them)."""
+    import psutil
+
+    if not psutil.LINUX:
+        return None
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return total
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy since boot, summed over cores (``/proc/stat``), with the
+    time a hypervisor gave to other machines (steal) counted as busy: it is capacity this machine lost."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+class LoadWatch:
+    """The precondition of a timing claim that needs a quiet machine: how much CPU *other* processes took
+    while the measurement ran.
+
+    A speed-up of 2 ranks on 2 cores, or "workers on other cores overlap loading and training", is true
+    on a quiet machine and false on one where a browser, a compile or another job holds a core. Such a
+    claim is asserted only when the machine was quiet during its measurement; otherwise
+    :meth:`claim` prints one plain line saying what was measured and that the claim is not asserted on
+    this run (never a silent skip). The goals themselves are measured by ``benchmarks/``.
+
+    Other load = machine busy time (``/proc/stat``, all cores, steal included) minus the CPU time of this
+    process and its descendants, divided by the wall time: in cores, on average. Used by lessons 03, 04,
+    05, 08, 09, 10 and 11 (``with LoadWatch(cores=2) as machine: ...`` around the runs, then
+    ``machine.claim(ok, "what")``), and by tests/test_benchmarking.py.
+
+    Args:
+        cores: cores the claim needs to itself (e.g. 2 for a 2-rank speed-up on one thread per rank).
+        max_other_cores: the most other processes may use, on average over the window, for the machine
+            to count as quiet. The default 0.25 core is well above what an idle desktop, JupyterLab and
+            Chromium polling a page take here (0.02-0.10 core measured on the 2-core machine) and well
+            below one busy core (0.9-1.0 measured with ``python3 -c "while True: pass" &``).
+
+    Attributes (after the ``with`` block): ``wall_s``, ``other_cores`` (None where it cannot be
+    measured: not Linux), ``usable_cores`` (:func:`usable_cores`).
+    """
+
+    def __init__(self, cores: int = 1, max_other_cores: float = 0.25):
+        if cores < 1:
+            raise ValueError(f"cores must be at least 1, got {cores}")
+        self.cores, self.max_other_cores = cores, max_other_cores
+        self.wall_s = self.other_cores = None
+        self.usable_cores = usable_cores()
+
+    def __enter__(self) -> "LoadWatch":
+        self._t0, self._busy0, self._own0 = time.perf_counter(), _machine_busy_s(), _tree_cpu_s()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        own = _tree_cpu_s()
+        if own is not None and self._own0 is not None and self.wall_s > 0:
+            other = (_machine_busy_s() - self._busy0) - (own - self._own0)
+            self.other_cores = max(0.0, other / self.wall_s)
+
+    @property
+    def quiet(self) -> bool:
+        """True when the claim's cores were free: enough usable cores and little other load."""
+        return self.why_not() is None
+
+    def why_not(self) -> str | None:
+        """Why the machine did not count as quiet (one phrase), or None when it did."""
+        if self.wall_s is None:
+            raise RuntimeError("LoadWatch: use it as `with LoadWatch(...) as machine:` around the measurement")
+        if self.usable_cores < self.cores:
+            return f"this process may use {self.usable_cores} core(s) and the claim needs {self.cores}"
+        if self.other_cores is None:
+            return "the CPU time of other processes cannot be measured on this system"
+        if self.other_cores > self.max_other_cores:
+            return (f"other processes used {self.other_cores:.2f} core(s) on average during the "
+                    f"{self.wall_s:.0f} s measurement (quiet: at most {self.max_other_cores})")
+        return None
+
+    def claim(self, ok: bool, what: str) -> bool:
+        """Assert the timing claim ``what`` (``ok``: whether the measurement shows it) on a quiet machine;
+        on a busy one print one line saying why it is not asserted on this run. Returns whether it was
+        asserted.
+
+        Raises:
+            AssertionError: the machine was quiet and the measurement does not show ``what``.
+        """
+        why = self.why_not()
+        if why is None:
+            assert ok, f"{what}: not shown by this run, on a quiet machine ({self.other_cores:.2f} other cores)"
+            print(f"checked on a quiet machine ({self.other_cores:.2f} cores used by others): {what}")
+            return True
+        print(f"this machine was busy ({why}); not asserted on this run: {what}")
+        return False

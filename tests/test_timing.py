@@ -1,0 +1,88 @@
+"""mgpu_utils.timing.LoadWatch: the quiet-machine precondition of the lessons' timing claims (issue 29).
+
+Real processes, not only patched numbers: a busy loop that is not this process's descendant is "other load",
+a busy child is this job's own work; the core count is patched to simulate `taskset -c 0`.
+"""
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mgpu_utils import timing
+from mgpu_utils.timing import LoadWatch
+
+SPIN = [sys.executable, "-c", "import time\nt = time.time() + {s}\nwhile time.time() < t: pass"]
+
+
+def _spin(seconds: float, own: bool):
+    """A process busy for ``seconds``: our child, or (own=False) reparented away from us by a double fork."""
+    cmd = [a.format(s=seconds) for a in SPIN]
+    if own:
+        return subprocess.Popen(cmd)
+    subprocess.run(["sh", "-c", " ".join(f"'{a}'" for a in cmd) + " >/dev/null 2>&1 &"], check=True)
+    return None
+
+
+def test_a_busy_process_of_someone_else_is_other_load(capsys):
+    if timing.usable_cores() < 2:
+        pytest.skip("SKIPPED: needs 2 usable cores to tell one busy core from a full machine")
+    _spin(2.5, own=False)
+    time.sleep(0.3)
+    with LoadWatch(cores=1) as machine:
+        time.sleep(1.5)
+    assert machine.other_cores > 0.6, machine.other_cores
+    assert not machine.quiet and "other processes used" in machine.why_not()
+    assert machine.claim(False, "a claim that would fail") is False      # printed, not raised
+    out = capsys.readouterr().out
+    assert out.startswith("this machine was busy (other processes used") and "a claim that would fail" in out
+
+
+def test_the_jobs_own_children_are_not_other_load():
+    if timing.usable_cores() < 2:
+        pytest.skip("SKIPPED: needs 2 usable cores")
+    with LoadWatch(cores=1) as machine:
+        child = _spin(1.5, own=True)
+        child.wait()
+    # whatever else the machine does, the child's 1.5 core-seconds are not counted as others'
+    assert machine.other_cores < 0.5, machine.other_cores
+
+
+def test_quiet_claims_are_asserted(monkeypatch, capsys):
+    busy = iter([100.0, 102.0])                     # the machine: 2 core-seconds in the window
+    own = iter([10.0, 11.9])                        # ours: 1.9 of them
+    monkeypatch.setattr(timing, "_machine_busy_s", lambda: next(busy))
+    monkeypatch.setattr(timing, "_tree_cpu_s", lambda: next(own))
+    monkeypatch.setattr(timing, "usable_cores", lambda: 2)
+    with LoadWatch(cores=2) as machine:
+        time.sleep(1.0)
+    assert machine.quiet and machine.other_cores == pytest.approx(0.1, abs=0.02)
+    assert machine.claim(True, "2 ranks are faster than 1") is True
+    assert capsys.readouterr().out.startswith("checked on a quiet machine")
+    with pytest.raises(AssertionError, match="not shown by this run, on a quiet machine"):
+        machine.claim(False, "2 ranks are faster than 1")
+
+
+def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):
+    """`taskset -c 0 make course`: one usable core, a 2-core claim is reported, not failed."""
+    monkeypatch.setattr(timing.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert timing.usable_cores() == 1
+    with LoadWatch(cores=2) as machine:
+        pass
+    assert machine.why_not() == "this process may use 1 core(s) and the claim needs 2"
+    assert machine.claim(False, "speed-up") is False and "not asserted on this run: speed-up" in capsys.readouterr().out
+
+
+def test_unmeasurable_load_is_said(monkeypatch):
+    monkeypatch.setattr(timing, "_tree_cpu_s", lambda: None)      # e.g. macOS: no children's CPU times
+    monkeypatch.setattr(timing, "usable_cores", lambda: 8)
+    with LoadWatch() as machine:
+        pass
+    assert machine.other_cores is None and "cannot be measured" in machine.why_not()
+
+
+def test_misuse_is_explained():
+    with pytest.raises(ValueError, match="at least 1"):
+        LoadWatch(cores=0)
+    with pytest.raises(RuntimeError, match="with LoadWatch"):
+        LoadWatch().quiet
