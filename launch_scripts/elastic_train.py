@@ -12,7 +12,10 @@ only (TORCHELASTIC_RESTART_COUNT = 0), as the OOM killer or a hardware fault wou
 other ranks and, with --max-restarts >= 1, starts all of them again. --hang-rank R --hang-step S
 instead makes rank R sleep inside step S (first attempt): the collective timeout turns the hang into an
 error. (The variable in the command below: restarts with --standalone need it, see mgpu_utils.launcher.)
---drop PART leaves one part out of the snapshot, to measure what it is for. At the end the same
+--drop PART leaves one part out of the snapshot, to measure what it is for; with --resume-at S the job
+stops before step S and resumes from its snapshot in the same processes, as a restart would (a fresh
+model, optimizer and seeds, then the snapshot loaded): the same run in a second instead of a restart's
+process starts (lesson 11 compares the four parts so, after showing a real restart). At the end the same
 job runs again uninterrupted, in the same processes, and rank 0 reports the largest parameter
 difference to it (max_param_diff_vs_uninterrupted) and how many batches the run trained on twice.
 
@@ -67,9 +70,9 @@ def rng_state(device):
     return (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
 
 
-def train(args, ctx, snapshot: Path | None, attempt: int):
-    """Train args.steps steps; with a snapshot path, resume from it and write it every args.every steps.
-    Returns (model, info)."""
+def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
+    """Train args.steps steps; with a snapshot path, resume from it and write it every args.every steps;
+    return before step ``stop_at`` if it is reached. Returns (model, info)."""
     world, rank, device = ctx.world_size, ctx.rank, ctx.device
     torch.manual_seed(args.seed + 1000 * rank)            # each rank its own dropout stream
     model, opt, sched = make_job(args, device)
@@ -97,9 +100,9 @@ def train(args, ctx, snapshot: Path | None, attempt: int):
             torch.set_rng_state(cpu)
             if gpu is not None:
                 torch.cuda.set_rng_state(gpu, device)
-    while step < args.steps:
+    while step < args.steps and step != stop_at:
         batches = shard_batches(train_set, world, rank, epoch, args.batch // world, args.seed)[:args.steps_per_epoch]
-        while pos < len(batches) and step < args.steps:
+        while pos < len(batches) and step < args.steps and step != stop_at:
             if snapshot is not None and attempt == 0 and rank == args.kill_rank and step == args.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)      # no Python error, no cleanup: a hardware fault
             if snapshot is not None and attempt == 0 and rank == args.hang_rank and step == args.hang_step:
@@ -156,6 +159,8 @@ def main():
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument("--drop", nargs="*", default=[], choices=PARTS, help="parts left out of the snapshot")
+    p.add_argument("--resume-at", type=int, default=-1,
+                   help="stop before this step and resume from the snapshot in the same processes")
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
@@ -169,6 +174,9 @@ def main():
         if attempt > 0:
             ctx.log(f"attempt {attempt}: resuming from {snapshot.name}" if snapshot.exists() else
                     f"attempt {attempt}: no snapshot yet, starting over")
+        if args.resume_at >= 0 and attempt == 0:
+            train(args, ctx, snapshot, attempt, stop_at=args.resume_at)   # stopped, then resumed as a restart would
+            attempt = 1
         model, info = train(args, ctx, snapshot, attempt)
         reference, _ = train(args, ctx, None, attempt)     # the same job, uninterrupted
         diff = max((a - b).abs().max().item() for a, b in zip(model.state_dict().values(),

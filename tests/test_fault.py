@@ -1,6 +1,5 @@
 """Lesson 11: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
 a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
-import shutil
 import signal
 
 import numpy as np
@@ -8,7 +7,7 @@ import pytest
 import torch
 
 from mgpu_utils.fault import job_mtbf_s, lost_fraction, young_daly_interval
-from mgpu_utils.launcher import LaunchError, run_torchrun
+from mgpu_utils.launcher import LaunchError, launch, run_torchrun
 
 
 def test_young_interval_and_lost_work_by_hand():
@@ -38,12 +37,25 @@ def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path):
 
 
 def test_every_part_of_the_snapshot_is_needed(tmp_path):
+    """Lesson 11, section 3: each part left out changes the run (resumed in the same processes, --resume-at)."""
     for part in ("optimizer", "scheduler", "sampler", "rng"):
-        shutil.rmtree(tmp_path / part, ignore_errors=True)
-        r = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path / part, "--kill-rank", 1, "--kill-step", 13,
-                                                 "--drop", part], max_restarts=1, show="none").result
+        r = launch("elastic_train.py", 2, ["--ckpt-dir", tmp_path / part, "--resume-at", 13, "--drop", part],
+                   show="none")
         assert r["restarts"] == 1 and r["max_param_diff_vs_uninterrupted"] > 1e-3, (part, r)
         assert (r["batches_trained_twice"] > 0) == (part == "sampler"), (part, r)
+
+
+def test_resuming_in_the_same_processes_is_a_restart(tmp_path):
+    """--resume-at S gives, bit for bit, what a rank killed before step S and restarted by torchrun gives
+    (with the RNG states left out: the part that a process's own state would leak into)."""
+    keys = ("restarts", "resumed_from_step", "max_param_diff_vs_uninterrupted", "lr_at_end", "batches_trained_twice")
+    killed = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path / "killed", "--kill-rank", 1,
+                                                  "--kill-step", 13, "--drop", "rng"],
+                          max_restarts=1, show="none").result
+    resumed = launch("elastic_train.py", 2, ["--ckpt-dir", tmp_path / "resumed", "--resume-at", 13, "--drop", "rng"],
+                     show="none")
+    assert killed["max_param_diff_vs_uninterrupted"] > 1e-3
+    assert [resumed[k] for k in keys] == [killed[k] for k in keys]
 
 
 def test_without_restarts_the_killed_rank_is_named(tmp_path):
