@@ -142,27 +142,48 @@ class LoadWatch:
             Chromium polling a page take here (0.02-0.10 core measured on the 2-core machine) and well
             below one busy core (0.9-1.0 measured with ``python3 -c "while True: pass" &``).
 
+        own: whose CPU time is the claim's own: "tree" (this process and its descendants: the ranks of a
+            launch, DataLoader workers) or "process" (this process only: an in-process measurement, where
+            even an idle launch template's work would be interference).
+
     Attributes (after the ``with`` block): ``wall_s``, ``other_cores`` (None where it cannot be
     measured: not Linux), ``usable_cores`` (:func:`usable_cores`).
     """
 
-    def __init__(self, cores: int = 1, max_other_cores: float = 0.25):
+    def __init__(self, cores: int = 1, max_other_cores: float = 0.25, own: str = "tree"):
         if cores < 1:
             raise ValueError(f"cores must be at least 1, got {cores}")
-        self.cores, self.max_other_cores = cores, max_other_cores
+        if own not in ("tree", "process"):
+            raise ValueError(f"own must be 'tree' (this process and its descendants) or 'process', got {own!r}")
+        self.cores, self.max_other_cores, self.own = cores, max_other_cores, own
         self.wall_s = self.other_cores = None
         self.usable_cores = usable_cores()
 
-    def __enter__(self) -> "LoadWatch":
-        self._t0, self._busy0, self._own0 = time.perf_counter(), _machine_busy_s(), _tree_cpu_s()
+    def _own_cpu_s(self) -> float | None:
+        if self.own == "process":
+            t = os.times()
+            return t.user + t.system
+        return _tree_cpu_s()
+
+    def start(self) -> "LoadWatch":
+        """Start watching (what ``with`` does); for a measurement that spans several notebook cells."""
+        self._t0, self._busy0, self._own0 = time.perf_counter(), _machine_busy_s(), self._own_cpu_s()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> "LoadWatch":
+        """Stop watching and compute ``wall_s`` and ``other_cores`` (what the end of ``with`` does)."""
         self.wall_s = time.perf_counter() - self._t0
-        own = _tree_cpu_s()
+        own = self._own_cpu_s()
         if own is not None and self._own0 is not None and self.wall_s > 0:
             other = (_machine_busy_s() - self._busy0) - (own - self._own0)
             self.other_cores = max(0.0, other / self.wall_s)
+        return self
+
+    def __enter__(self) -> "LoadWatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     @property
     def quiet(self) -> bool:
