@@ -41,6 +41,7 @@ def test_failing_rank_is_named_quickly():
     t0 = time.perf_counter()
     with pytest.raises(LaunchError) as info:
         launch("hello_dist.py", nproc=3, args=["--fail-rank", "1"], show="none")
+    # margin: reported in 1-6 s (a warm launch or torchrun's start), on a busy machine too; 30 s is far from it
     assert time.perf_counter() - t0 < 30
     err = info.value
     assert err.rank == 1 and err.exc_type == "ValueError" and err.message == "boom"
@@ -93,6 +94,7 @@ def test_timeout_kills_everything_and_relaunch_works(via, tmp_path):
     with pytest.raises(LaunchTimeout, match="timeout_s"):
         run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag, "--pid-dir", tmp_path], timeout_s=15,
                      show="none", via=via)
+    # margin: the 15 s timeout, then at most the 3 s grace and torchrun's start: under 25 s when busy
     assert time.perf_counter() - t0 < 30
     pids = rank_pids(tmp_path)
     assert len(pids) == 2, "both ranks started (else the check below proves nothing)"
