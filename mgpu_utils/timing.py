@@ -211,10 +211,13 @@ class LoadWatch:
         Raises:
             AssertionError: the machine was quiet and the measurement does not show ``what``.
         """
+        from mgpu_utils.dist import wrap_text
+
         why = self.why_not()
         if why is None:
             assert ok, f"{what}: not shown by this run, on a quiet machine ({self.other_cores:.2f} other cores)"
-            print(f"checked on a quiet machine ({self.other_cores:.2f} cores used by others): {what}")
+            print(wrap_text(f"checked on a quiet machine (others used {self.other_cores:.2f} cores): {what}"))
             return True
-        print(f"this machine was busy ({why}); not asserted on this run: {what}")
+        busy = "this machine was busy: " if why.startswith("other processes") else ""
+        print(wrap_text(f"{busy}{why}; not asserted on this run: {what}"))
         return False

@@ -35,7 +35,7 @@ def test_a_busy_process_of_someone_else_is_other_load(capsys):
     assert not machine.quiet and "other processes used" in machine.why_not()
     assert machine.claim(False, "a claim that would fail") is False      # printed, not raised
     out = capsys.readouterr().out
-    assert out.startswith("this machine was busy (other processes used") and "a claim that would fail" in out
+    assert out.startswith("this machine was busy: other processes used") and "a claim that would fail" in out
 
 
 def test_the_jobs_own_children_are_not_other_load():
@@ -73,7 +73,7 @@ def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):
     with LoadWatch(cores=2) as machine:
         pass
     assert machine.why_not() == "this process may use 1 core(s) and the claim needs 2"
-    assert machine.claim(False, "speed-up") is False and "not asserted on this run: speed-up" in capsys.readouterr().out
+    assert machine.claim(False, "speed-up") is False and "claim needs 2; not asserted on this run: speed-up" in capsys.readouterr().out
 
 
 def test_unmeasurable_load_is_said(monkeypatch):
