@@ -11,6 +11,46 @@ for p in (ROOT, ROOT / "launch_scripts"):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "launches: the test starts processes (torchrun or a subprocess)")
+    config.addinivalue_line("markers", "runs_notebooks: the test executes lab_server.browser_notebooks() (in a "
+                                       "browser, with nbval's output check): nbval does not run them again")
+    # a plugin, not a hook of this file: this conftest's hooks are not asked about items under notebooks/
+    config.pluginmanager.register(NotebooksRunOnce(), "mgpu-notebooks-run-once")
+
+
+class NotebooksRunOnce:
+    """Each notebook is executed once per `make test`: when the browser test is selected and will run (the
+    browser is there, or CI requires it), nbval's items of the notebooks it runs are deselected; otherwise
+    (no Chromium or no playwright: the browser test says SKIPPED; `-k "not browser"`; `pytest notebooks/...`
+    alone) nbval runs them as before.
+
+    Deselected after collection rather than ignored during it: only then is it known whether the browser
+    test is among the selected tests (`-k`, `-m`, explicit paths), and trylast puts this after `-k`/`-m`.
+    """
+
+    def __init__(self):
+        self.deselected: dict[str, int] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        from lab_server import browser_notebooks, browser_runs_notebooks
+
+        if not any(item.get_closest_marker("runs_notebooks") for item in items) or not browser_runs_notebooks():
+            return
+        in_browser = {p.resolve() for p in browser_notebooks()}
+        drop = [item for item in items if item.path.suffix == ".ipynb" and item.path.resolve() in in_browser]
+        if not drop:
+            return
+        for item in drop:
+            self.deselected[item.path.name] = self.deselected.get(item.path.name, 0) + 1
+        dropped = set(map(id, drop))
+        items[:] = [item for item in items if id(item) not in dropped]
+        config.hook.pytest_deselected(items=drop)
+
+    def pytest_report_collectionfinish(self, config, start_path, items):
+        if self.deselected:
+            names = ", ".join(n[:2] for n in sorted(self.deselected))
+            return [f"notebooks {names}: run once, in the browser (tests/test_browser.py), so their "
+                    f"{sum(self.deselected.values())} nbval cells are deselected"]
 
 
 def pytest_collection_modifyitems(config, items):

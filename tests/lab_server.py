@@ -3,10 +3,15 @@
 Only a free port, a token and ``--no-browser`` are added (through ``LAB_ARGS``), plus the environment the
 caller passes (a runtime folder, user settings). The server is shut down through its API, then by signal,
 even when the test fails.
+
+Also the one place that decides whether tests/test_browser.py can drive a browser here and which notebooks it
+runs: tests/conftest.py asks the same functions, so that each notebook is executed once per `make test`, in the
+browser when there is one (or when CI requires one), else under nbval.
 """
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +20,41 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Debian's Chromium (Ubuntu's chromium package is a snap stub that does not run in containers)
+CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def browser_missing() -> str | None:
+    """Why tests/test_browser.py cannot drive a browser on this machine (its SKIPPED line, with the fix), or
+    None when it can: the playwright package imports and Chromium is at ``CHROMIUM``."""
+    try:
+        from playwright import sync_api  # noqa: F401
+    except ImportError:
+        return "SKIPPED: no playwright package: .venv/bin/pip install playwright (make setup installs it)"
+    if not Path(CHROMIUM).exists():
+        return f"SKIPPED: no Chromium at {CHROMIUM}: apt-get install chromium (or set MGPU_CHROMIUM)"
+    return None
+
+
+def browser_required() -> bool:
+    """CI (.ci/run) sets MGPU_REQUIRE_BROWSER=1: a missing browser fails the browser test instead of skipping it."""
+    return os.environ.get("MGPU_REQUIRE_BROWSER") == "1"
+
+
+def browser_runs_notebooks() -> bool:
+    """The browser test runs its notebooks here (or fails because it cannot, where the browser is required)."""
+    return browser_required() or browser_missing() is None
+
+
+def browser_notebooks() -> list[Path]:
+    """The lessons the browser test runs: all of notebooks/NN_*.ipynb, or those MGPU_BROWSER_NOTEBOOKS names
+    (e.g. "00,04"); the others are left to nbval."""
+    paths = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    only = os.environ.get("MGPU_BROWSER_NOTEBOOKS")
+    if only:
+        wanted = {n.strip() for n in only.split(",")}
+        paths = [p for p in paths if p.name[:2] in wanted]
+    return paths
 
 
 def free_port() -> int:
