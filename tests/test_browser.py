@@ -293,7 +293,7 @@ def _run_all_notebooks(context, base, token, patterns, report):
         # Run All before the page has its connection to the new kernel can be lost (the prompts stay [ ], the
         # kernel idle; seen when a notebook opened quickly after another): wait for the kernel's first reply
         deadline = time.monotonic() + 90
-        while not connected:
+        while not connected:     # margin: a kernel connects in seconds, on a busy machine too; 90 s is a hang
             assert time.monotonic() < deadline, f"{path.name}: no connection to a kernel after 90 s"
             page.wait_for_timeout(200)              # (Playwright hands over websocket frames while it waits)
         _menu(page, "Edit", "Clear Outputs of All Cells")   # stored prompts [n] would look finished
@@ -309,6 +309,7 @@ def _run_all_notebooks(context, base, token, patterns, report):
             done = all(re.search(r"\[\d+\]", c["prompt"]) for c in now if c["code"])
             if done or (not running and time.monotonic() > t0 + 10):   # finished, or stopped by an error
                 break
+            # margin: the slowest lesson takes about a minute here, 1.5 minutes with a core busy; 420 s is a hang
             assert time.monotonic() < deadline, f"{path.name}: Run All still running cell {running}"
             time.sleep(1.0)
         seconds = time.monotonic() - t0
