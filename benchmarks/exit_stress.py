@@ -3,7 +3,7 @@
 A rank that has printed its result can still die at interpreter exit ("terminate called without an
 active exception", SIGABRT, exit code -6): see mgpu_utils.dist.shutdown for the cause and the fix. Such a
 race shows up in a few percent of runs, so one green run proves little. This launches each script in
-launch_scripts/ through mgpu_utils.launcher (exactly as notebooks and tests do, with the small arguments
+launch_scripts/ through mgpu_utils.launch.launcher (exactly as notebooks and tests do, with the small arguments
 the tests use) K times per world size and prints, per script and world size: runs, native aborts (a rank
 killed by SIGABRT or printing "terminate called"), and non-zero exits of any kind. Target: 0 and 0.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mgpu_utils.launcher import LaunchError, run_torchrun  # noqa: E402
+from mgpu_utils.launch.launcher import LaunchError, run_torchrun  # noqa: E402
 
 # The arguments the tests use (small and quick); per world size where the script needs it; a function for
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).

@@ -3,7 +3,7 @@
 Measures, on cuda:0, the dense bf16 throughput (fp16 on GPUs without BF16 units: T4, V100) of an N x N x N matmul (2 N^3 FLOP per call, best of
 --iters after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
 --copy-gib GiB (a copy reads and writes every byte: 2 x size / time, the convention of the HBM spec).
-Prints both as fractions of the device's published peak (mgpu_utils.hardware), and one JSON line.
+Prints both as fractions of the device's published peak (mgpu_utils.costs.hardware), and one JSON line.
 Exit status 0 when both reach --target (default 0.70), 1 when not, 3 when there is no CUDA GPU.
 
 Run:
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mgpu_utils.hardware import GPUS, match_gpu  # noqa: E402
+from mgpu_utils.costs.hardware import GPUS, match_gpu  # noqa: E402
 
 
 def cuda_time(fn, iters):

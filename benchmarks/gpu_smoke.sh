@@ -3,7 +3,7 @@
 #   1. lesson 01's roofline against the datasheet (benchmarks/gpu_check.py: matmul and HBM copy >= 70%);
 #   2. the mixed tier: the DDP, hooks and sync/async tests with 4 ranks on however many GPUs there are
 #      (fewer GPUs than ranks: the ranks run on CPU with the GPUs hidden, the references on the GPU);
-#   3. warm launches (mgpu_utils.warm) on the GPU, against torchrun;
+#   3. warm launches (mgpu_utils.launch.warm) on the GPU, against torchrun;
 #   4. lessons 01, 03 and 10 top to bottom under nbval (their GPU cells run and assert instead of SKIPPED;
 #      lesson 10 times a CUDA matmul both ways, feeds the GPU from the DataLoader with pinned memory and,
 #      with 2 or more GPUs, runs its scaling study and its traces on NCCL);

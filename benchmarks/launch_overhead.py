@@ -1,7 +1,7 @@
 """Launch overhead: bare `torchrun --standalone`, launch(via="torchrun") and launch(via="warm"), same no-op job.
 
 Each repeat runs the three in turn and times from the call until rank 0's result is available. The
-warm template (mgpu_utils.warm) is started once before the repeats, as a notebook's first launch
+warm template (mgpu_utils.launch.warm) is started once before the repeats, as a notebook's first launch
 does; its start-up time is printed separately. Prints the medians and their ratios to bare torchrun
 (targets: launch <= 1.25, warm <= 0.3), then one JSON line.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mgpu_utils.dist import parse_result  # noqa: E402
-from mgpu_utils.launcher import run_torchrun  # noqa: E402
+from mgpu_utils.launch.launcher import run_torchrun  # noqa: E402
 
 NOOP = ROOT / "benchmarks" / "noop_dist.py"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mgpu_utils import bench  # noqa: E402
+from mgpu_utils.measure import bench  # noqa: E402
 from mgpu_utils.env import machine_report  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def main(argv=None):
     bench.write_csv(strong + weak, out / "scaling.csv")
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_utils.bench_plots import plot_scaling
+    from mgpu_utils.figures.bench import plot_scaling
     plot_scaling(res, strong, weak, cores=cores).savefig(out / "scaling.png", dpi=120)
     print(bench.report_table(strong + weak))
     ab = res["alpha_beta"] or {}

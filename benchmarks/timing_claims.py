@@ -60,7 +60,7 @@ def roofline() -> tuple[float, float]:
 
 def warm_launch() -> float:
     """Lesson 00, warm launches: a warm launch's time over torchrun's (asserted < 1/2)."""
-    from mgpu_utils.launcher import run_torchrun
+    from mgpu_utils.launch.launcher import run_torchrun
     cold = run_torchrun("hello_dist.py", 4, show="none", via="torchrun").seconds
     run_torchrun("hello_dist.py", 4, show="none", via="warm")
     return run_torchrun("hello_dist.py", 4, show="none", via="warm").seconds / cold

@@ -11,7 +11,7 @@ buckets of about 25 MB and all-reduces each bucket as one flat tensor. Complete 
 
 The grader checks the result against DistributedDataParallel and counts your all-reduce calls: exactly one
 per bucket under this rule. Grade it from a notebook cell:
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("03.6")
 """
 import torch

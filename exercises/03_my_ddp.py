@@ -12,7 +12,7 @@ trains exactly as DDP does. The grader runs a few SGD steps on 2 and 3 ranks, ea
 the batch, and compares gradients and parameters with DistributedDataParallel's.
 
 Grade it from a notebook cell:
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("03.4")
 """
 import torch

@@ -13,7 +13,7 @@ trains exactly as DDP does. Tools: p.register_post_accumulate_grad_hook(fn) call
 complete; dist.all_reduce(t, async_op=True) returns a work handle whose .wait() blocks until it is done.
 The grader checks the result against DistributedDataParallel and that every all-reduce started inside
 backward with async_op=True. Grade it from a notebook cell:
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("03.5")
 """
 import torch

@@ -6,7 +6,7 @@ with as few changes as possible (the grader runs this file on 2 and 3 ranks with
 timeout, so a hang is reported, not waited for).
 
 Grade it from a notebook cell:
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("04.6")
 
 Run:

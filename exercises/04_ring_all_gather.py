@@ -9,7 +9,7 @@ The ring: W - 1 steps. At every step each rank sends one tensor to its right nei
 receives one from its left neighbour (rank - 1), both modulo W. Which tensor goes out at step s?
 
 Grade it from a notebook cell (world sizes 2, 3 and 4; odd lengths):
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("04.4")
 """
 import torch

@@ -9,7 +9,7 @@ from the left and adds it to its own copy of that chunk. After the last step ran
 complete sum of chunk r: work backwards to find which chunk it sends at step 0.
 
 Grade it from a notebook cell (world sizes 2, 3 and 4; odd chunk lengths):
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("04.5")
 """
 import torch

@@ -11,7 +11,7 @@ The grader checks your lists (every forward and backward once, forward before ba
 the executor's messages, bubble (p-1)/(m+p-1), and at most min(p-r, m) micro-batches in flight on rank r),
 then runs them for real with the course's executor on 2, 3 and 4 ranks and compares the gradients with one
 process. Grade it from a notebook cell:
-    from mgpu_utils.graded import check_script
+    from mgpu_utils.grading.runner import check_script
     check_script("05.4")
 """
 

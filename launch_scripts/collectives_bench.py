@@ -3,7 +3,7 @@
 For all_reduce, all_gather, reduce_scatter, broadcast and all_to_all over message sizes from 1 KiB
 up to --max-mib (x4 steps): --warmup untimed runs, then --iters timed runs (CUDA events on GPUs;
 barrier + perf_counter on CPU), each run's time being the slowest rank's. Reports the median time,
-algbw = size / time and busbw = algbw x the nccl-tests factor (mgpu_utils.bandwidth), in GB/s
+algbw = size / time and busbw = algbw x the nccl-tests factor (mgpu_utils.costs.bandwidth), in GB/s
 (1e9 bytes/s). Rank 0 also measures the memory bandwidth of a copy of one large buffer (dst.copy_(src)),
 counted as lesson 01 and the HBM datasheets count it: a copy reads and writes every byte, 2 x size / time.
 On the CPU tier gloo moves every byte through memory (read once, written once), so half of it, the bytes
@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mgpu_utils.bandwidth import algbw_gbps, busbw_gbps
+from mgpu_utils.costs.bandwidth import algbw_gbps, busbw_gbps
 from mgpu_utils.compat import all_gather_single, reduce_scatter_single
 from mgpu_utils.dist import distributed, emit_result
 

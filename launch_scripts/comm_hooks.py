@@ -4,9 +4,9 @@
 Part 1, accuracy: DDP(SmallCNN) on digits trained from the same start with each hook:
   default (allreduce_hook: fp32, what DDP does without a hook), fp16_compress_hook, bf16_compress_hook,
   and PowerSGD (powerSGD_hook, rank-r factors with error feedback after --powersgd-start vanilla steps).
-  Every hook is wrapped by mgpu_utils.interconnect.emulated_link_hook with link=None, which only counts
+  Every hook is wrapped by mgpu_utils.costs.interconnect.emulated_link_hook with link=None, which only counts
   the bytes each all-reduce carries (after compression).
-Part 2, time: for each link in --links (keys of mgpu_utils.hardware.LINKS) and hooks fp32 / fp16 / PowerSGD,
+Part 2, time: for each link in --links (keys of mgpu_utils.costs.hardware.LINKS) and hooks fp32 / fp16 / PowerSGD,
   2 warm-up steps (PowerSGD's plain all-reduce) then --emu-steps timed ones, the emulator adding the
   alpha-beta time of a ring all-reduce of the bytes sent, charged for --scale x the payload (a model --scale
   times bigger on the same compute), so the link's effect shows next to this tiny model's compute.
@@ -33,8 +33,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.hardware import LINKS
-from mgpu_utils.interconnect import emulated_link_hook
+from mgpu_utils.costs.hardware import LINKS
+from mgpu_utils.costs.interconnect import emulated_link_hook
 from mgpu_utils.models import SmallCNN
 
 HOOKS = {"fp32 (default)": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,

@@ -15,7 +15,7 @@ DDP (no communication) and is timed the same way: its median is the compute shar
 Weak scaling: --per-rank-batch B keeps B samples per rank, so the global batch is B x N.
 --sweep-bytes 65536,1048576,... then times all-reduces of those sizes (10 back to back, median of 5, for an
 alpha-beta fit; none at world size 1).
-Where the machine has energy counters (NVML on GPUs, Linux RAPL on CPUs; mgpu_utils.energy), --energy-steps
+Where the machine has energy counters (NVML on GPUs, Linux RAPL on CPUs; mgpu_utils.measure.energy), --energy-steps
 more DDP steps run alone under the meter: energy_j and joules_per_sample (null, with energy_note, if none).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_batch, local_batch,
@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.energy import EnergyMeter
+from mgpu_utils.measure.energy import EnergyMeter
 from mgpu_utils.models import make_mlp
 
 

@@ -11,7 +11,7 @@ fsync, then os.replace: a crash during a save leaves the previous snapshot, neve
 only (TORCHELASTIC_RESTART_COUNT = 0), as the OOM killer or a hardware fault would. torchrun stops the
 other ranks and, with --max-restarts >= 1, starts all of them again. --hang-rank R --hang-step S
 instead makes rank R sleep inside step S (first attempt): the collective timeout turns the hang into an
-error. (The variable in the command below: restarts with --standalone need it, see mgpu_utils.launcher.)
+error. (The variable in the command below: restarts with --standalone need it, see mgpu_utils.launch.launcher.)
 --drop PART leaves one part out of the snapshot, to measure what it is for; with --resume-at S the job
 stops before step S and resumes from its snapshot in the same processes, as a restart would (a fresh
 model, optimizer and seeds, then the snapshot loaded): the same run in a second instead of a restart's

@@ -9,9 +9,9 @@ Each rank takes its --global-batch / world_size digits and splits them into --mi
 A DDP communication hook counts the all-reduce calls and bytes of one optimizer step. Both give the
 gradient of one process on the whole global batch (computed by every rank as the reference).
 
-Checkpointing: the same MLP run by mgpu_utils.memory.Checkpointed in segments of --every layers
+Checkpointing: the same MLP run by mgpu_utils.measure.memory.Checkpointed in segments of --every layers
 (torch.utils.checkpoint, use_reentrant=False) under DDP: the gradients equal the reference, and the
-bytes autograd saved (mgpu_utils.memory.SavedTensorCounter) are reported per segment size.
+bytes autograd saved (mgpu_utils.measure.memory.SavedTensorCounter) are reported per segment size.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/grad_accumulation.py
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.memory import SavedTensorCounter, checkpointed
+from mgpu_utils.measure.memory import SavedTensorCounter, checkpointed
 from mgpu_utils.models import ddp_recording_buckets, make_mlp
 
 

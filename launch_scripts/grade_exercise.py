@@ -1,12 +1,12 @@
-"""Grade a coding exercise's function under torchrun against the library (mgpu_utils.graded.check_script).
+"""Grade a coding exercise's function under torchrun against the library (mgpu_utils.grading.runner.check_script).
 
 Loads the student's file (--solution) on every rank and runs the exercise's check from
-mgpu_utils.exercise_checks: the student's function on real inputs against what PyTorch computes (04.4 and
+mgpu_utils.grading.rank_checks: the student's function on real inputs against what PyTorch computes (04.4 and
 04.5 against dist.all_gather and reduce-scatter, with the collectives switched off; 03.4 against
 DistributedDataParallel; 05.4 through the schedule simulator and the course's executor; 07.4 against
 torch.optim.Adam in one process). Every rank's findings are gathered to rank 0, whose result is
 {"exercise", "world_size", "ok", "problems": [...]}: each problem names the rank, a kind that
-mgpu_utils.graded turns into a hint, and the numbers behind it.
+mgpu_utils.grading.runner turns into a hint, and the numbers behind it.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/grade_exercise.py --exercise 04.4 --solution exercises/solutions/04_ring_all_gather.py
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.exercise_checks import CHECKS
+from mgpu_utils.grading.rank_checks import CHECKS
 
 
 def grade(exercise: str, path: str, ctx) -> dict:

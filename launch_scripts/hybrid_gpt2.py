@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInpu
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import byte_gpt2 as make_model
-from mgpu_utils.planner import parse_layouts
+from mgpu_utils.costs.planner import parse_layouts
 from mgpu_utils.text_data import byte_corpus, corpus_sha256, get_batch, split
 from mgpu_utils.timing import synced_clock
 

@@ -10,7 +10,7 @@ on GPUs use --stage-ms 0 and a larger --dim):
 
   naive     layer split, no micro-batches: send/recv of activations forward, gradients backward
   gpipe     hand-written executor, all forwards then all backwards, --micro micro-batches
-  1f1b      hand-written executor, one forward one backward (mgpu_utils.schedules action lists)
+  1f1b      hand-written executor, one forward one backward (mgpu_utils.parallel.schedules action lists)
   lib_gpipe, lib_1f1b, lib_interleaved   torch.distributed.pipelining: ScheduleGPipe,
             Schedule1F1B, ScheduleInterleaved1F1B (--chunks stages per rank)
 
@@ -28,8 +28,8 @@ import torch.nn as nn
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.pipeline import Recorder, Timed, build_model, check_args, layer_split_step, run_schedule, split_stages
-from mgpu_utils.schedules import schedule_actions
+from mgpu_utils.parallel.pipeline import Recorder, Timed, build_model, check_args, layer_split_step, run_schedule, split_stages
+from mgpu_utils.parallel.schedules import schedule_actions
 
 LIBRARY = {"lib_gpipe": "ScheduleGPipe", "lib_1f1b": "Schedule1F1B", "lib_interleaved": "ScheduleInterleaved1F1B"}
 

@@ -10,7 +10,7 @@ MFU: the model FLOPs of one rank's step are counted with torch.utils.flop_counte
 (forward + backward, on the model without DDP, attention through SDPA's math backend so that it is
 counted) and compared with 6 N per token (N: non-embedding parameters; Kaplan et al., 2020). The peak per
 rank is measured on a CPU as in lesson 01 (the best median FLOP/s of fp32 matmuls, with the same threads)
-and taken from the datasheet on a GPU (mgpu_utils.hardware).
+and taken from the datasheet on a GPU (mgpu_utils.costs.hardware).
 MFU = counted FLOPs per step x world size / (median step seconds x world size x peak per rank).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, device, params, non_embedding_params,
@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.hardware import GPUS, match_gpu
+from mgpu_utils.costs.hardware import GPUS, match_gpu
 from mgpu_utils.models import byte_gpt2
 from mgpu_utils.text_data import byte_corpus, get_batch
 from mgpu_utils.timing import matmul_flops, synced_clock, time_fn

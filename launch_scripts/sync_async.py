@@ -30,7 +30,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.interconnect import ring_wire_bytes_per_rank
+from mgpu_utils.costs.interconnect import ring_wire_bytes_per_rank
 from mgpu_utils.models import make_mlp
 
 

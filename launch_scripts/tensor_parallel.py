@@ -5,7 +5,7 @@ LayerNorm + MLP block, then checks parallel versions of them against the dense o
 (outputs) and backward (input gradient and every parameter gradient, compared shard by shard):
 
   scratch: column-parallel fc1 + row-parallel fc2, heads split across ranks, with the f/g operators
-           written as autograd Functions (mgpu_utils.tensor_parallel), and the sequence-parallel MLP
+           written as autograd Functions (mgpu_utils.parallel.tensor_parallel), and the sequence-parallel MLP
            (all-gather + reduce-scatter instead of all-reduce); every collective is logged with its bytes
   dtensor: the same with init_device_mesh + parallelize_module (ColwiseParallel, RowwiseParallel,
            SequenceParallel); collectives counted with CommDebugMode. The plain attention plan
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from mgpu_utils import tensor_parallel as tp
+from mgpu_utils.parallel import tensor_parallel as tp
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 

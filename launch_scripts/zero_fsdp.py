@@ -8,7 +8,7 @@ One Adam step of an MLP on real digits (--global-batch samples split over the ra
             gathered from forward to backward (stage-2-like at its peak)
   fsdp3     fully_shard(reshard_after_forward=True): parameters sharded too, gathered layer by layer
 
-Per rank and mode, measured with mgpu_utils.memory (storages of local tensors, DTensor.to_local()):
+Per rank and mode, measured with mgpu_utils.measure.memory (storages of local tensors, DTensor.to_local()):
 parameter bytes held at the end of forward, gradient bytes after backward, optimizer-state bytes
 after the step, parameter bytes held after the step (params_sharded: FSDP has resharded them), and
 on CUDA the allocator's peak during the mode's step (cuda_peak_bytes: torch.cuda.max_memory_allocated
@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.memory import optimizer_tensors, tensor_bytes
+from mgpu_utils.measure.memory import optimizer_tensors, tensor_bytes
 from mgpu_utils.models import make_mlp
 
 MODES = ("ddp", "zero1", "fsdp2", "fsdp3")

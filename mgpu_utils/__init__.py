@@ -1,21 +1,25 @@
 """mgpu_utils: the helper package of the hands-on multi-GPU parallel training course.
 
-Small modules by concern, nothing runs at import time:
+Rooms by role; nothing runs at import time, and ``import mgpu_utils`` imports no torch. A lesson
+imports what it uses from the module that holds it, e.g. ``from mgpu_utils.launch import launch``.
 
-* :mod:`mgpu_utils.dist`      - inside launch scripts: rank/world size, backend choice, setup/teardown, results.
-* :mod:`mgpu_utils.launcher`  - from notebooks: run a launch script under torchrun, get rank 0's result.
-* :mod:`mgpu_utils.warm`      - the launcher's default on Linux: ranks forked from a template that has imported torch
-  (:mod:`mgpu_utils.warm_template` is that template process).
-* :mod:`mgpu_utils.env`       - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses.
-* :mod:`mgpu_utils.exercises` - check exercise answers (hint or confirmation), solutions for instructors.
-* :mod:`mgpu_utils.plots`     - the course's figures.
-* :mod:`mgpu_utils.course`    - run every notebook headless (``make course``).
-* :mod:`mgpu_utils.data`      - the digits dataset, split and sharded per rank (lessons 03, 07, 08).
-* :mod:`mgpu_utils.models`    - the small CNN and MLPs the launch scripts train (lessons 03, 07, 08).
+What the launch scripts share (top level):
 
-By lesson: 01 ``hardware``, ``timing``; 04 ``bandwidth``, ``ring``; 05 ``schedules``, ``pipeline``,
-``tensor_parallel``; 06 ``planner``, ``text_data``, ``hybrid_plots``; 07 ``memory``, ``memory_calc``,
-``memory_model`` (also used by 06's planner); 08 ``interconnect``, ``staleness``, ``sync_plots``.
+* ``dist``       - inside a launch script: rank and world size, the backend rule, set up and tear down, results.
+* ``data``, ``text_data``, ``models`` - the digits dataset, the stdlib-docstring text, the small models.
+* ``checks``, ``timing``, ``compat``  - tolerances, clocks and the quiet-machine check, torch-version names.
+* ``env``        - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses (lesson 00).
+* ``course``     - every notebook's setup call (:func:`course.start`), and ``make course``.
+* ``colab``      - the Colab badges and the setup block of every notebook (``python -m mgpu_utils.colab``).
+
+Subpackages:
+
+* ``launch``   - run a launch script under torchrun from a notebook or a test; warm launches; several nodes.
+* ``parallel`` - what the lessons build from scratch: ring all-reduce, pipeline schedules, tensor parallel.
+* ``costs``    - cost models checked against published numbers: bandwidth, hardware, memory, planner, scaling.
+* ``measure``  - measuring a run: memory, profiler traces, energy, scaling studies.
+* ``figures``  - every figure and widget, one module per topic.
+* ``grading``  - the quiz a notebook checks, and the graded coding exercises run under torchrun.
 """
 
 __version__ = "0.1.0"

@@ -9,7 +9,7 @@ helpers call these wrappers instead of the newest names, so the same code runs o
 
 The rest of the course needs 2.13 as well: on 2.9.1 the library pipeline schedules abort in gloo (a
 message size mismatch), DTensor prints a partial placement as ``P`` and ``CommDebugMode`` also counts
-plain ``dist.all_reduce`` calls (measured with the test suite). So :func:`mgpu_utils.launcher.launch`
+plain ``dist.all_reduce`` calls (measured with the test suite). So :func:`mgpu_utils.launch.launcher.launch`
 refuses a torch older than :data:`OLDEST_TORCH` with the fix; the wrappers still let the collective
 scripts run on an older release when started by hand with torchrun.
 

@@ -43,7 +43,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
 
-    from mgpu_utils.widget_view import strip_live_views
+    from mgpu_utils.figures.widget_view import strip_live_views
 
     nb = nbformat.read(path, as_version=4)
     sockets = tempfile.mkdtemp(prefix="mgpu_kernel_")
@@ -80,7 +80,7 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
                 merged.append(out)
         if cell.cell_type == "code":
             cell.outputs = merged
-    strip_live_views(nb)  # stored widget outputs keep their static picture (mgpu_utils.widget_view)
+    strip_live_views(nb)  # stored widget outputs keep their static picture (mgpu_utils.figures.widget_view)
     out_dir.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, out_dir / path.name)
     html, _ = HTMLExporter().from_notebook_node(nb)

@@ -40,7 +40,7 @@ HIDDEN_GPUS_ENV = "MGPU_HIDDEN_GPUS"
 #: Longest output line the course prints (JupyterLab wraps longer ones mid-word), in characters.
 LINE_WIDTH = 100
 #: Environment variable with the width :meth:`DistContext.log` wraps at (default :data:`LINE_WIDTH`); set
-#: by :func:`mgpu_utils.nodes.launch_nodes`, which puts ``[node k] `` in front of every line.
+#: by :func:`mgpu_utils.launch.nodes.launch_nodes`, which puts ``[node k] `` in front of every line.
 LINE_WIDTH_ENV = "MGPU_LINE_WIDTH"
 #: What the ranks' backend line adds when the GPUs are hidden from them (see :func:`choose_backend`).
 HIDDEN_NOTE = ("; the GPU(s) are hidden from the ranks (CUDA_VISIBLE_DEVICES=''), so no library takes a CUDA "
@@ -294,7 +294,7 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     native abort at interpreter exit can turn a finished job into a failed one (the cause is written
     in :func:`shutdown`). Code after the ``with`` block does not run: make it the last thing the script
     does. An error is reported to stderr as a traceback plus one ``MGPU_ERROR {...}`` line that
-    :func:`mgpu_utils.launcher.launch` reads, and the rank exits with status 1 (``sys.exit(n)``: n).
+    :func:`mgpu_utils.launch.launcher.launch` reads, and the rank exits with status 1 (``sys.exit(n)``: n).
     Without torchrun the block exits as any ``with`` block does and exceptions propagate.
 
     Args:

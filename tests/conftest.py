@@ -107,7 +107,7 @@ def no_rank_left_behind():
     yield
     import time
 
-    from mgpu_utils import warm
+    from mgpu_utils.launch import warm
 
     t = warm._TEMPLATE
     if t is None or not t.alive():

@@ -10,11 +10,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mgpu_utils import bench, scaling
-from mgpu_utils.bandwidth import ring_allreduce_model
-from mgpu_utils.launcher import launch
+from mgpu_utils.measure import bench
+
+from mgpu_utils.costs import scaling
+from mgpu_utils.costs.bandwidth import ring_allreduce_model
+from mgpu_utils.launch.launcher import launch
 from mgpu_utils.models import byte_gpt2
-from mgpu_utils.profiling import breakdown, load_spans, trace_file
+from mgpu_utils.measure.profiling import breakdown, load_spans, trace_file
 
 ROOT = Path(__file__).resolve().parent.parent
 

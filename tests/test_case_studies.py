@@ -2,7 +2,7 @@
 process. The accuracy and loss targets are asserted by the notebook itself, which `make test` runs under nbval."""
 import pytest
 
-from mgpu_utils.launcher import launch
+from mgpu_utils.launch.launcher import launch
 
 RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads", "--max-steps", 2]
 
@@ -77,7 +77,7 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc):
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
 
-    from mgpu_utils.launcher import SCRIPTS_DIR
+    from mgpu_utils.launch.launcher import SCRIPTS_DIR
     from mgpu_utils.text_data import stdlib_docstrings
 
     sys.path.insert(0, str(SCRIPTS_DIR))
@@ -100,7 +100,8 @@ def test_case_plots_draw_every_figure():
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from mgpu_utils import case_plots
+    from mgpu_utils.figures import cases as case_plots
+    from mgpu_utils.figures.common import plot_losses
 
     fig = case_plots.draw_case_steps()
     texts = {t.get_text() for t in fig.axes[0].texts}
@@ -110,5 +111,5 @@ def test_case_plots_draw_every_figure():
     samples = np.random.default_rng(0).random((16, 8, 8))
     assert len(case_plots.plot_gan_samples(samples, real=samples[:8]).axes) == 3 * 8   # real row + 2 rows
     assert len(case_plots.plot_images([samples[0], samples[1]], ["x", "y"]).axes) == 2
-    assert case_plots.plot_losses({"loss": [3, 2, 1]}, "t").axes[0].get_title() == "t"
+    assert plot_losses({"loss": [3, 2, 1]}, "t").axes[0].get_title() == "t"
     plt.close("all")

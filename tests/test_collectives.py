@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from mgpu_utils.bandwidth import (algbw_gbps, bus_factor, busbw_gbps, fit_ring_allreduce,
+from mgpu_utils.costs.bandwidth import (algbw_gbps, bus_factor, busbw_gbps, fit_ring_allreduce,
                                   ring_allreduce_model)
-from mgpu_utils.launcher import LaunchError, launch
+from mgpu_utils.launch.launcher import LaunchError, launch
 
 
 @pytest.mark.parametrize("nproc", [2, 3, 4])
@@ -112,7 +112,7 @@ def test_error_script_control_run_succeeds():
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
 def test_ring_schedule_sums_every_chunk(n):
     """Replay the schedule on numbers: every rank ends with the full sum (the stepper shows this)."""
-    from mgpu_utils.ring import ring_bytes_per_rank, ring_schedule, ring_states
+    from mgpu_utils.parallel.ring import ring_bytes_per_rank, ring_schedule, ring_states
 
     steps = ring_schedule(n)
     assert len(steps) == 2 * (n - 1)
@@ -132,7 +132,7 @@ def test_ring_schedule_sums_every_chunk(n):
 def test_ring_stepper_and_static_figure():
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_utils import plots
+    from mgpu_utils.figures import collectives as plots
 
     fig = plots.draw_ring_steps(3)
     assert len([a for a in fig.axes if a.patches]) == 2 * (3 - 1) + 1

@@ -61,7 +61,7 @@ def test_wrappers_on_a_real_group_of_one(gloo_group_of_one):
 
 
 def test_launch_refuses_a_too_old_torch_before_starting_anything(monkeypatch):
-    from mgpu_utils.launcher import launch
+    from mgpu_utils.launch.launcher import launch
     monkeypatch.setattr(torch, "__version__", "2.4.1")
     with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13, found 2\.4\.1"):
         launch("hello_dist.py", nproc=2)

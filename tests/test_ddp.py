@@ -8,7 +8,7 @@ from torch.testing import assert_close
 
 from mgpu_utils.checks import assert_tensors_close
 from mgpu_utils.models import make_mlp
-from mgpu_utils.launcher import launch
+from mgpu_utils.launch.launcher import launch
 
 
 def reference_grads(global_batch, width, depth, seed=0):
@@ -58,7 +58,7 @@ def test_ddp_training_matches_single_process_with_global_batch():
 
 
 def test_single_flag_refuses_several_ranks():
-    from mgpu_utils.launcher import LaunchError
+    from mgpu_utils.launch.launcher import LaunchError
     with pytest.raises(LaunchError, match="--single runs in one process"):
         launch("ddp_train.py", nproc=2, args=["--single", 2], show="none")
 

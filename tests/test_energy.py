@@ -5,8 +5,8 @@ import types
 
 import pytest
 
-from mgpu_utils import energy
-from mgpu_utils.energy import EnergyMeter, energy_cost, energy_kwh, joules_per_sample, rapl_zones, run_cost
+from mgpu_utils.measure import energy
+from mgpu_utils.measure.energy import EnergyMeter, energy_cost, energy_kwh, joules_per_sample, rapl_zones, run_cost
 
 RANGE_UJ = 262_143_328_850                        # a real max_energy_range_uj (about 262 kJ)
 

@@ -1,7 +1,7 @@
 """mgpu_utils.env tiers and the exercise checker."""
 import pytest
 
-from mgpu_utils import exercises
+from mgpu_utils.grading import quiz as exercises
 from mgpu_utils.env import course_tier, default_nproc, machine_report
 
 
@@ -129,38 +129,38 @@ def test_exercise_answers_match_the_facts():
     assert len(DistributedSampler(train, num_replicas=4, rank=0)) == RIGHT["03.1"] == math.ceil(len(train) / 4)
     assert choose_backend(4, num_gpus=1, forced=None)[0] == RIGHT["00.2"]
     assert sum(range(8)) == RIGHT["00.1"]
-    from mgpu_utils.bandwidth import busbw_gbps
-    from mgpu_utils.ring import ring_bytes_per_rank
+    from mgpu_utils.costs.bandwidth import busbw_gbps
+    from mgpu_utils.parallel.ring import ring_bytes_per_rank
     assert ring_bytes_per_rank(16, 8) == RIGHT["04.1"]
-    from mgpu_utils.hardware import GPUS
+    from mgpu_utils.costs.hardware import GPUS
     from mgpu_utils.timing import matmul_intensity
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
-    from mgpu_utils.schedules import bubble_formula, one_f_one_b_actions, peak_in_flight
-    from mgpu_utils.tensor_parallel import tp_bytes_per_layer
+    from mgpu_utils.parallel.schedules import bubble_formula, one_f_one_b_actions, peak_in_flight
+    from mgpu_utils.parallel.tensor_parallel import tp_bytes_per_layer
     assert bubble_formula(8, 24) == RIGHT["05.1"]
     assert peak_in_flight(one_f_one_b_actions(8, 24))[0] == RIGHT["05.2"]
     assert 2 * tp_bytes_per_layer(1, 2048, 4096, 8)["collectives_per_pass"] == RIGHT["05.3"]
-    from mgpu_utils.memory_model import model_state_bytes, transformer_params
-    from mgpu_utils.planner import Cluster, GPT3_175B, evaluate
+    from mgpu_utils.costs.memory_model import model_state_bytes, transformer_params
+    from mgpu_utils.costs.planner import Cluster, GPT3_175B, evaluate
     n = transformer_params(96, 12288, 50257, 2048)
     assert round(model_state_bytes(n, tp=8, pp=16).total / 1e9, 2) == RIGHT["06.2"]
     lay = evaluate(GPT3_175B, Cluster(1024), 8, 8, 16, global_batch=1536)
     one_all_reduce = lay.comm_bytes["tp"] / (96 // 16 * lay.n_micro * 4 * 2 * 7 / 8)   # planner: 4 per layer, ring 2(t-1)/t
     assert round(one_all_reduce / 1e6, 2) == RIGHT["06.1"]
-    from mgpu_utils.memory_calc import calculate
-    from mgpu_utils.memory_model import activation_bytes_per_layer
+    from mgpu_utils.costs.memory_model import calculate
+    from mgpu_utils.costs.memory_model import activation_bytes_per_layer
     assert calculate(1.5e9, zero_stage=2, dp=8).total / 1e9 == RIGHT["07.1"]
     assert activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == RIGHT["07.2"]
-    from mgpu_utils.interconnect import ring_allreduce_seconds
-    from mgpu_utils.staleness import simulate_ps
+    from mgpu_utils.costs.interconnect import ring_allreduce_seconds
+    from mgpu_utils.parallel.staleness import simulate_ps
     assert math.isclose(ring_allreduce_seconds(100e6, 8, "Ethernet 10 GbE") * 1e3, RIGHT["08.1"])
     sim = simulate_ps([1.0] * 4, 4000)
     assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
     assert 800 // 8 == RIGHT["08.3"]
-    from mgpu_utils.energy import run_cost
-    from mgpu_utils.scaling import amdahl_speedup, speedups
+    from mgpu_utils.measure.energy import run_cost
+    from mgpu_utils.costs.scaling import amdahl_speedup, speedups
     assert 100 * speedups([{"world_size": 1, "samples_per_s": 1 / 0.2},
                            {"world_size": 4, "samples_per_s": 1 / 0.0625}])[4]["efficiency"] == pytest.approx(RIGHT["10.1"])
     assert round(float(amdahl_speedup(16, 0.05)), 2) == RIGHT["10.2"]
@@ -179,7 +179,7 @@ def test_exercise_answers_match_the_facts():
     finally:
         dist.destroy_process_group()
     import re
-    from mgpu_utils.launcher import SCRIPTS_DIR
+    from mgpu_utils.launch.launcher import SCRIPTS_DIR
     loop = (SCRIPTS_DIR / "case_gan.py").read_text().split("for step in range(args.steps):")[1].split("params =")[0]
     assert len(re.findall(r"\bd\(", loop)) == RIGHT["09.4"]     # d(real), d(fake.detach()), d(fake)
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from mgpu_utils.fault import job_mtbf_s, lost_fraction, young_daly_interval
-from mgpu_utils.launcher import LaunchError, launch, run_torchrun
+from mgpu_utils.costs.fault import job_mtbf_s, lost_fraction, young_daly_interval
+from mgpu_utils.launch.launcher import LaunchError, launch, run_torchrun
 
 
 def test_young_interval_and_lost_work_by_hand():
@@ -77,11 +77,11 @@ def test_max_restarts_is_validated():
             run_torchrun("hello_dist.py", 2, max_restarts=bad)
 
 
-# --- several nodes on one machine (mgpu_utils.nodes) ---
+# --- several nodes on one machine (mgpu_utils.launch.nodes) ---
 
 def test_two_agents_form_one_job():
     """Two torchrun agents with a c10d rendezvous: one world of 4, ranks 0-1 on node 0, 2-3 on node 1."""
-    from mgpu_utils.nodes import launch_nodes
+    from mgpu_utils.launch.nodes import launch_nodes
 
     r = launch_nodes("hello_dist.py", nodes=2, nproc_per_node=2, show=False)
     assert r.result["world_size"] == 4 and r.result["sum_of_ranks"] == 6
@@ -93,7 +93,7 @@ def test_two_agents_form_one_job():
 def test_elastic_scale_down_resumes_exactly(tmp_path):
     """--nnodes 1:2: node 1 is lost after the snapshot of step 10; node 0 re-forms the job alone (world size 2 -> 1),
     resumes from the snapshot with the same global batch, and ends where an uninterrupted run ends."""
-    from mgpu_utils.nodes import launch_nodes
+    from mgpu_utils.launch.nodes import launch_nodes
 
     r = launch_nodes("elastic_train.py", nodes=2, min_nodes=1, max_restarts=1, kill_node=1,
                      kill_when="snapshot at step 10", show=False,
@@ -115,7 +115,7 @@ def test_elastic_scale_down_resumes_exactly(tmp_path):
     (dict(nodes=2, kill_node=1), "kill_node needs kill_when"),
 ])
 def test_launch_nodes_refuses_bad_input(kwargs, match):
-    from mgpu_utils.nodes import launch_nodes
+    from mgpu_utils.launch.nodes import launch_nodes
 
     with pytest.raises(ValueError, match=match):
         launch_nodes("hello_dist.py", **kwargs)
@@ -152,7 +152,7 @@ def test_checkpoint_formats_and_dcp_resharding(tmp_path):
 
 def test_launch_nodes_names_the_failed_rank_and_its_node():
     """Rank 2 (node 1) raises; node 0's ranks then fail because their peer closed: the error names rank 2."""
-    from mgpu_utils.nodes import launch_nodes
+    from mgpu_utils.launch.nodes import launch_nodes
 
     with pytest.raises(LaunchError, match=r"rank 2 on node 1 failed with ValueError: boom") as info:
         launch_nodes("hello_dist.py", nodes=2, nproc_per_node=2, args=["--fail-rank", "2"], show=False)

@@ -1,4 +1,4 @@
-"""Coding exercises (mgpu_utils.graded): the worked solution passes the grader under torchrun at every world size
+"""Coding exercises (mgpu_utils.grading.runner): the worked solution passes the grader under torchrun at every world size
 the exercise uses, the untouched template fails with the hint meant for it, and a typical wrong solution gets its
 specific hint. Function-style exercises are graded several to a launch (grade_many); check_script itself is
 run end to end for each mode."""
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mgpu_utils.graded import EXERCISES_DIR, GRADED, check_script, exercise_file, grade_many
+from mgpu_utils.grading.runner import EXERCISES_DIR, GRADED, check_script, exercise_file, grade_many
 
 SOLUTIONS = EXERCISES_DIR / "solutions"
 FUNCTIONS = sorted(i for i, g in GRADED.items() if g.mode == "function")
@@ -116,7 +116,7 @@ def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, 
 
 
 def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):
-    import mgpu_utils.graded as graded
+    import mgpu_utils.grading.runner as graded
 
     monkeypatch.setattr(graded, "WORKSPACE", tmp_path / "ws")
     mine = exercise_file("04.4")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mgpu_utils.env import cpu_vector_extensions
-from mgpu_utils.hardware import GPUS, LINKS, match_gpu
+from mgpu_utils.costs.hardware import GPUS, LINKS, match_gpu
 from mgpu_utils.timing import matmul_flops, matmul_intensity, time_fn
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,8 +3,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mgpu_utils.launcher import LaunchError, launch
-from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan
+from mgpu_utils.launch.launcher import LaunchError, launch
+from mgpu_utils.costs.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan
 from mgpu_utils.text_data import byte_corpus, get_batch, split
 
 STEPS, GLOBAL_BATCH, LR, SEQ = 6, 8, 1e-3, 64
@@ -140,7 +140,7 @@ def test_planner_small_case_and_rules():
 
 
 def test_parse_layouts_one_message_per_failed_check():
-    from mgpu_utils.planner import parse_layouts
+    from mgpu_utils.costs.planner import parse_layouts
     assert parse_layouts("2x2, 1X4", 4, 4, 8) == [(2, 2), (1, 4)]
     assert parse_layouts("auto", 4, 4, 8) == [(2, 2)] and parse_layouts("auto", 4, 3, 8) == [(4, 1)]
     with pytest.raises(ValueError, match="--nproc-per-node 4"):
@@ -172,7 +172,7 @@ def test_tensor_parallel_checks_before_touching_the_mesh():
 
 
 def test_activation_bytes_scale_with_act_bytes():
-    from mgpu_utils.memory_model import activation_bytes_per_layer, activation_elements_per_layer
+    from mgpu_utils.costs.memory_model import activation_bytes_per_layer, activation_elements_per_layer
     s, b, h, a = 64, 2, 32, 4
     el = activation_elements_per_layer(s, b, h, a)
     for B in (2, 4):                                          # B bytes a value, 1-byte masks

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mgpu_utils.launcher import LaunchError, LaunchTimeout, launch, run_torchrun
+from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, launch, run_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 MISBEHAVE = str(ROOT / "tests" / "scripts" / "misbehave.py")
@@ -107,7 +107,7 @@ def test_timeout_kills_everything_and_relaunch_works(via, tmp_path):
 def test_keyboard_interrupt_kills_everything(via, tmp_path):
     """A notebook's stop button is a SIGINT (KeyboardInterrupt) in the kernel: simulate it. Afterwards no rank
     is left, and, when that process has ended, no warm template either."""
-    code = ("from mgpu_utils.launcher import run_torchrun\n"
+    code = ("from mgpu_utils.launch.launcher import run_torchrun\n"
             f"run_torchrun({MISBEHAVE!r}, 2, ['--mode', 'sleep', '--pid-dir', {str(tmp_path)!r}], timeout_s=120,"
             f" via={via!r})\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -215,7 +215,7 @@ def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
 ])
 def test_gpu_errors_get_a_fix_hint(message, words):
     """GPU-only failures, simulated on the CPU by a rank raising torch's message: the error ends with the fix."""
-    from mgpu_utils.launcher import fix_hint
+    from mgpu_utils.launch.launcher import fix_hint
     assert words in fix_hint(message) and fix_hint("ValueError: boom") is None
     with pytest.raises(LaunchError) as info:
         run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1", "--message", message], show="none")

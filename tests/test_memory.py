@@ -1,4 +1,4 @@
-"""Lesson 07: memory measurement (mgpu_utils.memory), the calculator, and ZeRO/FSDP/no_sync under torchrun."""
+"""Lesson 07: memory measurement (mgpu_utils.measure.memory), the calculator, and ZeRO/FSDP/no_sync under torchrun."""
 import copy
 
 import pytest
@@ -7,10 +7,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from mgpu_utils.launcher import launch
-from mgpu_utils.memory import SavedTensorCounter, TransformerBlock, checkpointed, gpu_peak, state_bytes, tensor_bytes
-from mgpu_utils.memory_calc import calculate, plot_memory
-from mgpu_utils.memory_model import activation_bytes_per_layer, activation_elements_per_layer
+from mgpu_utils.launch.launcher import launch
+from mgpu_utils.measure.memory import SavedTensorCounter, TransformerBlock, checkpointed, gpu_peak, state_bytes, tensor_bytes
+from mgpu_utils.costs.memory_model import calculate
+from mgpu_utils.figures.memory import plot_memory
+from mgpu_utils.costs.memory_model import activation_bytes_per_layer, activation_elements_per_layer
 
 
 # ---------------------------------------------------------------- measurement against known tensors
@@ -127,7 +128,7 @@ def test_calculator_transformer_shape_and_plot():
     matplotlib.use("Agg")
     fig = plot_memory({"a": m, "b": {"params": 1e9}}, capacity=2e9)
     assert len(fig.axes) == 1
-    from mgpu_utils.memory_calc import calculator
+    from mgpu_utils.figures.memory import calculator
     box = calculator(show_static=False, n_params=1e6, layers=0, dp=4)
     assert box is not None and len(box.children) == 6
 

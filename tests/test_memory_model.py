@@ -1,7 +1,7 @@
-"""The memory formulas against the papers' own numbers (mgpu_utils.memory_model)."""
+"""The memory formulas against the papers' own numbers (mgpu_utils.costs.memory_model)."""
 import pytest
 
-from mgpu_utils.memory_model import (activation_bytes_per_layer, in_flight_micro_batches,
+from mgpu_utils.costs.memory_model import (activation_bytes_per_layer, in_flight_micro_batches,
                                      memory_per_gpu, model_state_bytes, transformer_params)
 
 
@@ -48,7 +48,7 @@ def test_bad_input_is_refused(kw):
 
 def test_every_precision_works_with_every_optimizer():
     """The calculator's dropdowns offer each precision and each optimizer independently."""
-    from mgpu_utils.memory_model import BYTES_PER_PARAM
+    from mgpu_utils.costs.memory_model import BYTES_PER_PARAM
     precisions = {p for p, _ in BYTES_PER_PARAM}
     optimizers = {o for _, o in BYTES_PER_PARAM}
     assert set(BYTES_PER_PARAM) == {(p, o) for p in precisions for o in optimizers}
@@ -58,7 +58,7 @@ def test_every_precision_works_with_every_optimizer():
 
 def test_calculator_counts_pipeline_micro_batches_in_flight():
     """1F1B: the first stage holds pp micro-batches of its L/pp layers (Narayanan et al. 2021)."""
-    from mgpu_utils.memory_calc import calculate
+    from mgpu_utils.costs.memory_model import calculate
     s, b, h, a = 32, 1, 64, 4
     per_layer = s * b * h * (34 + 5 * a * s / h)                    # Korthikanti, 16-bit values
     m = calculate(layers=8, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, pp=4)
@@ -67,7 +67,7 @@ def test_calculator_counts_pipeline_micro_batches_in_flight():
 
 
 def test_calculator_applies_recomputation():
-    from mgpu_utils.memory_calc import calculate
+    from mgpu_utils.costs.memory_model import calculate
     s, b, h, a = 32, 2, 64, 4
     full = calculate(layers=4, hidden=h, heads=a, seq_len=s, micro_batch=b, vocab=256, recompute="full")
     assert full.activations == 4 * 2 * s * b * h                       # only each layer's 16-bit input
@@ -84,7 +84,7 @@ def test_full_recomputation_with_sequence_parallelism_is_split_over_tp():
 def test_planner_counts_six_tp_all_reduces_per_layer_with_full_recomputation():
     """2 forward + 2 backward all-reduces per layer and micro-batch; full recomputation repeats the 2
     forward ones (Korthikanti et al. 2023): 6, each a ring all-reduce of s*b*h values."""
-    from mgpu_utils.planner import Cluster, ModelSpec, evaluate
+    from mgpu_utils.costs.planner import Cluster, ModelSpec, evaluate
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     ring = 2 * (2 - 1) / 2 * 32 * 1 * 64 * 2                          # tp = 2, micro-batch 1, 2-byte values
     none = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8)
@@ -97,7 +97,7 @@ def test_planner_counts_six_tp_all_reduces_per_layer_with_full_recomputation():
 def test_tp_bytes_per_layer_by_hand():
     """GPT-3 layer, b=1, s=2048, h=12288, bf16, t=8: 2 all-reduces of 48 MiB per pass, each sending
     2*(7/8)*48 MiB per rank."""
-    from mgpu_utils.tensor_parallel import tp_bytes_per_layer
+    from mgpu_utils.parallel.tensor_parallel import tp_bytes_per_layer
     r = tp_bytes_per_layer(1, 2048, 12288, 8, bytes_per_el=2)
     assert r["tensor_bytes"] == 48 * 2**20
     assert r["sent_per_rank_per_pass"] == 2 * (2 * 7 / 8 * 48 * 2**20) == 176_160_768
@@ -108,8 +108,8 @@ def test_tp_bytes_per_layer_by_hand():
 
 def test_calculator_and_planner_agree_on_activations():
     """One convention: 4-byte activation values for fp32, 2 otherwise, 1-byte masks, in both."""
-    from mgpu_utils.memory_calc import calculate
-    from mgpu_utils.planner import Cluster, ModelSpec, evaluate
+    from mgpu_utils.costs.memory_model import calculate
+    from mgpu_utils.costs.planner import Cluster, ModelSpec, evaluate
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     for precision in ("fp32", "mixed"):
         lay = evaluate(toy, Cluster(4, memory_gb=1), 4, 1, 1, global_batch=4, precision=precision)
@@ -118,7 +118,7 @@ def test_calculator_and_planner_agree_on_activations():
 
 
 def test_memory_breakdown_in_gb():
-    from mgpu_utils.memory_model import MemoryBreakdown
+    from mgpu_utils.costs.memory_model import MemoryBreakdown
     m = MemoryBreakdown(params=1e9, grads=2e9, optimizer=3e9, activations=4e9)
     assert m.total == 10e9
     assert m.gb() == {"params": 1.0, "grads": 2.0, "optimizer": 3.0, "activations": 4.0, "total": 10.0}
@@ -126,7 +126,7 @@ def test_memory_breakdown_in_gb():
 
 def test_planner_table_prints_every_column_by_hand():
     """One feasible layout of the toy model: each column of the row written out from evaluate()'s fields."""
-    from mgpu_utils.planner import Cluster, ModelSpec, evaluate, table
+    from mgpu_utils.costs.planner import Cluster, ModelSpec, evaluate, table
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     x = evaluate(toy, Cluster(4, memory_gb=1), 2, 2, 1, global_batch=8, precision="fp32")
     head, row = table([x], unit="kB", time_unit="us").splitlines()
@@ -147,7 +147,7 @@ def test_planner_table_prints_every_column_by_hand():
 def test_planner_table_units_pipeline_columns_and_unsplittable_rows():
     """MB and ms columns, a pipeline layout (non-zero pp columns), a layout that cannot split (memory
     undefined: dashes and every problem, joined by '; '), and plan()'s order, checked by hand."""
-    from mgpu_utils.planner import GPT3_175B, Cluster, Layout, ModelSpec, evaluate, plan, table
+    from mgpu_utils.costs.planner import GPT3_175B, Cluster, Layout, ModelSpec, evaluate, plan, table
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     x = evaluate(toy, Cluster(4, memory_gb=1), 2, 1, 2, global_batch=8, precision="fp32")   # pp = 2
     row = table([x], unit="MB", time_unit="ms").splitlines()[1].split()
@@ -174,7 +174,7 @@ def test_planner_table_units_pipeline_columns_and_unsplittable_rows():
 
 
 def test_parse_layouts_names_the_product_it_needs():
-    from mgpu_utils.planner import parse_layouts
+    from mgpu_utils.costs.planner import parse_layouts
     with pytest.raises(ValueError, match=r"needs world size dp\*tp = 6, got 4"):
         parse_layouts("3x2", 4, 4, 12)
 
@@ -182,7 +182,7 @@ def test_parse_layouts_names_the_product_it_needs():
 def test_planner_orders_infeasible_layouts_and_prints_every_problem():
     """Mutants the first runs left: infeasible layouts that have a memory estimate sort before those that
     cannot split (memory None, step time undefined); pipeline time in ms; two problems joined by '; '."""
-    from mgpu_utils.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan, table
+    from mgpu_utils.costs.planner import GPT3_175B, Cluster, ModelSpec, evaluate, plan, table
     toy = ModelSpec("toy", n_layers=4, hidden=64, n_heads=4, seq_len=32, vocab=256, n_params=1e6)
     lays = plan(toy, Cluster(8, gpus_per_node=4, memory_gb=0.01), global_batch=8, precision="fp32")
     kinds = [(l.feasible, l.memory is not None) for l in lays]

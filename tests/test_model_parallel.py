@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from mgpu_utils.launcher import REPO_ROOT, launch
-from mgpu_utils.memory_model import in_flight_micro_batches
-from mgpu_utils.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
+from mgpu_utils.launch.launcher import REPO_ROOT, launch
+from mgpu_utils.costs.memory_model import in_flight_micro_batches
+from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
                                   gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,
                                   p2p_plan, peak_in_flight, schedule_actions, simulate)
 
@@ -79,7 +79,7 @@ def test_simulate_with_durations():
 
 def test_saved_activation_bytes_counts_distinct_tensors():
     import torch
-    from mgpu_utils.pipeline import build_model, saved_activation_bytes
+    from mgpu_utils.parallel.pipeline import build_model, saved_activation_bytes
     mb, d, k = 3, 8, 4
     x = torch.randn(mb, d)
     # k blocks of Linear + Tanh: the input plus k Tanh outputs (Tanh k's output is Linear k+1's input)
@@ -89,8 +89,8 @@ def test_saved_activation_bytes_counts_distinct_tensors():
 
 def test_argument_validation_names_the_fix():
     import torch
-    from mgpu_utils import tensor_parallel as tp
-    from mgpu_utils.pipeline import check_args
+    from mgpu_utils.parallel import tensor_parallel as tp
+    from mgpu_utils.parallel.pipeline import check_args
     parts = ["naive", "lib_interleaved"]
     check_args(16, 32, 8, 2, 4, parts)                         # valid: no error
     with pytest.raises(ValueError, match="--micro a multiple of the world size 4, got 6: use --micro"):
@@ -140,8 +140,7 @@ def test_deadlock_checker_can_fail():
 def test_plots_and_explorer():
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_utils.schedules import draw_layer_split, explorer, plot_timeline
-    from mgpu_utils.tensor_parallel import draw_tp_mlp
+    from mgpu_utils.figures.model_parallel import draw_layer_split, draw_tp_mlp, explorer, plot_timeline
 
     fig = plot_timeline(simulate(one_f_one_b_actions(4, 8)), "1f1b")
     assert sum(len(c.get_paths()) for c in fig.axes[0].collections) == 4 * 16
@@ -227,7 +226,7 @@ def test_scripts_run_as_plain_python():
 def test_schedule_defaults_errors_and_explicit_window():
     """Defaults (one micro-batch for naive, two chunks for interleaved), the exact error messages, and a
     bubble over an explicit [t0, t1] window, by hand."""
-    from mgpu_utils.schedules import interleaved_actions, naive_actions, one_f_one_b_actions
+    from mgpu_utils.parallel.schedules import interleaved_actions, naive_actions, one_f_one_b_actions
     assert naive_actions(3) == naive_actions(3, 1) and len(naive_actions(3)[0]) == 2
     assert interleaved_actions(2, 4) == interleaved_actions(2, 4, 2) == schedule_actions("interleaved", 2, 4)
     assert interleaved_actions(2, 4, 1) == one_f_one_b_actions(2, 4)

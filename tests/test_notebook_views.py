@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_utils.widget_view import RUN_LINE, WIDGET_VIEW, strip_live_views, with_static_view
+from mgpu_utils.figures.widget_view import RUN_LINE, WIDGET_VIEW, strip_live_views, with_static_view
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -88,10 +88,10 @@ def test_course_widgets_have_static_views():
     """The four widgets of the course, built as their notebooks build them."""
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_utils.hybrid_plots import plan_explorer
-    from mgpu_utils.memory_calc import calculator
-    from mgpu_utils.plots import ring_stepper
-    from mgpu_utils.schedules import explorer
+    from mgpu_utils.figures.hybrid import plan_explorer
+    from mgpu_utils.figures.memory import calculator
+    from mgpu_utils.figures.collectives import ring_stepper
+    from mgpu_utils.figures.model_parallel import explorer
 
     for w in (ring_stepper(4), explorer(4, 8, "1f1b"), calculator(layers=4, hidden=256, heads=4)):
         data = w._repr_mimebundle_()

@@ -94,7 +94,7 @@ def test_notebook_shape_and_clean_outputs(nb_path):
             if o.get("name") == "stderr":
                 assert "Warning" not in "".join(o["text"]), f"stored warning in {nb_path.name}"
         src = "".join(c["source"]).rstrip()
-        if re.search(r"plots\.\w+\(", src.splitlines()[-1] if src else ""):
+        if re.search(r"\b(plot|draw)_\w+\(", src.splitlines()[-1] if src else ""):
             assert src.endswith(";"), f"plot cells end with ';' ({nb_path.name})"
 
 

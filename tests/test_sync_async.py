@@ -14,9 +14,9 @@ from torch.nn.utils import parameters_to_vector
 
 from mgpu_utils.data import load_data, shard_batches
 from mgpu_utils.models import SmallCNN, make_mlp
-from mgpu_utils.hardware import LINKS
-from mgpu_utils.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
-from mgpu_utils.launcher import launch
+from mgpu_utils.costs.hardware import LINKS
+from mgpu_utils.costs.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
+from mgpu_utils.launch.launcher import launch
 
 
 def _by_hand(size_bytes, n, link):
@@ -188,7 +188,7 @@ def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
 
 
 def test_simulated_staleness_obeys_littles_law():
-    from mgpu_utils.staleness import simulate_ps
+    from mgpu_utils.parallel.staleness import simulate_ps
 
     equal = simulate_ps([1.0, 1.0, 1.0], 30)               # round robin: 0, 1, 2, then always W-1 = 2
     assert [w for w, _ in equal[:6]] == [0, 1, 2, 0, 1, 2]

@@ -1,4 +1,4 @@
-"""Warm launches (mgpu_utils.warm) against real torchrun: the same environment, results and error reports.
+"""Warm launches (mgpu_utils.launch.warm) against real torchrun: the same environment, results and error reports.
 
 Every launch script runs in both modes with the small arguments of benchmarks/exit_stress.py; their result
 JSON must agree value for value, except measured times (keys named like ``*_s``, ``*_ms``, ``*seconds*``,
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from mgpu_utils import warm
-from mgpu_utils.launcher import LaunchError, LaunchTimeout, choose_via, run_torchrun
+from mgpu_utils.launch import warm
+from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, choose_via, run_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -177,7 +177,7 @@ def test_an_import_time_variable_restarts_the_template():
 
 
 def test_an_unsafe_template_falls_back_to_torchrun_and_says_so(monkeypatch, capsys):
-    from mgpu_utils import launcher
+    from mgpu_utils.launch import launcher
 
     monkeypatch.setattr(warm.Template, "unsafe", lambda self: "a simulated reason")
     monkeypatch.setattr(launcher, "_WARM_UNSAFE_SAID", set())
@@ -218,9 +218,9 @@ def test_choosing_the_mode(monkeypatch):
 
 
 def test_the_template_ends_with_its_process():
-    code = ("from mgpu_utils.launcher import launch\n"
+    code = ("from mgpu_utils.launch.launcher import launch\n"
             "assert launch('hello_dist.py', 2, show='none', via='warm')['sum_of_ranks'] == 1\n"
-            "import mgpu_utils.warm as w; print(w._TEMPLATE.pid)\n"
+            "import mgpu_utils.launch.warm as w; print(w._TEMPLATE.pid)\n"
             "import os; os._exit(0)\n")                                # no atexit: as if the kernel was killed
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -250,7 +250,7 @@ def test_torch_distributed_debug_is_read_per_launch():
 
 
 def test_warm_up_starts_the_template_in_the_background(monkeypatch):
-    from mgpu_utils.launcher import warm_up
+    from mgpu_utils.launch.launcher import warm_up
 
     monkeypatch.delenv("MGPU_LAUNCH", raising=False)
     warm.close_template()

@@ -2,7 +2,7 @@
 
 Introduced in ``notebooks/00_setup.ipynb``; every later lesson uses it::
 
-    from mgpu_utils.launcher import launch
+    from mgpu_utils.launch.launcher import launch
     result = launch("ddp_train.py", nproc=4, args=["--epochs", "8"])   # dict from rank 0
 
 Why not ``mp.spawn`` of a function from a cell: the child processes cannot unpickle functions
@@ -18,7 +18,7 @@ What it adds over typing torchrun in a terminal:
 * on timeout or kernel interrupt every child process is killed (no orphans, the port is freed);
 * bad input is refused with a message that names the fix;
 * on Linux, by default, the ranks are forked from a warm template process that has already imported
-  torch (:mod:`mgpu_utils.warm`): the same processes, environment and reports as torchrun's, in well
+  torch (:mod:`mgpu_utils.launch.warm`): the same processes, environment and reports as torchrun's, in well
   under a second instead of several. ``via="torchrun"`` runs real torchrun.
 """
 
@@ -41,7 +41,7 @@ from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import BACKEND_ENV, ERROR_MARKER, HIDDEN_GPUS_ENV, RESULT_MARKER, parse_result, wrap_text
 
 #: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where :func:`launch` looks for a script given by bare file name.
 SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
 
@@ -83,7 +83,7 @@ class LaunchResult:
         command: the torchrun command line that was run (warm: the one the launch stands for).
         restarts: how many times torchrun started the workers over (0 without ``max_restarts``).
         attempt_failures: one line per restarted attempt, naming the rank that failed and why.
-        via: how the ranks were started: "warm" (forked from :mod:`mgpu_utils.warm`'s template) or "torchrun".
+        via: how the ranks were started: "warm" (forked from :mod:`mgpu_utils.launch.warm`'s template) or "torchrun".
     """
 
     result: dict | None
@@ -392,7 +392,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             script which attempt it is; notebooks/11_fault_tolerance.ipynb). The error, if the last
             attempt fails too, names that attempt's failed rank.
         via: how the ranks start (:func:`choose_via`). "warm": forked from a template process that has
-            already imported torch (:mod:`mgpu_utils.warm`; a 4-rank no-op job on 2 cores: about 0.3 s
+            already imported torch (:mod:`mgpu_utils.launch.warm`; a 4-rank no-op job on 2 cores: about 0.3 s
             instead of about 6), with the environment, logs, failure handling and result torchrun gives;
             "torchrun": real torchrun. None: warm on Linux, torchrun with ``max_restarts`` or elsewhere,
             ``$MGPU_LAUNCH`` overrides.
@@ -497,7 +497,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
 
 
 class _TorchrunJob:
-    """A torchrun process, behind the interface of :class:`mgpu_utils.warm.WarmJob`."""
+    """A torchrun process, behind the interface of :class:`mgpu_utils.launch.warm.WarmJob`."""
 
     codes = None                      # torchrun's failure summary in its log names the exit codes
 
@@ -518,9 +518,9 @@ _WARM_UNSAFE_SAID = set()
 
 
 def _start_warm(path: Path, args, nproc: int, child_env: dict, log_dir: str, timeout_s: float):
-    """The ranks forked from the warm template (:mod:`mgpu_utils.warm`); None, after saying why once, where
+    """The ranks forked from the warm template (:mod:`mgpu_utils.launch.warm`); None, after saying why once, where
     the template is not fork-safe (the caller then uses torchrun)."""
-    from mgpu_utils import warm
+    from mgpu_utils.launch import warm
 
     try:
         return warm.start_job(str(path), [str(a) for a in args], nproc, child_env, log_dir, os.getcwd(),
@@ -550,7 +550,7 @@ def warm_up() -> None:
     """
     if choose_via(None) != "warm":
         return
-    from mgpu_utils import warm
+    from mgpu_utils.launch import warm
 
     warm.get_template(dict(os.environ, PYTHONPATH=_pythonpath(os.environ)), wait=False)
 

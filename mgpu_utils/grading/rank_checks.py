@@ -3,7 +3,7 @@
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
 (dist.all_gather, reduce-scatter, DistributedDataParallel, torch.optim.Adam in one process, the course's
 schedule simulator and executor) and appends at most one problem per rank: a dict with the rank, a ``kind``
-that :mod:`mgpu_utils.graded` turns into a hint, and the numbers behind it; the DDP checks also return the
+that :mod:`mgpu_utils.grading.runner` turns into a hint, and the numbers behind it; the DDP checks also return the
 step times (ms). Every rank runs every step of a check even after a problem, so that no rank leaves
 the others waiting in a collective.
 """
@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
 from mgpu_utils.models import make_mlp
-from mgpu_utils.pipeline import build_model, run_schedule, split_stages
-from mgpu_utils.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
+from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
+from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
                                   simulate)
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mgpu_utils.fault import lost_fraction, young_daly_interval
+from mgpu_utils.costs.fault import lost_fraction, young_daly_interval
 
 
 def draw_restart_timeline(steps: int = 30, every: int = 5, kill_step: int = 13):  # pragma: no mutate block

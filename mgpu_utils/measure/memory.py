@@ -1,7 +1,7 @@
 """Measuring training memory, on CPU and on GPU (notebooks/07_memory.ipynb).
 
 What a training step keeps in memory, by kind, *measured* (the formulas are in
-:mod:`mgpu_utils.memory_model`):
+:mod:`mgpu_utils.costs.memory_model`):
 
 * :func:`tensor_bytes`: bytes of a set of tensors, each underlying storage counted once (a view, a
   slice or a transposed weight shares its storage with the original). DTensors (FSDP2 shards)

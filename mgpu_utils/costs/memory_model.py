@@ -210,3 +210,34 @@ def memory_per_gpu(n_layers: int, hidden: int, n_heads: int, vocab: int, seq_len
                                      sequence_parallel=sequence_parallel, recompute=recompute,
                                      act_bytes=act_bytes)
     return MemoryBreakdown(states.params, states.grads, states.optimizer, act)
+
+
+def calculate(n_params: float | None = None, *, layers: int = 0, hidden: int = 0, heads: int = 1,
+              seq_len: int = 1, micro_batch: int = 1, vocab: int = 50257, precision: str = "mixed",
+              optimizer: str = "adam", zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
+              recompute: str = "none", sequence_parallel: bool = False) -> MemoryBreakdown:
+    """Bytes per GPU of a training configuration.
+
+    Either ``n_params`` alone (model states only, no activations: any model, e.g. an MLP) or a GPT
+    shape (``layers``, ``hidden``, ``heads``, ``seq_len``, ``micro_batch``, ``vocab``; ``n_params``
+    then defaults to the GPT count) for model states plus Korthikanti activations (1F1B with one
+    micro-batch per stage in flight times ``pp``). ``precision``/``optimizer`` pick the bytes per
+    parameter (:data:`BYTES_PER_PARAM`), ``zero_stage`` 0-3 shards over ``dp``.
+    Activation values take 4 bytes with ``precision="fp32"`` and 2 otherwise, as in the planner
+    (:mod:`mgpu_utils.costs.planner`); dropout masks 1 byte.
+
+    Returns:
+        :class:`MemoryBreakdown` in bytes.
+
+    Raises:
+        ValueError: neither ``n_params`` nor ``layers``/``hidden`` given, or any error of memory_model.
+    """
+    if layers and hidden:
+        return memory_per_gpu(layers, hidden, heads, vocab, seq_len, micro_batch, n_params=n_params,
+                              precision=precision, optimizer=optimizer, zero_stage=zero_stage, dp=dp,
+                              tp=tp, pp=pp, recompute=recompute, sequence_parallel=sequence_parallel,
+                              schedule="1f1b", n_micro=pp, act_bytes=4 if precision == "fp32" else 2)
+    if n_params is None:
+        raise ValueError("give n_params, or a transformer shape with layers and hidden")
+    return model_state_bytes(n_params, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
+                             dp=dp, tp=tp, pp=pp)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import csv
 
-from mgpu_utils import scaling
-from mgpu_utils.bandwidth import fit_ring_allreduce, ring_allreduce_model
+from mgpu_utils.costs import scaling
+from mgpu_utils.costs.bandwidth import fit_ring_allreduce, ring_allreduce_model
 
 #: All-reduce sizes timed at each world size above 1, for the alpha-beta fit (bytes: 64 KiB .. 8 MiB).
 SWEEP_BYTES = (1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
@@ -49,9 +49,9 @@ def scaling_runs(sizes, mode: str = "strong", batch: int = 2048, *, steps: int =
 
     Raises:
         ValueError: an unknown mode, or a global batch not divisible by a world size.
-        mgpu_utils.launcher.LaunchError: a run failed (the rank's error, as the launcher reports it).
+        mgpu_utils.launch.launcher.LaunchError: a run failed (the rank's error, as the launcher reports it).
     """
-    from mgpu_utils.launcher import launch
+    from mgpu_utils.launch.launcher import launch
 
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")

@@ -1,6 +1,6 @@
 """The memory calculator of notebooks/07_memory.ipynb: formulas in, a stacked bar per GPU out.
 
-:func:`calculate` wraps :mod:`mgpu_utils.memory_model` (ZeRO model states, Korthikanti activations)
+:func:`calculate` wraps :mod:`mgpu_utils.costs.memory_model` (ZeRO model states, Korthikanti activations)
 behind one call; :func:`plot_memory` draws one stacked bar (parameters, gradients, optimizer
 states, activations) per configuration; :func:`calculator` is the ipywidgets front end, with a
 static figure of the default configuration for notebooks whose widgets do not render.
@@ -8,41 +8,10 @@ static figure of the default configuration for notebooks whose widgets do not re
 
 from __future__ import annotations
 
-from mgpu_utils.memory_model import MemoryBreakdown, memory_per_gpu, model_state_bytes, transformer_params
+from mgpu_utils.costs.memory_model import MemoryBreakdown, calculate, transformer_params
 
 KINDS = ("params", "grads", "optimizer", "activations")
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "activations": "#C44E52"}
-
-
-def calculate(n_params: float | None = None, *, layers: int = 0, hidden: int = 0, heads: int = 1,
-              seq_len: int = 1, micro_batch: int = 1, vocab: int = 50257, precision: str = "mixed",
-              optimizer: str = "adam", zero_stage: int = 0, dp: int = 1, tp: int = 1, pp: int = 1,
-              recompute: str = "none", sequence_parallel: bool = False) -> MemoryBreakdown:
-    """Bytes per GPU of a training configuration.
-
-    Either ``n_params`` alone (model states only, no activations: any model, e.g. an MLP) or a GPT
-    shape (``layers``, ``hidden``, ``heads``, ``seq_len``, ``micro_batch``, ``vocab``; ``n_params``
-    then defaults to the GPT count) for model states plus Korthikanti activations (1F1B with one
-    micro-batch per stage in flight times ``pp``). ``precision``/``optimizer`` pick the bytes per
-    parameter (:data:`mgpu_utils.memory_model.BYTES_PER_PARAM`), ``zero_stage`` 0-3 shards over ``dp``.
-    Activation values take 4 bytes with ``precision="fp32"`` and 2 otherwise, as in the planner
-    (:mod:`mgpu_utils.planner`); dropout masks 1 byte.
-
-    Returns:
-        :class:`~mgpu_utils.memory_model.MemoryBreakdown` in bytes.
-
-    Raises:
-        ValueError: neither ``n_params`` nor ``layers``/``hidden`` given, or any error of memory_model.
-    """
-    if layers and hidden:
-        return memory_per_gpu(layers, hidden, heads, vocab, seq_len, micro_batch, n_params=n_params,
-                              precision=precision, optimizer=optimizer, zero_stage=zero_stage, dp=dp,
-                              tp=tp, pp=pp, recompute=recompute, sequence_parallel=sequence_parallel,
-                              schedule="1f1b", n_micro=pp, act_bytes=4 if precision == "fp32" else 2)
-    if n_params is None:
-        raise ValueError("give n_params, or a transformer shape with layers and hidden")
-    return model_state_bytes(n_params, precision=precision, optimizer=optimizer, zero_stage=zero_stage,
-                             dp=dp, tp=tp, pp=pp)
 
 
 def _as_dict(m) -> dict:  # pragma: no mutate block
@@ -94,7 +63,7 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
     only (no activations).
 
     Where widgets cannot run (a notebook opened without running it, GitHub), the widget's stored
-    output shows the figure for ``defaults`` (:func:`mgpu_utils.widget_view.with_static_view`).
+    output shows the figure for ``defaults`` (:func:`mgpu_utils.figures.widget_view.with_static_view`).
     ``show_static``: also draw that figure once outside the widget, with plain matplotlib. Returns the widget box,
     or None (with a printed SKIPPED line) when ipywidgets is not installed.
     """
@@ -128,8 +97,8 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
         print("SKIPPED: interactive calculator needs ipywidgets (pip install ipywidgets)")
         return None
     from mgpu_utils.dist import wrap_text
-    from mgpu_utils.memory_model import BYTES_PER_PARAM, RECOMPUTE
-    from mgpu_utils.widget_view import with_static_view
+    from mgpu_utils.costs.memory_model import BYTES_PER_PARAM, RECOMPUTE
+    from mgpu_utils.figures.widget_view import with_static_view
 
     ints = {k: w.IntText(value=cfg[k], description=k, layout=w.Layout(width="180px"))
             for k in ("layers", "hidden", "heads", "seq_len", "micro_batch", "vocab")}
@@ -157,3 +126,50 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
     box = w.VBox([w.HBox(list(ints.values())[:4]), w.HBox(list(ints.values())[4:]), w.HBox(list(degs.values())),
                   w.HBox([prec, opt]), w.HBox([zero, rec]), out])
     return with_static_view(box, draw(show=False, **cfg))
+
+
+def draw_zero_stages(ranks: int = 4):
+    """Which rank holds which part of the model states under ZeRO stages 0-3 (mixed-precision Adam).
+
+    One panel per stage, one row per rank; each row is the model states of one parameter in bytes:
+    2 (16-bit weights), 2 (16-bit gradients), 12 (fp32 master weights and Adam's two moments). A
+    sharded kind is cut into ``ranks`` slices and rank r keeps slice r (coloured); the rest is held by
+    the other ranks (white). Titles give the bytes per parameter each rank keeps (ZeRO paper, fig. 1).
+
+    Introduced in ``notebooks/07_memory.ipynb`` (section 5).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    kinds = [("weights (2 B)", 2, "#4C72B0"), ("grads (2 B)", 2, "#DD8452"), ("optimizer states (12 B)", 12, "#55A868")]
+    sharded = {0: set(), 1: {2}, 2: {1, 2}, 3: {0, 1, 2}}      # stage -> indices of the sharded kinds
+    fig, axes = plt.subplots(1, 4, figsize=(10.7, 1.3 + 0.55 * ranks), sharey=True)
+    for stage, ax in enumerate(axes):
+        per_rank = sum(b / ranks if i in sharded[stage] else b for i, (_, b, _) in enumerate(kinds))
+        for r in range(ranks):
+            y, x = ranks - 1 - r, 0.0
+            for i, (_, b, color) in enumerate(kinds):
+                if i in sharded[stage]:
+                    w = b / ranks
+                    for q in range(ranks):
+                        ax.add_patch(Rectangle((x + q * w, y), w, 0.7, fc=color if q == r else "white",
+                                               ec="#444444", lw=0.6))
+                else:
+                    ax.add_patch(Rectangle((x, y), b, 0.7, fc=color, ec="#444444", lw=0.6))
+                x += b
+        ax.set_xlim(0, 16)
+        ax.set_ylim(-0.2, ranks)
+        ax.set_xticks([0, 2, 4, 16])
+        ax.set_xlabel("bytes per parameter")
+        names = [kinds[i][0].split(" (")[0] for i in sorted(sharded[stage])]
+        shards = ("plain data parallel" if not names else         # the last kind on its own line: no overlap
+                  "shards " + (", ".join(names[:-1]) + ",\n" if len(names) > 1 else "") + names[-1])
+        ax.set_title(f"stage {stage}: {per_rank:g} B per rank\n{shards}", fontsize=10)
+    axes[0].set_yticks([ranks - 1 - r + 0.35 for r in range(ranks)])
+    axes[0].set_yticklabels([f"rank {r}" for r in range(ranks)])
+    handles = [Rectangle((0, 0), 1, 1, fc=c, ec="#444444") for _, _, c in kinds]
+    handles.append(Rectangle((0, 0), 1, 1, fc="white", ec="#444444"))
+    fig.legend(handles, [k for k, _, _ in kinds] + ["held by another rank"], loc="lower center", ncol=4,
+               fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig

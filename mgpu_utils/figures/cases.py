@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from mgpu_utils import plots
+from mgpu_utils.figures.common import rank_color
 
 #: One training step of each case, in arbitrary time units: (lane, label, start, length, colour index).
 #: Lane 0 is the compute of one rank, lane 1 its communication (what DDP or the script sends).
@@ -46,7 +46,7 @@ def draw_case_steps():
         y0 = (len(names) - 1 - row) * 1.6
         for lane, label, start, length, colour in CASE_STEPS[name]:
             y = y0 + (0.75 if lane == 0 else 0.0)
-            ax.add_patch(Rectangle((start, y), length, 0.62, facecolor=plots._color(colour), alpha=0.85,
+            ax.add_patch(Rectangle((start, y), length, 0.62, facecolor=rank_color(colour), alpha=0.85,
                                    edgecolor="white"))
             ax.text(start + length / 2, y + 0.31, label, ha="center", va="center", fontsize=9, color="white")
         ax.text(-0.15, y0 + 0.7, name, ha="right", va="center", fontsize=10)
@@ -82,7 +82,7 @@ def plot_recipe(runs: list[dict]):
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
     labels = [r["label"] for r in runs]
     acc = [100 * r["test_accuracy"] for r in runs]
-    a.barh(range(len(runs)), acc, color=[plots._color(i) for i in range(len(runs))])
+    a.barh(range(len(runs)), acc, color=[rank_color(i) for i in range(len(runs))])
     for i, v in enumerate(acc):
         a.text(v + 1, i, f"{v:.1f}%", va="center", fontsize=10)
     a.set(yticks=range(len(runs)), yticklabels=labels, xlim=(0, 115), xlabel="test accuracy (%)",
@@ -90,7 +90,7 @@ def plot_recipe(runs: list[dict]):
     a.invert_yaxis()
     for i, r in enumerate(runs):
         losses = r["epoch_losses"]
-        b.plot(range(1, len(losses) + 1), losses, "o-", color=plots._color(i), label=r["label"].replace("\n", " "))
+        b.plot(range(1, len(losses) + 1), losses, "o-", color=rank_color(i), label=r["label"].replace("\n", " "))
     b.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="training loss", xticks=range(1, 1 + max(
         len(r["epoch_losses"]) for r in runs)))
     b.legend(fontsize=9)
@@ -113,16 +113,5 @@ def plot_gan_samples(samples, real=None):
             ax.set_xticks([])
             ax.set_yticks([])
         axes[r][0].set_ylabel(name, fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def plot_losses(curves: dict[str, list[float]], title: str, ylabel: str = "loss"):
-    """One line per ``{label: per-step values}``. Returns the figure."""
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    for i, (label, values) in enumerate(curves.items()):
-        ax.plot(values, color=plots._color(i), label=label, lw=1.2)
-    ax.set(xlabel="step", ylabel=ylabel, title=title)
-    ax.legend(fontsize=9)
     fig.tight_layout()
     return fig

@@ -10,7 +10,7 @@ import collections
 def draw_sync_vs_async(workers: int = 3, slow: float = 1.8, horizon: float = 7.0):
     """Timelines of 3 workers, one of them ``slow`` times slower: synchronous all-reduce (everyone waits
     for the slowest every step) against an asynchronous parameter server (nobody waits; updates arrive
-    with staleness). Schematic, from the same event rules as :func:`mgpu_utils.staleness.simulate_ps`."""
+    with staleness). Schematic, from the same event rules as :func:`mgpu_utils.parallel.staleness.simulate_ps`."""
     import matplotlib.pyplot as plt
 
     times = [1.0] * (workers - 1) + [slow]
@@ -74,7 +74,7 @@ def plot_sync_async(result: dict):
 def plot_staleness(result: dict, simulated: dict | None = None):
     """Histogram of the staleness of every applied gradient (left), and per worker (right) for the
     straggler run; ``simulated``: ``{run name: [(worker index, staleness)]}`` from
-    :func:`mgpu_utils.staleness.simulate_ps`, drawn as outlines."""
+    :func:`mgpu_utils.parallel.staleness.simulate_ps`, drawn as outlines."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))

@@ -5,8 +5,8 @@
   fraction f that fits measured speed-ups best; :func:`gustafson_speedup` is its weak-scaling twin.
 * :func:`predict_step` / :func:`predict_scaling`: the step time of data-parallel training from a compute
   time and the alpha-beta model of a ring all-reduce, t = 2 (N - 1) alpha + 2 (N - 1) / N * bytes / B
-  (:func:`mgpu_utils.bandwidth.ring_allreduce_model`, fitted by ``fit_ring_allreduce``, lesson 04), on
-  this machine or on GPUs and links from :mod:`mgpu_utils.hardware`.
+  (:func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`, fitted by ``fit_ring_allreduce``, lesson 04), on
+  this machine or on GPUs and links from :mod:`mgpu_utils.costs.hardware`.
 
 Pure Python and numpy: no process group, no torch.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mgpu_utils.bandwidth import ring_allreduce_model
+from mgpu_utils.costs.bandwidth import ring_allreduce_model
 
 
 def speedups(rows: list[dict]) -> dict[int, dict]:
@@ -105,7 +105,7 @@ def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, ba
             forward and backward without DDP; the optimizer step is not in it).
         grad_bytes: bytes all-reduced per step (parameters x bytes per gradient element).
         alpha_s, bandwidth_bps: the link's latency per message (s) and bandwidth (bytes/s), fitted with
-            :func:`mgpu_utils.bandwidth.fit_ring_allreduce` or from a datasheet.
+            :func:`mgpu_utils.costs.bandwidth.fit_ring_allreduce` or from a datasheet.
         mode: "strong" (the global batch is split: compute_s / n per rank) or "weak" (compute_s per rank).
         overlap: 0..1, the share of the compute under which the all-reduce can hide (DDP overlaps bucket
             all-reduces with the backward pass: about 2/3 of the step at best). 0 is no overlap.

@@ -1,13 +1,13 @@
 """An interconnect emulator for DDP: what a gradient all-reduce would cost on a chosen link
 (notebooks/08_sync_vs_async.ipynb).
 
-The alpha-beta model of ring all-reduce (lesson 04, :func:`mgpu_utils.bandwidth.ring_allreduce_model`)
+The alpha-beta model of ring all-reduce (lesson 04, :func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`)
 for a payload of S bytes on n ranks, per-message latency alpha and link bandwidth B::
 
     T(S) = 2(n-1) * (alpha + S / (n * B))        seconds
 
 (2(n-1) steps, each sending one chunk of S/n bytes). alpha and B come from
-:data:`mgpu_utils.hardware.LINKS` (``latency_us`` and ``gbps`` per direction, GB = 1e9 bytes; sources
+:data:`mgpu_utils.costs.hardware.LINKS` (``latency_us`` and ``gbps`` per direction, GB = 1e9 bytes; sources
 there: PCI-SIG, NVIDIA datasheets, IEEE 802.3).
 
 :func:`emulated_link_hook` wraps a DDP communication hook (``allreduce_hook``, ``fp16_compress_hook``,
@@ -24,12 +24,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from mgpu_utils.bandwidth import ring_allreduce_model
-from mgpu_utils.hardware import LINKS
+from mgpu_utils.costs.bandwidth import ring_allreduce_model
+from mgpu_utils.costs.hardware import LINKS
 
 
 def link_alpha_beta(link: str) -> tuple[float, float]:
-    """``(alpha_s, bandwidth_Bps)`` of a link named in :data:`mgpu_utils.hardware.LINKS`.
+    """``(alpha_s, bandwidth_Bps)`` of a link named in :data:`mgpu_utils.costs.hardware.LINKS`.
 
     alpha in seconds (``latency_us`` x 1e-6), bandwidth in bytes/s per direction (``gbps`` x 1e9).
 
@@ -102,7 +102,7 @@ def emulated_link_hook(inner_hook, inner_state, link: str | None, n: int, scale:
     Args:
         inner_hook: a DDP hook, e.g. ``default_hooks.allreduce_hook`` or ``powerSGD_hook``.
         inner_state: its state (the process group, or a ``PowerSGDState``).
-        link: a key of :data:`mgpu_utils.hardware.LINKS`, or None to only count bytes (no delay).
+        link: a key of :data:`mgpu_utils.costs.hardware.LINKS`, or None to only count bytes (no delay).
         n: ranks in the all-reduce (the process group's size).
         scale: charge the delay for ``scale`` x the payload (stands for a model ``scale`` times bigger on
             the same compute); the bytes recorded are the real payload.

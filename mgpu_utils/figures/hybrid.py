@@ -72,7 +72,7 @@ def draw_3d(dp: int = 2, tp: int = 4, pp: int = 2, gpus_per_node: int = 8):
     return fig
 
 
-def plot_losses(result: dict, tol: float | None = None):
+def plot_mesh_losses(result: dict, tol: float | None = None):
     """Loss per step of every mesh of a hybrid_gpt2.py run and of the single-process reference (left),
     and each mesh's absolute difference from the reference (right, log scale; ``tol`` drawn as a line)."""
     import matplotlib.pyplot as plt
@@ -127,19 +127,19 @@ def plot_plan(layouts, memory_gb: float, title: str = ""):
 
 def plan_explorer(n_gpus: int = 1024, gpu: str = "A100", recompute: str = "selective", zero_stage: int = 0,
                   precision: str = "mixed", global_batch: int = 1536):  # pragma: no mutate block
-    """An ipywidgets explorer of the planner (:func:`mgpu_utils.planner.plan`) for GPT-3 175B: menus for the
+    """An ipywidgets explorer of the planner (:func:`mgpu_utils.costs.planner.plan`) for GPT-3 175B: menus for the
     cluster size, GPU (A100 with NVLink 3 and InfiniBand HDR, or H100/H200 with NVLink 4 and NDR),
     recomputation, ZeRO stage and precision; prints the feasible (dp, tp, pp) layouts, best first
-    (:func:`mgpu_utils.planner.table`; at least 3 rows, so infeasible ones show their reason).
+    (:func:`mgpu_utils.costs.planner.table`; at least 3 rows, so infeasible ones show their reason).
 
     Returns the widget, whose stored output shows the table for the starting settings where widgets
-    cannot run (:func:`mgpu_utils.widget_view.with_static_view`). Introduced in
+    cannot run (:func:`mgpu_utils.figures.widget_view.with_static_view`). Introduced in
     ``notebooks/06_hybrid_parallel.ipynb``.
     """
     import ipywidgets as widgets
 
-    from mgpu_utils import planner
-    from mgpu_utils.widget_view import with_static_view
+    from mgpu_utils.costs import planner
+    from mgpu_utils.figures.widget_view import with_static_view
 
     def table(n_gpus, gpu, recompute, zero_stage, precision) -> str:
         hopper = gpu.startswith("H")

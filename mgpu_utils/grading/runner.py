@@ -3,13 +3,13 @@
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
 point are written). In a notebook::
 
-    from mgpu_utils.graded import check_script, exercise_file
+    from mgpu_utils.grading.runner import check_script, exercise_file
     path = exercise_file("04.4")     # your copy: workspace/04_ring_all_gather.py (git ignores workspace/)
     check_script("04.4")             # edit your copy, run this cell again
 
 ``check_script`` launches your code with the course's launcher at the world sizes the exercise needs,
 compares it with the library's result (``launch_scripts/grade_exercise.py``) or with the output the
-exercise asks for, and answers like :func:`mgpu_utils.exercises.check`: a specific hint, or a
+exercise asks for, and answers like :func:`mgpu_utils.grading.quiz.check`: a specific hint, or a
 confirmation. A hang is reported as a hint (a short collective timeout), never a stuck cell. Worked
 solutions for instructors: ``exercises/solutions/``.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mgpu_utils.dist import wrap_text
-from mgpu_utils.launcher import REPO_ROOT, LaunchError, LaunchTimeout, run_torchrun
+from mgpu_utils.launch.launcher import REPO_ROOT, LaunchError, LaunchTimeout, run_torchrun
 
 #: Templates and, in ``solutions/``, the worked solutions.
 EXERCISES_DIR = REPO_ROOT / "exercises"

@@ -4,7 +4,7 @@ Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, 
 and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,
 whether it is feasible, its memory per GPU and its communication per training step.
 
-Memory per GPU: :func:`mgpu_utils.memory_model.memory_per_gpu` (ZeRO model states, Korthikanti et al.
+Memory per GPU: :func:`mgpu_utils.costs.memory_model.memory_per_gpu` (ZeRO model states, Korthikanti et al.
 activations, micro-batches in flight for the pipeline schedule); see that module for sources.
 
 Communication per GPU per step (bytes each GPU sends; a ring all-reduce of S bytes over n GPUs sends
@@ -48,11 +48,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mgpu_utils.dist import LINE_WIDTH, wrap_text
-from mgpu_utils.hardware import GPUS
-from mgpu_utils.hardware import LINKS as _HW_LINKS
-from mgpu_utils.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
+from mgpu_utils.costs.hardware import GPUS
+from mgpu_utils.costs.hardware import LINKS as _HW_LINKS
+from mgpu_utils.costs.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
 
-#: Links known to the planner: ``mgpu_utils.hardware.LINKS`` plus the A100-era InfiniBand.
+#: Links known to the planner: ``mgpu_utils.costs.hardware.LINKS`` plus the A100-era InfiniBand.
 LINKS: dict[str, dict] = {
     **_HW_LINKS,
     "InfiniBand HDR (200 Gb/s)": dict(gbps=25, latency_us=2,
@@ -64,7 +64,7 @@ LINKS: dict[str, dict] = {
 @dataclass(frozen=True)
 class ModelSpec:
     """A GPT-style model: layers, hidden size, heads, sequence length, vocabulary; ``n_params`` defaults
-    to :func:`mgpu_utils.memory_model.transformer_params`."""
+    to :func:`mgpu_utils.costs.memory_model.transformer_params`."""
 
     name: str
     n_layers: int
@@ -86,7 +86,7 @@ GPT3_175B = ModelSpec("GPT-3 175B", n_layers=96, hidden=12288, n_heads=96, seq_l
 
 @dataclass(frozen=True)
 class Cluster:
-    """GPUs and links. ``gpu`` is a key of :data:`mgpu_utils.hardware.GPUS` (memory and peak);
+    """GPUs and links. ``gpu`` is a key of :data:`mgpu_utils.costs.hardware.GPUS` (memory and peak);
     ``intra_link`` / ``inter_link`` are keys of :data:`LINKS` (GB/s per GPU per direction)."""
 
     n_gpus: int

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH, LINE_WIDTH_ENV, RESULT_MARKER, parse_result, wrap_text
-from mgpu_utils.launcher import _SECONDARY, REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
+from mgpu_utils.launch.launcher import _SECONDARY, REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
 
 #: Rendezvous settings for one machine: close a round 2 s after the minimum number of nodes joined
 #: (torch's default: 30 s), and a node's heartbeat every second (default 5 s) so a lost node is noticed fast.

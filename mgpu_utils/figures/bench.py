@@ -5,8 +5,8 @@ Every figure names the threads per rank it was measured with; text is at least 9
 
 from __future__ import annotations
 
-from mgpu_utils import scaling
-from mgpu_utils.bandwidth import ring_allreduce_model
+from mgpu_utils.costs import scaling
+from mgpu_utils.costs.bandwidth import ring_allreduce_model
 
 _PHASE_COLORS = {"data": "#8FB8DE", "forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868",
                  "all-reduce": "#C44E52"}
@@ -17,8 +17,8 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
     """Measured speed-ups (strong and weak scaling) with the ideal line, Amdahl's fit and the alpha-beta model.
 
     Args:
-        study: :func:`mgpu_utils.bench.study` of the same runs.
-        strong, weak: the runs (rows of :func:`mgpu_utils.bench.scaling_runs`).
+        study: :func:`mgpu_utils.measure.bench.study` of the same runs.
+        strong, weak: the runs (rows of :func:`mgpu_utils.measure.bench.scaling_runs`).
         cores: physical cores (the shaded region beyond them is oversubscribed); None for GPU runs.
 
     Returns:
@@ -70,11 +70,11 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
     return fig
 
 
-def plot_timeline(traces: list[dict], threads_per_rank: int | None = None):  # pragma: no mutate block
+def plot_trace_timeline(traces: list[dict], threads_per_rank: int | None = None):  # pragma: no mutate block
     """Each rank's traced steps on one time axis: its phases on one row, its all-reduces on the row below.
 
     Args:
-        traces: :func:`mgpu_utils.profiling.load_spans` of every rank (same machine: one clock).
+        traces: :func:`mgpu_utils.measure.profiling.load_spans` of every rank (same machine: one clock).
         threads_per_rank: named in the title.
 
     Returns:
@@ -139,7 +139,7 @@ def plot_gpu_prediction(pred: dict, title: str):  # pragma: no mutate block
     """Predicted parallel efficiency against GPUs (log2 axis), one line per link and overlap assumption.
 
     Args:
-        pred: ``{label: {N: {"efficiency", ...}}}`` from :func:`mgpu_utils.scaling.predict_scaling`.
+        pred: ``{label: {N: {"efficiency", ...}}}`` from :func:`mgpu_utils.costs.scaling.predict_scaling`.
         title: the figure's title.
 
     Returns:

@@ -2,7 +2,7 @@
 
 Each lesson ends with exercises; a cell looks like::
 
-    from mgpu_utils.exercises import check
+    from mgpu_utils.grading.quiz import check
     answer = None          # your answer here
     check("03.1", answer)
 
@@ -148,7 +148,7 @@ EXERCISES: dict[str, Exercise] = {
                                    (lambda v: abs(v - 14) < 1e-6, "that is one phase; there are two "
                                     "(reduce-scatter and all-gather)")],
                       "2(n-1)/n x S = 2 x 7/8 x 16 MiB = 28 MiB, almost independent of n: why rings scale"),
-        "28: each of the 2(n-1) = 14 steps sends one chunk of 16/8 = 2 MiB (mgpu_utils.ring.ring_bytes_per_rank)."),
+        "28: each of the 2(n-1) = 14 steps sends one chunk of 16/8 = 2 MiB (mgpu_utils.parallel.ring.ring_bytes_per_rank)."),
     "04.2": Exercise(
         "nccl-tests reports all_gather on 4 ranks: size 1 GB (the output), time 0.1 s. What busbw in GB/s?",
         _float_answer(7.5, 1e-3, [(lambda v: abs(v - 10) < 1e-3, "10 GB/s is algbw = size / time; busbw "
@@ -176,7 +176,7 @@ EXERCISES: dict[str, Exercise] = {
                                      (lambda v: abs(v - 7 / 32) < 2e-3, "p - 1 = 7 slots of bubble among m + p - 1 "
                                       "= 31, not 32")],
                       "(p-1)/(m+p-1) = 7/31 = 0.226: each rank idles p-1 slots while the pipeline fills and drains"),
-        "7/31 = 0.226 = mgpu_utils.schedules.bubble_formula(8, 24); 1F1B has the same bubble."),
+        "7/31 = 0.226 = mgpu_utils.parallel.schedules.bubble_formula(8, 24); 1F1B has the same bubble."),
     "05.2": Exercise(
         "Same pipeline (p = 8, m = 24) with 1F1B: how many micro-batches' activations does stage 0 hold at its peak?",
         _int_answer(8, {24: "that is GPipe, which runs all m forwards before any backward",
@@ -260,7 +260,7 @@ EXERCISES: dict[str, Exercise] = {
                                      (lambda v: abs(v - 140) < 0.2, "close: add the latency term 2(n-1) x alpha"),
                                      (lambda v: abs(v - 0.14028) < 1e-3, "that is seconds; the answer is in ms")],
                       "2(n-1)(alpha + S/(nB)) = 14 x (20 us + 10 ms) = 140.28 ms: the bandwidth term dominates"),
-        "140.28 = ring_allreduce_seconds(100e6, 8, 'Ethernet 10 GbE') * 1e3 (mgpu_utils.interconnect)."),
+        "140.28 = ring_allreduce_seconds(100e6, 8, 'Ethernet 10 GbE') * 1e3 (mgpu_utils.costs.interconnect)."),
     "08.2": Exercise(
         "An asynchronous parameter server has 4 equally fast workers. In a long run, how many versions old "
         "(staleness) is an applied gradient on average?",
@@ -270,7 +270,7 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count the updates the other workers apply while you compute one gradient"},
                     "W - 1 = 3: while you compute, each of the 3 others pushes once (Little's law: the mean is "
                     "at most W - 1 whatever the speeds)"),
-        "3 = W - 1; mgpu_utils.staleness.simulate_ps([1.0] * 4, 4000) gives a mean of 3 (minus start-up)."),
+        "3 = W - 1; mgpu_utils.parallel.staleness.simulate_ps([1.0] * 4, 4000) gives a mean of 3 (minus start-up)."),
     "08.3": Exercise(
         "Local SGD on 8 ranks, averaging every H = 8 steps, 800 steps: how many all-reduces does each rank "
         "take part in?",
@@ -328,7 +328,7 @@ EXERCISES: dict[str, Exercise] = {
                                    (lambda v: abs(v - 31.25) < 0.1, "that is time(4) / time(1): the speed-up is "
                                     "the inverse")],
                       "speed-up 200 / 62.5 = 3.2, efficiency 3.2 / 4 = 80%"),
-        "80 = 100 x (200 / 62.5) / 4; mgpu_utils.scaling.speedups gives it from the throughputs (the same global "
+        "80 = 100 x (200 / 62.5) / 4; mgpu_utils.costs.scaling.speedups gives it from the throughputs (the same global "
         "batch 1 / 0.2 and 1 / 0.0625 times per second)."),
     "10.2": Exercise(
         "A job has a serial fraction f = 5% (Amdahl). What speed-up can 16 ranks give at most, on a fixed problem?",
@@ -339,7 +339,7 @@ EXERCISES: dict[str, Exercise] = {
                                     (lambda v: abs(v - 15.25) < 0.01, "that is Gustafson's scaled speed-up (the "
                                      "problem grows with N); Amdahl keeps the problem fixed")],
                       "1 / (0.05 + 0.95 / 16) = 9.14: 16 ranks at 57% efficiency; no number of ranks beats 20"),
-        "9.14 = amdahl_speedup(16, 0.05) (mgpu_utils.scaling)."),
+        "9.14 = amdahl_speedup(16, 0.05) (mgpu_utils.costs.scaling)."),
     "10.3": Exercise(
         "A 1.3-billion-parameter transformer trains at 20,000 tokens per second on one A100 (312 TFLOP/s dense "
         "bf16). Using 6 N FLOPs per token, what is its MFU, in percent?",
@@ -355,7 +355,7 @@ EXERCISES: dict[str, Exercise] = {
                                       (lambda v: abs(v - 4608) < 1, "the price is per hour, the run 72 hours: "
                                        "4608 is GPU-hours")],
                       "64 x 72 = 4,608 GPU-hours x 2.50 = 11,520"),
-        "11520 = run_cost(64, 72, 2.50) (mgpu_utils.energy)."),
+        "11520 = run_cost(64, 72, 2.50) (mgpu_utils.measure.energy)."),
     "11.1": Exercise(
         "A snapshot costs the job C = 2 minutes and the job fails on average once every M = 6 hours. By Young's "
         "formula, every how many minutes of training should it write a snapshot?",
@@ -366,7 +366,7 @@ EXERCISES: dict[str, Exercise] = {
                                     (lambda v: abs(v - 2277) < 10, "that is seconds; the answer is in minutes")],
                       "sqrt(2 x 2 min x 360 min) = sqrt(1440) = 37.9 minutes; the snapshots then cost 2/37.9 = 5.3% "
                       "of the time and the lost work as much again"),
-        "37.95 = young_daly_interval(120, 6 * 3600) / 60 (mgpu_utils.fault)."),
+        "37.95 = young_daly_interval(120, 6 * 3600) / 60 (mgpu_utils.costs.fault)."),
     "11.2": Exercise(
         "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step index 23 (steps count from 0; "
         "the snapshot taken after 20 steps, steps 0-19, was complete). After the restart, at which step index does "

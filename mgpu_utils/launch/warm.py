@@ -1,6 +1,6 @@
 """Warm launches: a template process that has already imported PyTorch forks the ranks.
 
-Used by :func:`mgpu_utils.launcher.launch` (``via="warm"``, the default on Linux); explained in
+Used by :func:`mgpu_utils.launch.launcher.launch` (``via="warm"``, the default on Linux); explained in
 ``notebooks/00_setup.ipynb``. ``benchmarks/launch_overhead.py`` measures it against bare torchrun.
 
 Why. A 4-rank job that does nothing takes about 6 s under torchrun on a 2-core machine (about 0.3 s
@@ -8,7 +8,7 @@ warm; ``benchmarks/launch_overhead.py``), and almost all of it is every rank imp
 constructor imports). A course launches dozens of jobs, so the same import repeats dozens of times.
 
 How. The first warm launch of a process (a notebook's kernel, a pytest run) starts one *template*,
-``python -m mgpu_utils.warm_template``: it imports torch, ``torch.distributed``, DDP, FSDP, DTensor,
+``python -m mgpu_utils.launch.warm_template``: it imports torch, ``torch.distributed``, DDP, FSDP, DTensor,
 checkpointing, pipelining, numpy and scikit-learn's datasets, and then waits. It never initialises
 CUDA, starts no thread and imports none of the course's own modules. Each launch, it forks one
 child per rank, and the child becomes what torchrun would have started:
@@ -42,7 +42,7 @@ What differs from torchrun, and what the launcher does about it:
   (:meth:`Template.log_text`), once, not to every rank's stderr;
 * Python's string-hash seed (``PYTHONHASHSEED``) is fixed when an interpreter starts: warm ranks share
   the template's, where torchrun's ranks each draw one (set iteration order is the same on every rank);
-* ``ps`` shows the ranks as ``python -m mgpu_utils.warm_template``, and ``LaunchResult.command`` is
+* ``ps`` shows the ranks as ``python -m mgpu_utils.launch.warm_template``, and ``LaunchResult.command`` is
   the torchrun command the launch stands for, not one that ran;
 * an upgraded torch, or an edited file outside ``mgpu_utils``, is seen after a kernel restart;
 * a template that is not fork-safe (a thread, or the CUDA driver loaded, after its imports: e.g. on a
@@ -136,7 +136,7 @@ class Template:
         tenv.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")   # is_available() without initialising CUDA
         self.log = tempfile.TemporaryFile("w+")             # what the template prints (import warnings, a crash)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mgpu_utils.warm_template", "--fd", str(theirs.fileno()),
+            [sys.executable, "-m", "mgpu_utils.launch.warm_template", "--fd", str(theirs.fileno()),
              "--owner", str(os.getpid())],
             pass_fds=(theirs.fileno(),), env=tenv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
             start_new_session=True, cwd=os.getcwd())
@@ -316,7 +316,7 @@ _UNSAFE: str | None = None                                 # why this process's 
 def get_template(env: dict, wait: bool = True, timeout_s: float = 300.0) -> Template:
     """The kernel's template, started now if there is none, it died, or ``env`` differs from its
     environment in a variable read at import time (:func:`import_time_env`). ``wait=False`` returns
-    while it still imports (:func:`mgpu_utils.launcher.warm_up`); else it waits up to ``timeout_s``.
+    while it still imports (:func:`mgpu_utils.launch.launcher.warm_up`); else it waits up to ``timeout_s``.
 
     Raises:
         RuntimeError: the template did not start (with its output).

@@ -1,16 +1,13 @@
-"""The course's figures. Every function returns the matplotlib Figure (end the cell with ``;``).
+"""Figures of data parallelism (lessons 00, 02 and 03): ranks, a DataParallel and a DDP step, training
+curves, gradient buckets, speed-up.
 
 Concept pictures (``draw_*``) are schematic; data plots (``plot_*``) draw measured results that a
-launch script returned.
+launch script returned. Every function returns the matplotlib Figure (end the cell with ``;``).
 """
 
 from __future__ import annotations
 
-_RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
-
-
-def _color(r: int) -> str:
-    return _RANK_COLORS[r % len(_RANK_COLORS)]
+from mgpu_utils.figures.common import rank_color
 
 
 def draw_ranks(nproc: int = 4, backend: str = "gloo"):
@@ -33,7 +30,7 @@ def draw_ranks(nproc: int = 4, backend: str = "gloo"):
         ax.set_title(title, fontsize=11)
         for r in range(nproc):
             x = 0.3 + r * 2.2
-            ax.add_patch(FancyBboxPatch((x, 1.9), 1.6, 1.3, boxstyle="round,pad=0.05", fc=_color(r), alpha=0.85))
+            ax.add_patch(FancyBboxPatch((x, 1.9), 1.6, 1.3, boxstyle="round,pad=0.05", fc=rank_color(r), alpha=0.85))
             ax.text(x + 0.8, 2.75, f"rank {r}", ha="center", color="white", fontsize=10, weight="bold")
             ax.text(x + 0.8, 2.25, "process\n" + ("CPU" if kind == "cpu" else f"cuda:{r}"), ha="center",
                     color="white", fontsize=8)
@@ -121,53 +118,6 @@ def draw_ddp_step(nproc: int = 3, layers: int = 4):
     return fig
 
 
-def draw_zero_stages(ranks: int = 4):
-    """Which rank holds which part of the model states under ZeRO stages 0-3 (mixed-precision Adam).
-
-    One panel per stage, one row per rank; each row is the model states of one parameter in bytes:
-    2 (16-bit weights), 2 (16-bit gradients), 12 (fp32 master weights and Adam's two moments). A
-    sharded kind is cut into ``ranks`` slices and rank r keeps slice r (coloured); the rest is held by
-    the other ranks (white). Titles give the bytes per parameter each rank keeps (ZeRO paper, fig. 1).
-
-    Introduced in ``notebooks/07_memory.ipynb`` (section 5).
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    kinds = [("weights (2 B)", 2, "#4C72B0"), ("grads (2 B)", 2, "#DD8452"), ("optimizer states (12 B)", 12, "#55A868")]
-    sharded = {0: set(), 1: {2}, 2: {1, 2}, 3: {0, 1, 2}}      # stage -> indices of the sharded kinds
-    fig, axes = plt.subplots(1, 4, figsize=(10.7, 1.3 + 0.55 * ranks), sharey=True)
-    for stage, ax in enumerate(axes):
-        per_rank = sum(b / ranks if i in sharded[stage] else b for i, (_, b, _) in enumerate(kinds))
-        for r in range(ranks):
-            y, x = ranks - 1 - r, 0.0
-            for i, (_, b, color) in enumerate(kinds):
-                if i in sharded[stage]:
-                    w = b / ranks
-                    for q in range(ranks):
-                        ax.add_patch(Rectangle((x + q * w, y), w, 0.7, fc=color if q == r else "white",
-                                               ec="#444444", lw=0.6))
-                else:
-                    ax.add_patch(Rectangle((x, y), b, 0.7, fc=color, ec="#444444", lw=0.6))
-                x += b
-        ax.set_xlim(0, 16)
-        ax.set_ylim(-0.2, ranks)
-        ax.set_xticks([0, 2, 4, 16])
-        ax.set_xlabel("bytes per parameter")
-        names = [kinds[i][0].split(" (")[0] for i in sorted(sharded[stage])]
-        shards = ("plain data parallel" if not names else         # the last kind on its own line: no overlap
-                  "shards " + (", ".join(names[:-1]) + ",\n" if len(names) > 1 else "") + names[-1])
-        ax.set_title(f"stage {stage}: {per_rank:g} B per rank\n{shards}", fontsize=10)
-    axes[0].set_yticks([ranks - 1 - r + 0.35 for r in range(ranks)])
-    axes[0].set_yticklabels([f"rank {r}" for r in range(ranks)])
-    handles = [Rectangle((0, 0), 1, 1, fc=c, ec="#444444") for _, _, c in kinds]
-    handles.append(Rectangle((0, 0), 1, 1, fc="white", ec="#444444"))
-    fig.legend(handles, [k for k, _, _ in kinds] + ["held by another rank"], loc="lower center", ncol=4,
-               fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
-
-
 def plot_training(runs: dict):
     """Loss and test accuracy per epoch for one or more runs.
 
@@ -180,7 +130,7 @@ def plot_training(runs: dict):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
     for i, (label, res) in enumerate(runs.items()):
         ep = range(1, len(res["train_loss"]) + 1)
-        style = dict(marker="o", ms=4, ls="-" if i == 0 else "--", color=_color(i), label=label)
+        style = dict(marker="o", ms=4, ls="-" if i == 0 else "--", color=rank_color(i), label=label)
         a1.plot(ep, res["train_loss"], **style)
         a2.plot(ep, [100 * a for a in res["test_acc"]], **style)
     a1.set(xlabel="epoch", ylabel="training loss (cross-entropy)", yscale="log", title="Training loss")
@@ -209,7 +159,7 @@ def plot_buckets(rows: list, compute_seconds: float):
 
     labels = [label(r) for r in rows]
     ms = [1e3 * r["step_seconds"] for r in rows]
-    ax.bar(labels, ms, color=[_color(i) for i in range(len(rows))])
+    ax.bar(labels, ms, color=[rank_color(i) for i in range(len(rows))])
     ax.axhline(1e3 * compute_seconds, color="k", ls="--", label="same step without communication")
     for i, v in enumerate(ms):
         ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=9)
@@ -240,12 +190,12 @@ def plot_speedup(rows: list, cores: int | None = None):
     over = [cores is not None and k > cores for k in n]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6))
     a1.plot(n, n, "k--", label="ideal (speed-up = ranks)")
-    a1.plot(n, speedup, "o-", color=_color(0), label="measured")
+    a1.plot(n, speedup, "o-", color=rank_color(0), label="measured")
     for k, s in zip(n, speedup):
         a1.annotate(f"{s:.2f}x", (k, s), textcoords="offset points", xytext=(6, -12), fontsize=10)
     a1.set(xlabel="ranks (same global batch)", ylabel="speed-up over 1 rank", xticks=n,
            title="Strong scaling: speed-up")
-    bars = a2.bar([str(k) for k in n], eff, color=[_color(1)] * len(n))
+    bars = a2.bar([str(k) for k in n], eff, color=[rank_color(1)] * len(n))
     for b, o in zip(bars, over):
         if o:
             b.set_hatch("//")
@@ -261,101 +211,3 @@ def plot_speedup(rows: list, cores: int | None = None):
     a1.legend(loc="upper left")
     fig.tight_layout()
     return fig
-
-
-def plot_collective(name: str, before: list, after: list, rule: str = "", base: int = 10, reduced: bool = False):
-    """Every rank's tensor before and after one operation, as two small tables (data from a real run).
-
-    Values are coloured by the rank they came from (rank r starts with base*r, base*r+1, ...); sums are grey.
-
-    Args:
-        name: the operation, used as the title.
-        before, after: one list of numbers per rank (an empty list where the result is undefined).
-        rule: one sentence printed under the title.
-        base: rank r's values are base*r + j (collectives_demo.py); used to colour a value by its rank.
-        reduced: the results are sums (reduce, all-reduce, reduce-scatter): drawn grey.
-    """
-    import matplotlib.pyplot as plt
-
-    width = max(len(r) for r in before + after)
-    fig, axes = plt.subplots(1, 2, figsize=(min(11, 3 + 0.42 * (len(before[0]) + width)), 0.55 * len(before) + 1.1),
-                             gridspec_kw={"width_ratios": [len(before[0]), max(width, 1)]})
-    for ax, rows, label in ((axes[0], before, "before"), (axes[1], after, "after")):
-        ax.set_xlim(0, max(len(r) for r in rows) or 1)
-        ax.set_ylim(len(rows), 0)
-        ax.axis("off")
-        ax.set_title(label, fontsize=9)
-        for r, row in enumerate(rows):
-            if not row:
-                ax.text(0.1, r + 0.5, "(undefined)", va="center", fontsize=8, color="gray")
-            for j, v in enumerate(row):
-                src = None if (reduced and rows is after) else int(v) // base   # rank r starts with base*r + j
-                ax.add_patch(plt.Rectangle((j, r), 1, 1, fc=_color(src) if src is not None else "#BBBBBB",
-                                           alpha=0.35, ec="white"))
-                ax.text(j + 0.5, r + 0.5, f"{v:g}", ha="center", va="center", fontsize=8)
-    for r in range(len(before)):
-        axes[0].text(-0.2, r + 0.5, f"rank {r}", ha="right", va="center", fontsize=8)
-    fig.suptitle(f"{name}" + (f": {rule}" if rule else ""), fontsize=10, x=0.02, ha="left")
-    fig.tight_layout()
-    return fig
-
-
-def draw_ring_steps(n: int = 4, steps=None):
-    """Ring all-reduce on n ranks, one panel per state: which chunk each rank holds and sends.
-
-    Cell (rank r, chunk c) is shaded by how many ranks' data it already contains (white: only its
-    own, dark: all n); an arrow marks the chunk each rank sends in the next step. ``steps``: the
-    states to draw (default: all 2(n-1)+1). Static form of :func:`ring_stepper`.
-    """
-    import matplotlib.pyplot as plt
-
-    from mgpu_utils.ring import ring_schedule, ring_states
-
-    states, sched = ring_states(n), ring_schedule(n)
-    steps = list(range(len(states))) if steps is None else list(steps)
-    cols = min(len(steps), 4)
-    rows = (len(steps) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(2.75 * cols, 0.6 * n * rows + 0.9 * rows), squeeze=False)
-    for ax in axes.flat:
-        ax.axis("off")
-    for ax, k in zip(axes.flat, steps):
-        for r in range(n):
-            for c in range(n):
-                frac = len(states[k][r][c]) / n
-                ax.add_patch(plt.Rectangle((c, r), 1, 1, fc=plt.cm.Blues(0.1 + 0.85 * frac), ec="white"))
-                ax.text(c + 0.5, r + 0.5, f"{len(states[k][r][c])}/{n}", ha="center", va="center", fontsize=8,
-                        color="white" if frac > 0.6 else "black")
-            if k < len(sched):
-                c = sched[k]["send"][r]
-                ax.annotate("", xy=(c + 0.5, r + 0.98), xytext=(c + 0.5, r + 0.55),
-                            arrowprops=dict(arrowstyle="->", color="#C44E52", lw=1.6))
-        ax.set_xlim(-0.9, n)
-        ax.set_ylim(n, -0.3)
-        for r in range(n):
-            ax.text(-0.1, r + 0.5, f"r{r}", ha="right", va="center", fontsize=8)
-        title = "start" if k == 0 else f"after step {k}: {sched[k - 1]['phase']}"
-        ax.set_title(title, fontsize=8)
-    fig.suptitle(f"Ring all-reduce, {n} ranks x {n} chunks: fraction of ranks summed into each chunk "
-                 "(red arrow: chunk sent to the next rank)", fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
-def ring_stepper(n: int = 4):
-    """An ipywidgets slider over the 2(n-1) steps of ring all-reduce, drawing one state at a time.
-
-    Returns the widget (display it, or let it be the cell's value). Where widgets do not render
-    (a notebook opened without running it, GitHub, a static HTML export) its output shows step 0 as
-    a picture (:func:`mgpu_utils.widget_view.with_static_view`); :func:`draw_ring_steps` draws any steps.
-    """
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-
-    from mgpu_utils.widget_view import with_static_view
-
-    def show(step):
-        draw_ring_steps(n, [step])
-        plt.show()
-
-    slider = widgets.IntSlider(value=0, min=0, max=2 * (n - 1), description="step")
-    return with_static_view(widgets.interactive(show, step=slider), draw_ring_steps(n, [0]))

@@ -1,12 +1,12 @@
 """The warm launch template: the process that imports PyTorch once and forks the ranks of every launch.
 
-Started by :class:`mgpu_utils.warm.Template` (which explains the whole design) as
-``python -m mgpu_utils.warm_template --fd N --owner PID``; it talks to the launching process over
-the socket ``N`` (newline-delimited JSON, :class:`mgpu_utils.warm._Lines`):
+Started by :class:`mgpu_utils.launch.warm.Template` (which explains the whole design) as
+``python -m mgpu_utils.launch.warm_template --fd N --owner PID``; it talks to the launching process over
+the socket ``N`` (newline-delimited JSON, :class:`mgpu_utils.launch.warm._Lines`):
 
 * ``{"cmd": "launch", "id", "script", "args", "envs", "log_dir", "cwd"}`` forks one child per entry of
   ``envs`` and answers ``{"id", "pids": {rank: pid}}``;
-* ``{"cmd": "stop", "id"}`` sends SIGTERM to that job's ranks, SIGKILL :data:`mgpu_utils.warm.GRACE_S` later
+* ``{"cmd": "stop", "id"}`` sends SIGTERM to that job's ranks, SIGKILL :data:`mgpu_utils.launch.warm.GRACE_S` later
   (torchrun's agent waits up to 30 s; the course's scripts do not handle SIGTERM, so both end at once);
 * when every rank of a job has ended it sends ``{"id", "done": true, "codes": {rank: exit status}}``;
   when one rank fails, the others are stopped in the same way first, as torchrun's agent does;
@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 
-from mgpu_utils.warm import GRACE_S, _Lines
+from mgpu_utils.launch.warm import GRACE_S, _Lines
 
 #: What the template imports before it forks (what the launch scripts import, and what that imports).
 PREIMPORT = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.distributed.fsdp",
@@ -252,10 +252,10 @@ def _finish(code: int, by_sigint: bool = False) -> int:
 
 
 def main(argv=None) -> None:
-    """Entry point of the template process: ``python -m mgpu_utils.warm_template --fd N --owner PID``."""
+    """Entry point of the template process: ``python -m mgpu_utils.launch.warm_template --fd N --owner PID``."""
     import argparse
 
-    p = argparse.ArgumentParser(description="the warm launch template (started by mgpu_utils.launcher)")
+    p = argparse.ArgumentParser(description="the warm launch template (started by mgpu_utils.launch.launcher)")
     p.add_argument("--fd", type=int, required=True, help="the socket to the launching process")
     p.add_argument("--owner", type=int, default=0, help="the launching process's pid (for ps and tests)")
     _serve(p.parse_args(argv).fd)

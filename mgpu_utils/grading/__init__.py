@@ -1,0 +1,2 @@
+"""Exercises: the quiz answers a notebook checks (``quiz``), and the graded coding exercises run under
+torchrun (``runner`` in the notebook, ``rank_checks`` in each rank)."""
