@@ -23,36 +23,21 @@ ROOT = Path(__file__).resolve().parent.parent
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGES_BEGIN = "<!-- colab badges: written by `python -m mgpu_utils.colab` from pyproject.toml -->"
 BADGES_END = "<!-- end of colab badges -->"
-SETUP_END = "    print(colab_notes())\n"   # the last line of the setup block
+SETUP_END = "from mgpu_utils.course import start; start()"   # how the setup block's last line starts
 
 SETUP_TEMPLATE = '''\
-# Setup: make mgpu_utils importable. In a clone it is found in this folder or a parent; on Colab the
-# first run clones the course into /content/course and installs it (REPO_URL: pyproject.toml).
-import os, pathlib, shutil, subprocess, sys
-REPO_URL = os.environ.get("MGPU_REPO_URL", "{url}")
-ON_COLAB = "google.colab" in sys.modules
-try:
-    import mgpu_utils
-except ImportError:
-    course = pathlib.Path(os.environ.get("MGPU_COLAB_ROOT", "/content")) / "course"
-    here = pathlib.Path.cwd().resolve()
-    roots = [r for r in (here, *here.parents, course) if (r / "mgpu_utils/__init__.py").is_file()]
-    if not roots and ON_COLAB:
-        shutil.rmtree(course, ignore_errors=True)  # what an interrupted clone left
-        print(f"Colab: cloning {{REPO_URL}} into {{course}} and installing mgpu_utils ...")
-        subprocess.run(["git", "clone", "-q", "--depth", "1", REPO_URL, str(course)], check=True)
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(course)]
-        subprocess.run(pip, check=True)
-        roots = [course]
-    if not roots:
-        raise ImportError(f"mgpu_utils not found: in a clone of {{REPO_URL}}, run `make lab`")
-    sys.path.insert(0, str(roots[0]))
-    import mgpu_utils
-if ON_COLAB:  # run from the course's notebooks/ folder, as locally; say what differs
-    os.chdir(pathlib.Path(mgpu_utils.__file__).parents[1] / "notebooks")
-    from mgpu_utils.colab import colab_notes
-    print(colab_notes())
-'''
+# Setup: make the course importable (in a clone: this folder or a parent; on Colab, the first run
+# clones it into /content/course from pyproject.toml's address). Lesson 00 explains the rest.
+import os, pathlib, subprocess, sys
+URL = os.environ.get("MGPU_REPO_URL", "{url}")
+clone = pathlib.Path(os.environ.get("MGPU_COLAB_ROOT", "/content")) / "course"
+if "google.colab" in sys.modules and not (clone / "mgpu_utils/__init__.py").is_file():
+    print(f"Colab: cloning {{URL}} into {{clone}} ...")
+    subprocess.run(f"rm -rf {{clone}}; git clone -q --depth 1 {{URL}} {{clone}}", shell=True, check=True)
+here = pathlib.Path.cwd().resolve()
+roots = [r for r in (here, *here.parents, clone) if (r / "mgpu_utils/__init__.py").is_file()]
+sys.path[:0] = [str(r) for r in roots[:1]]
+from mgpu_utils.course import start; start()  # no mgpu_utils? In a clone of the course: make lab'''
 
 
 def repo_url(root: Path = ROOT) -> str:
@@ -139,8 +124,8 @@ def sync(root: Path = ROOT, check: bool = False) -> list[str]:
         The files that differ (``check``) or were rewritten.
 
     Raises:
-        ValueError: a notebook's first code cell has no setup block to replace (it must end with
-            ``    print(colab_notes())``, as :data:`SETUP_TEMPLATE` does).
+        ValueError: a notebook's first code cell is not a setup block (it must end with
+            :data:`SETUP_END` on its last line, as :data:`SETUP_TEMPLATE` does).
     """
     import nbformat
 
@@ -149,13 +134,12 @@ def sync(root: Path = ROOT, check: bool = False) -> list[str]:
     for path in _notebooks(root):
         nb = nbformat.read(path, as_version=4)
         cell = next(c for c in nb.cells if c.cell_type == "code")
-        if SETUP_END not in cell.source:
-            raise ValueError(f"{path.name}: the first code cell has no setup block ending with {SETUP_END!r}")
-        new = block + cell.source.split(SETUP_END, 1)[1]
-        if new != cell.source:
+        if SETUP_END not in cell.source.rsplit("\n", 1)[-1]:
+            raise ValueError(f"{path.name}: the first code cell is not the setup block (its last line starts with {SETUP_END!r})")
+        if cell.source != block:
             changed.append(path.name)
             if not check:
-                cell.source = new
+                cell.source = block
                 nbformat.write(nb, path)
     readme = root / "README.md"
     text = readme.read_text()

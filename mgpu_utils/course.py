@@ -1,4 +1,5 @@
-"""Run every notebook of the course in order, headless, into ``build/`` (``make course``).
+"""The course's notebooks: every lesson's setup call (:func:`start`, lessons 00-11), and running every
+notebook in order, headless, into ``build/`` (``make course``).
 
 Writes ``build/NAME.ipynb`` (executed, with outputs) and ``build/NAME.html``, then prints a table
 notebook / seconds / status. While a notebook runs, a bar shows which cell of how many. Exits with
@@ -16,6 +17,26 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+
+def start() -> None:
+    """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-11).
+
+    On Colab it moves to the course's ``notebooks/`` folder (as a local kernel runs) and prints what
+    differs there (:func:`mgpu_utils.colab.colab_notes`). Then it starts the launcher's warm template
+    in the background (:func:`mgpu_utils.launch.launcher.warm_up`), so the lesson's first launch does
+    not wait for PyTorch's import. Safe to call again.
+    """
+    import os
+
+    if "google.colab" in sys.modules:
+        from mgpu_utils.colab import ROOT, colab_notes
+
+        os.chdir(ROOT / "notebooks")
+        print(colab_notes())
+    from mgpu_utils.launch.launcher import warm_up
+
+    warm_up()
 
 
 def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool = True) -> tuple[float, str]:

@@ -10,9 +10,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mgpu_utils.measure import bench
-
 from mgpu_utils.costs import scaling
+from mgpu_utils.measure import bench
 from mgpu_utils.costs.bandwidth import ring_allreduce_model
 from mgpu_utils.launch.launcher import launch
 from mgpu_utils.models import byte_gpt2

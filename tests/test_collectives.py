@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mgpu_utils.costs.bandwidth import (algbw_gbps, bus_factor, busbw_gbps, fit_ring_allreduce,
-                                  ring_allreduce_model)
+                                        ring_allreduce_model)
 from mgpu_utils.launch.launcher import LaunchError, launch
 
 

@@ -2,7 +2,7 @@
 import pytest
 
 from mgpu_utils.costs.memory_model import (activation_bytes_per_layer, in_flight_micro_batches,
-                                     memory_per_gpu, model_state_bytes, transformer_params)
+                                           memory_per_gpu, model_state_bytes, transformer_params)
 
 
 @pytest.mark.parametrize("stage,gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])

@@ -8,8 +8,8 @@ import pytest
 from mgpu_utils.launch.launcher import REPO_ROOT, launch
 from mgpu_utils.costs.memory_model import in_flight_micro_batches
 from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
-                                  gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,
-                                  p2p_plan, peak_in_flight, schedule_actions, simulate)
+                                           gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,
+                                           p2p_plan, peak_in_flight, schedule_actions, simulate)
 
 TOL = 1e-5
 

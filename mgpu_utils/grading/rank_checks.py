@@ -25,7 +25,7 @@ from mgpu_utils.data import load_data
 from mgpu_utils.models import make_mlp
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
-                                  simulate)
+                                           simulate)
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
