@@ -29,7 +29,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.costs.interconnect import ring_wire_bytes_per_rank
+from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.models import make_mlp
 from mgpu_utils.timing import synced_clock
 
@@ -113,7 +113,7 @@ def main():
                     curve.append((step, s, (model(Xt).argmax(1) == Yt).float().mean().item()))
             runs[name] = {"H": H, "curve": curve, "final_acc": curve[-1][2], "allreduce_calls": calls,
                           "payload_bytes": calls * 4 * P,
-                          "ring_bytes_per_rank": calls * ring_wire_bytes_per_rank(4 * P, world),
+                          "ring_bytes_per_rank": calls * ring_bytes_per_rank(4 * P, world),
                           "seconds": sec, "allreduce_seconds": comm_s}
             finals[name] = snaps[-1][2]
             ctx.log(f"{name:>5}: {calls:3d} all-reduces, test acc {curve[-1][2]:.3f}, {sec:.2f} s")

@@ -30,7 +30,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.costs.interconnect import ring_wire_bytes_per_rank
+from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.models import make_mlp
 
 
@@ -173,7 +173,7 @@ def summarize(parts, mode, W, P, a, delay):
     res = {"mode": mode, "delay_s": delay, "curve": holder["curve"], "seconds": holder["curve"][-1][1],
            "mean_step_s": {str(q["rank"]): sum(q["step_s"]) / max(1, len(q["step_s"])) for q in parts[1:]}}
     if mode == "sync":
-        res.update(updates=a.steps, gradients=a.steps * W, bytes_sent=a.steps * W * ring_wire_bytes_per_rank(4 * P, W))
+        res.update(updates=a.steps, gradients=a.steps * W, bytes_sent=a.steps * W * ring_bytes_per_rank(4 * P, W))
     else:
         applied, sent = parts[0]["applied"], [x for q in parts[1:] for x in q["pushes"]]
         res["updates"] = res["gradients"] = len(applied)

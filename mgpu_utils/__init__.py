@@ -1,7 +1,7 @@
-"""mgpu_utils: the helper package of the hands-on multi-GPU parallel training course.
+"""mgpu_utils: the helper package of the hands-on multi-GPU parallel training course (every lesson).
 
 Rooms by role; nothing runs at import time, and ``import mgpu_utils`` imports no torch. A lesson
-imports what it uses from the module that holds it, e.g. ``from mgpu_utils.launch import launch``.
+imports what it uses from the module that holds it, e.g. ``from mgpu_utils.launch.launcher import launch``.
 
 What the launch scripts share (top level):
 

@@ -1,4 +1,5 @@
-"""Comparisons whose tolerance follows the scale of the values compared.
+"""Comparisons whose tolerance follows the scale of the values compared (the launch scripts of lessons
+02-11, and lessons 03 and 08).
 
 ``torch.testing.assert_close``'s default ``atol=1e-5`` is larger than most gradients of a deep MLP
 (lesson 03's 11-layer MLP: 93% of the gradient entries are below it), so a layer left un-averaged,

@@ -1,4 +1,5 @@
-"""One place for the torch.distributed names that changed between PyTorch releases.
+"""One place for the torch.distributed names that changed between PyTorch releases (lessons 04 and 05,
+and the torch version check of every launch).
 
 The course pins torch 2.14.1, but Colab (and many clusters) keep their own, older torch. Scripts and
 helpers call these wrappers instead of the newest names, so the same code runs on both:

@@ -1,4 +1,5 @@
-"""The course's real dataset: scikit-learn's digits, split once, sharded per rank as DDP shards it.
+"""The course's real dataset: scikit-learn's digits, split once, sharded per rank as DDP shards it
+(lessons 02, 03, 07, 08, 09, 10 and 11).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``launch_scripts/ddp_train.py``); also used by lessons 07
 (``grad_accumulation.py``, ``zero_fsdp.py``) and 08 (``sync_async.py``, ``local_sgd.py``,

@@ -1,4 +1,5 @@
-"""Script-side helpers: who am I, which backend, set up and tear down.
+"""Script-side helpers: who am I, which backend, set up and tear down (every launch script; lessons 00
+and 03).
 
 Used by every file in ``launch_scripts/``; introduced in ``notebooks/00_setup.ipynb``
 and explained in ``notebooks/03_ddp.ipynb``.
@@ -35,14 +36,15 @@ ERROR_MARKER = "MGPU_ERROR "
 BACKEND_ENV = "MGPU_BACKEND"
 #: Environment variable with the collective timeout in seconds (default 120).
 TIMEOUT_ENV = "MGPU_COLLECTIVE_TIMEOUT_S"
-#: Set by the launcher to the machine's GPU count when it hid the GPUs from ranks that run on CPU/gloo.
-HIDDEN_GPUS_ENV = "MGPU_HIDDEN_GPUS"
+#: Set by the launcher, with :data:`BACKEND_ENV`, to the reason of the backend it chose for the job: the
+#: ranks then take that decision as it is (:func:`choose_backend` runs once, in the launcher).
+REASON_ENV = "MGPU_BACKEND_REASON"
 #: Longest output line the course prints (JupyterLab wraps longer ones mid-word), in characters.
 LINE_WIDTH = 100
 #: Environment variable with the width :meth:`DistContext.log` wraps at (default :data:`LINE_WIDTH`); set
 #: by :func:`mgpu_utils.launch.nodes.launch_nodes`, which puts ``[node k] `` in front of every line.
 LINE_WIDTH_ENV = "MGPU_LINE_WIDTH"
-#: What the ranks' backend line adds when the GPUs are hidden from them (see :func:`choose_backend`).
+#: What the backend's reason adds when the launcher hides the GPUs from ranks that run on CPU.
 HIDDEN_NOTE = ("; the GPU(s) are hidden from the ranks (CUDA_VISIBLE_DEVICES=''), so no library takes a CUDA "
                "path with their CPU tensors")
 
@@ -159,14 +161,14 @@ def gpu_status() -> tuple[int, int, str]:
 
 
 def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: str | None = None) -> tuple[str, str]:
-    """Pick the communication backend for ``local_world_size`` processes on one machine.
+    """The course's backend rule, for ``local_world_size`` processes on one machine (lessons 00 and 03).
 
     NCCL when every local rank has its own CUDA GPU, gloo otherwise (CPU tier, or fewer GPUs than
-    ranks: two ranks on one GPU make NCCL fail with "Duplicate GPU detected"). Ranks that run on CPU
-    on a machine with GPUs (Colab: 1 GPU, 4 ranks) get the GPUs hidden by the launcher
-    (``CUDA_VISIBLE_DEVICES=''``, and ``$MGPU_HIDDEN_GPUS`` tells them how many there were): otherwise
-    library code that checks ``torch.cuda.is_available()`` takes CUDA paths with CPU tensors (torch's
-    PowerSGD hook calls ``torch.cuda.synchronize`` on the CPU device and fails).
+    ranks: two ranks on one GPU make NCCL fail with "Duplicate GPU detected"). It is applied once per
+    job: the launcher (:func:`mgpu_utils.launch.launcher.run_torchrun`) calls it before it starts the
+    ranks and passes the decision on in :data:`BACKEND_ENV` and :data:`REASON_ENV`, which each rank
+    then takes as it is. Under plain ``torchrun`` each rank applies the rule itself (they all see the
+    same machine, so they agree).
 
     Args:
         local_world_size: processes on this machine (>= 1).
@@ -178,30 +180,33 @@ def choose_backend(local_world_size: int, num_gpus: int | None = None, forced: s
         ``(backend, reason)``: backend is "nccl" or "gloo"; reason is one line for a human.
 
     Raises:
-        ValueError: unknown forced backend, or NCCL forced with fewer GPUs than local ranks.
+        ValueError: unknown forced backend, or NCCL forced with fewer usable GPUs than local ranks.
     """
+    decided = os.environ.get(REASON_ENV)
+    if decided and num_gpus is None and forced is None and os.environ.get(BACKEND_ENV):
+        return os.environ[BACKEND_ENV], decided                      # the launcher chose for this job
     note = ""
     if num_gpus is None:
         _, num_gpus, note = gpu_status()
         note = f" ({note})" if note else ""
-    hidden = int(os.environ.get(HIDDEN_GPUS_ENV) or 0) if num_gpus == 0 else 0  # a rank the launcher hid GPUs from
     forced = forced if forced is not None else (os.environ.get(BACKEND_ENV) or None)
     if forced is not None:
-        forced = forced.lower()
+        forced = forced.lower() if isinstance(forced, str) else forced
         if forced not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {forced!r}")
+            raise ValueError(f"backend must be None (automatic), 'gloo' or 'nccl', got {forced!r}")
         if forced == "nccl" and num_gpus < local_world_size:
-            raise ValueError(f"NCCL needs one GPU per rank: {local_world_size} local ranks but {num_gpus} GPU(s). "
-                             f"Use backend='gloo' or at most {num_gpus} processes.")
-        return forced, f"{forced} (forced)" + (HIDDEN_NOTE if forced == "gloo" and (num_gpus or hidden) else "")
-    if num_gpus == 0 and not hidden:
+            raise ValueError(f"NCCL needs one GPU per rank: {local_world_size} local rank(s) but {num_gpus} usable "
+                             f"GPU(s){note} (two ranks on one GPU fail with 'Duplicate GPU detected'). Use "
+                             f"backend='gloo' (or None for automatic) or at most {num_gpus} processes.")
+        return forced, f"{forced} (forced)"
+    if num_gpus == 0:
         if note:
             return "gloo", "gloo on CPU (no usable CUDA GPU): ranks are CPU processes" + note
         return "gloo", "gloo on CPU (no CUDA GPU visible): ranks are CPU processes"
     if num_gpus >= local_world_size:
         return "nccl", f"nccl: {num_gpus} GPU(s) for {local_world_size} local rank(s), one GPU per rank"
-    return "gloo", (f"gloo on CPU: {local_world_size} local ranks but only {num_gpus or hidden} GPU(s); "
-                    "NCCL would need one GPU per rank" + HIDDEN_NOTE)
+    return "gloo", (f"gloo on CPU: {local_world_size} local ranks but only {num_gpus} GPU(s); "
+                    "NCCL would need one GPU per rank")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""A real text that is always there: the docstrings of Python's standard library, as bytes.
+"""A real text that is always there: the docstrings of Python's standard library, as bytes (lessons
+06, 09 and 10).
 
 Introduced in ``notebooks/06_hybrid_parallel.ipynb`` (byte-level GPT-2 trained with 2-D parallelism).
 No download: the docstrings are read from the standard library's own ``.py`` files with ``ast``

@@ -54,21 +54,50 @@ class NotebooksRunOnce:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark every test that starts processes, so that `-m "not launches"` selects the pure ones (the
-    mutation run of `make mutation` uses it: those tests run in-process, where mutants are visible)."""
-    import inspect
-
+    """Mark by what a test does: a test that starts processes asks for the `starts_processes` fixture (and a
+    notebook cell of nbval runs in a kernel process), and gets the `launches` marker. So `-m "not launches"`
+    selects the in-process tests (the mutation run of `make mutation` uses it: mutants are visible only
+    in-process), and `process_guard` fails an unmarked test that starts a process anyway."""
     for item in items:
-        fn = getattr(item, "function", None)
-        if fn is None:
-            continue
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError):
-            continue
-        if any(call in src for call in ("launch(", "run_torchrun(", "subprocess.", "_run(", "running_lab(",
-                                        "_run_first_cell(")):
+        if "starts_processes" in getattr(item, "fixturenames", ()) or item.path.suffix == ".ipynb":
             item.add_marker("launches")
+
+
+@pytest.fixture
+def starts_processes():
+    """Ask for this fixture in a test that starts processes (torchrun, the launcher, a kernel, a subprocess):
+    the test is then marked `launches`, and `process_guard` lets it."""
+    yield
+
+
+class ProcessStarted(RuntimeError):
+    """An in-process test (not marked `launches`) started a process."""
+
+
+@pytest.fixture(autouse=True)
+def process_guard(request, monkeypatch):
+    """A test not marked `launches` must not start a process: subprocess, fork, multiprocessing, and the
+    warm template (which forks ranks in another process) all raise :class:`ProcessStarted` here."""
+    if request.node.get_closest_marker("launches"):
+        yield
+        return
+    import torch  # noqa: F401  (its first import probes the CUDA libraries in a subprocess: not the test's)
+    import multiprocessing.util
+    import os
+    import subprocess
+
+    from mgpu_utils.launch import warm
+
+    def refuse(*args, **kwargs):
+        raise ProcessStarted(f"{request.node.nodeid} starts a process but is not marked `launches`: give it the "
+                             f"`starts_processes` fixture")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
+    monkeypatch.setattr(warm, "start_job", refuse)
+    monkeypatch.setattr(warm, "get_template", refuse)
+    yield
 
 
 @pytest.fixture

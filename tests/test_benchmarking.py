@@ -129,7 +129,7 @@ def test_breakdown_of_a_synthetic_trace(tmp_path):
 
 # --- launches ---
 
-def test_weak_scaling_run_and_its_all_reduce_sweep():
+def test_weak_scaling_run_and_its_all_reduce_sweep(starts_processes):
     args = ["--per-rank-batch", 32, "--width", 64, "--depth", 2, "--steps", 2, "--warmup", 1,
             "--sweep-bytes", "4096,65536"]
     one = launch("ddp_speedup.py", nproc=1, args=args, show="none", threads_per_rank=1)
@@ -144,7 +144,7 @@ def test_weak_scaling_run_and_its_all_reduce_sweep():
         assert two["joules_per_sample"] == pytest.approx(two["energy_j"] / (10 * 64))
 
 
-def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_path):
+def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_path, starts_processes):
     cfg = dict(layers=2, embd=64, heads=2, seq=32)
     res = launch("profile_step.py", nproc=2, threads_per_rank=1, show="none",
                  args=["--layers", 2, "--embd", 64, "--heads", 2, "--seq", 32, "--batch", 4, "--warmup", 1,
@@ -172,7 +172,7 @@ def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_p
     assert 0 < res["mfu"] < 1
 
 
-def test_scaling_benchmark_two_ranks_speed_up(tmp_path, capsys):
+def test_scaling_benchmark_two_ranks_speed_up(tmp_path, capsys, starts_processes):
     """benchmarks/scaling.py --max-nproc 2: it runs, writes its CSV and figure, and on 2 cores that were
     its own (mgpu_utils.timing.LoadWatch) 2 ranks beat 1 clearly. The goal, 1.5 or more, is the
     benchmark's to measure on a quiet machine (20 quiet runs: 1.59-1.79, README), not this test's."""

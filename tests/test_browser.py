@@ -232,7 +232,7 @@ def patterns(pytestconfig):
 
 
 @pytest.mark.runs_notebooks                             # nbval does not run these notebooks again (conftest.py)
-def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path):
+def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path, starts_processes):
     SHOTS.mkdir(parents=True, exist_ok=True)
     # the test's own user settings: autosave off, so a run in the browser never rewrites the committed files;
     # every cell in the page (JupyterLab otherwise renders only the cells near the view, to be fast)

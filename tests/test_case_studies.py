@@ -8,7 +8,7 @@ RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads", "--ma
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_resnet_first_step_is_the_per_shard_reference(nproc):
+def test_resnet_first_step_is_the_per_shard_reference(nproc, starts_processes):
     """DDP's first gradient = one process normalising each rank's shard on its own and averaging; the
     whole global batch in one piece differs (BatchNorm statistics of other samples)."""
     r = launch("case_resnet.py", nproc=nproc, args=RESNET_SMALL, show="none", threads_per_rank=1)
@@ -18,14 +18,14 @@ def test_resnet_first_step_is_the_per_shard_reference(nproc):
     assert r["grad_vs_global_batch"] > 100 * max(r["grad_max_diff"], 1e-12), "BatchNorm makes them differ"
 
 
-def test_resnet_sync_bn_on_cpu_is_caught_and_reported():
+def test_resnet_sync_bn_on_cpu_is_caught_and_reported(starts_processes):
     r = launch("case_resnet.py", nproc=2, backend="gloo", show="none", threads_per_rank=1,
                args=["--epochs", 2, "--size", 8, "--batch", 8, "--sync-bn", "--max-steps", 2])
     assert r["sync_bn"] != "on" and ("GPU" in r["sync_bn"] or "CUDA" in r["sync_bn"]), r["sync_bn"]
     assert len(r["epoch_losses"]) == 1                        # --max-steps ends the run, training went on
 
 
-def test_resnet_sync_bn_on_gpus_matches_the_global_batch():
+def test_resnet_sync_bn_on_gpus_matches_the_global_batch(starts_processes):
     import torch
 
     if torch.cuda.device_count() < 2:
@@ -36,14 +36,14 @@ def test_resnet_sync_bn_on_gpus_matches_the_global_batch():
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_gan_first_step_replicas_and_training(nproc):
+def test_gan_first_step_replicas_and_training(nproc, starts_processes):
     r = launch("case_gan.py", nproc=nproc, args=["--steps", 60, "--check-grads"], show="none", threads_per_rank=1)
     assert r["grad_max_diff"] <= 1e-5 * r["grad_scale"], r
     assert r["max_param_spread"] == 0.0, "every rank holds the same generator and discriminator"
     assert r["d_changed"] and len(r["samples"]) == 16 and len(r["samples"][0]) == 8
 
 
-def test_gan_without_the_discriminator_step_never_trains_it():
+def test_gan_without_the_discriminator_step_never_trains_it(starts_processes):
     r = launch("case_gan.py", nproc=2, args=["--steps", 20, "--bug", "no-d-step"], show="none",
                threads_per_rank=1)
     assert not r["d_changed"], "the broken loop never updates the discriminator"
@@ -65,7 +65,7 @@ def test_augmented_digits_without_augmentation_is_the_resized_image():
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_bert_first_step_is_one_process_on_the_global_batch(nproc):
+def test_bert_first_step_is_one_process_on_the_global_batch(nproc, starts_processes):
     """Each rank's summed token loss over the global batch's masked tokens, times the world size: DDP's
     average is the global batch's mean, so the gradient equals HF's loss on the whole batch in one process."""
     r = launch("case_bert.py", nproc=nproc, args=["--steps", 1, "--check-grads"], show="none", threads_per_rank=1)
@@ -77,7 +77,7 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc):
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
 
-    from mgpu_utils.launch.launcher import SCRIPTS_DIR
+    from mgpu_utils.launch.processes import SCRIPTS_DIR
     from mgpu_utils.text_data import stdlib_docstrings
 
     sys.path.insert(0, str(SCRIPTS_DIR))

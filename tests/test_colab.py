@@ -67,7 +67,7 @@ def test_links_and_settings_fail_with_the_fix(tmp_path):
         colab.repo_url(tmp_path)
 
 
-def test_first_cell_clones_on_simulated_colab(tmp_path):
+def test_first_cell_clones_on_simulated_colab(tmp_path, starts_processes):
     course = tmp_path / "content" / "course"
     first = _run_first_cell(tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -85,7 +85,7 @@ def test_first_cell_clones_on_simulated_colab(tmp_path):
     assert f"MGPU_FILE {course / 'mgpu_utils' / '__init__.py'}" in again.stdout
 
 
-def test_first_cell_replaces_an_interrupted_clone(tmp_path):
+def test_first_cell_replaces_an_interrupted_clone(tmp_path, starts_processes):
     course = tmp_path / "content" / "course"
     (course / "notebooks").mkdir(parents=True)               # a clone that stopped before mgpu_utils/
     r = _run_first_cell(tmp_path)
@@ -93,7 +93,7 @@ def test_first_cell_replaces_an_interrupted_clone(tmp_path):
     assert "Colab: cloning" in r.stdout and (course / "mgpu_utils" / "__init__.py").is_file()
 
 
-def test_first_cell_outside_colab_without_the_course_says_what_to_do(tmp_path):
+def test_first_cell_outside_colab_without_the_course_says_what_to_do(tmp_path, starts_processes):
     r = _run_first_cell(tmp_path, on_colab=False)
     assert r.returncode != 0 and "No module named 'mgpu_utils'" in r.stderr
     assert "no mgpu_utils? In a clone of the course: make lab" in r.stderr   # the traceback shows the line

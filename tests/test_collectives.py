@@ -11,14 +11,14 @@ from mgpu_utils.launch.launcher import LaunchError, launch
 
 
 @pytest.mark.parametrize("nproc", [2, 3, 4])
-def test_ring_tree_naive_equal_dist_all_reduce(nproc):
+def test_ring_tree_naive_equal_dist_all_reduce(nproc, starts_processes):
     """fp32 and bf16; lengths 1, 3, 7, 64, 1001 (shorter than n, divisible and not divisible by n);
     ring, tree and naive each compared with dist.all_reduce."""
     res = launch("ring_allreduce.py", nproc=nproc, show="none", args=["--sizes-kib", ""])
     assert res["checks_passed"] == 2 * 5 * 3 and res["world_size"] == nproc
 
 
-def test_ring_timing_rows():
+def test_ring_timing_rows(starts_processes):
     res = launch("ring_allreduce.py", nproc=2, show="none",
                  args=["--sizes-kib", "4,64", "--repeats", 1, "--check-lengths", "5"])
     assert {(r["algorithm"], r["bytes"]) for r in res["timings"]} == \
@@ -26,7 +26,7 @@ def test_ring_timing_rows():
     assert all(r["seconds"] > 0 for r in res["timings"])
 
 
-def test_every_primitive_against_a_single_process_reference():
+def test_every_primitive_against_a_single_process_reference(starts_processes):
     n = 3
     res = launch("collectives_demo.py", nproc=n, show="none")
     x = [np.arange(2 * n) + 10 * r for r in range(n)]             # what each rank started with
@@ -74,7 +74,7 @@ def test_alpha_beta_fit_recovers_the_model():
         fit_ring_allreduce([1024, 1024], [1e-3, 1e-3], 4)
 
 
-def test_bench_rows_csv_and_factors(tmp_path):
+def test_bench_rows_csv_and_factors(tmp_path, starts_processes):
     out = tmp_path / "bench.csv"
     res = launch("collectives_bench.py", nproc=2, show="none",
                  args=["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1, "--csv", out])
@@ -89,7 +89,7 @@ def test_bench_rows_csv_and_factors(tmp_path):
     assert res["copy_GBps"] > 0
 
 
-def test_mismatched_collective_is_named_with_debug_detail():
+def test_mismatched_collective_is_named_with_debug_detail(starts_processes):
     with pytest.raises(LaunchError) as info:
         launch("collective_errors.py", nproc=2, show="none", args=["--case", "mismatch", "--timeout", 5],
                env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
@@ -97,14 +97,14 @@ def test_mismatched_collective_is_named_with_debug_detail():
     assert "mismatch between collectives" in text and "BROADCAST" in text and "ALLREDUCE" in text
 
 
-def test_missing_rank_is_named_within_the_timeout():
+def test_missing_rank_is_named_within_the_timeout(starts_processes):
     with pytest.raises(LaunchError) as info:
         launch("collective_errors.py", nproc=2, show="none", args=["--case", "missing", "--timeout", 2],
                env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     assert info.value.rank == 0 and "Ranks 1 failed to pass monitoredBarrier" in info.value.message
 
 
-def test_error_script_control_run_succeeds():
+def test_error_script_control_run_succeeds(starts_processes):
     res = launch("collective_errors.py", nproc=2, show="none", args=["--case", "ok"])
     assert res["result"] == [3.0] * 4                                 # 1 + 2
 
@@ -112,7 +112,8 @@ def test_error_script_control_run_succeeds():
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7])
 def test_ring_schedule_sums_every_chunk(n):
     """Replay the schedule on numbers: every rank ends with the full sum (the stepper shows this)."""
-    from mgpu_utils.parallel.ring import ring_bytes_per_rank, ring_schedule, ring_states
+    from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
+    from mgpu_utils.parallel.ring import ring_schedule, ring_states
 
     steps = ring_schedule(n)
     assert len(steps) == 2 * (n - 1)
@@ -210,7 +211,7 @@ def test_from_scratch_all_reduce_in_threads(algorithm, n, monkeypatch):
         torch.testing.assert_close(tensors[r], expected, rtol=0, atol=0, msg=f"{algorithm}, n={n}, rank {r}")
 
 
-def test_allreduce_latency_probe_reports_every_element_count():
+def test_allreduce_latency_probe_reports_every_element_count(starts_processes):
     """allreduce_latency.py (lesson 04): element counts 1..2n plus the large ones, all positive times,
     the best call never above the median, and a ping-pong; the script itself asserts the all-reduce of
     ones gives the world size."""

@@ -60,7 +60,7 @@ def test_wrappers_on_a_real_group_of_one(gloo_group_of_one):
     torch.testing.assert_close(rs, x)
 
 
-def test_launch_refuses_a_too_old_torch_before_starting_anything(monkeypatch):
+def test_launch_refuses_a_too_old_torch_before_starting_anything(monkeypatch, starts_processes):
     from mgpu_utils.launch.launcher import launch
     monkeypatch.setattr(torch, "__version__", "2.4.1")
     with pytest.raises(RuntimeError, match=r"needs torch >= 2\.13, found 2\.4\.1"):

@@ -10,7 +10,7 @@ def _nb(path, code):
     nbformat.write(nb, path)
 
 
-def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd):
+def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd, starts_processes):
     src = tmp_path / "nbs"
     src.mkdir()
     _nb(src / "01_ok.ipynb", ["x = 6 * 7", "print(x)"])

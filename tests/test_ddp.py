@@ -21,7 +21,7 @@ def reference_grads(global_batch, width, depth, seed=0):
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path):
+def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path, starts_processes):
     dump = tmp_path / "grads.pt"
     res = launch("ddp_internals.py", nproc=nproc, show="none",
                  args=["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", "",
@@ -39,7 +39,7 @@ def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path):
     assert calls["no_sync_forward_outside"] == 2 * calls["one_step"], "forward outside no_sync still syncs"
 
 
-def test_bucket_sweep_accounts_for_every_byte():
+def test_bucket_sweep_accounts_for_every_byte(starts_processes):
     res = launch("ddp_internals.py", nproc=2, show="none",
                  args=["--global-batch", 8, "--width", 128, "--depth", 4, "--caps", "0.05,25", "--steps", 2])
     small, big = res["buckets"]
@@ -47,7 +47,7 @@ def test_bucket_sweep_accounts_for_every_byte():
     assert sum(small["bucket_bytes"]) == sum(big["bucket_bytes"]) == res["grad_bytes"]
 
 
-def test_ddp_training_matches_single_process_with_global_batch():
+def test_ddp_training_matches_single_process_with_global_batch(starts_processes):
     args = ["--epochs", 2, "--batch-size", 16]
     ddp = launch("ddp_train.py", nproc=2, args=args, show="none")
     single = launch("ddp_train.py", nproc=1, args=args + ["--single", 2], show="none")
@@ -57,7 +57,7 @@ def test_ddp_training_matches_single_process_with_global_batch():
     assert ddp["train_size"] + ddp["test_size"] == 1797
 
 
-def test_single_flag_refuses_several_ranks():
+def test_single_flag_refuses_several_ranks(starts_processes):
     from mgpu_utils.launch.launcher import LaunchError
     with pytest.raises(LaunchError, match="--single runs in one process"):
         launch("ddp_train.py", nproc=2, args=["--single", 2], show="none")
@@ -76,7 +76,7 @@ def test_digits_loader_reads_the_same_data_as_scikit_learn():
     assert torch.bincount(test.tensors[1]).min() >= 35   # stratified: every class in the test set
 
 
-def test_speedup_script_times_the_same_training_at_every_world_size():
+def test_speedup_script_times_the_same_training_at_every_world_size(starts_processes):
     """ddp_speedup.py: N ranks train exactly what one rank trains on the same global batch, and report
     a step time that includes communication (step >= compute share is not guaranteed by noise, so the
     contract checked is the equivalence and the fields the notebook reads)."""
@@ -91,6 +91,6 @@ def test_speedup_script_times_the_same_training_at_every_world_size():
     assert_close(two["final_loss"], one["final_loss"], rtol=1e-5, atol=0)
 
 
-def test_speedup_script_names_an_indivisible_batch():
+def test_speedup_script_names_an_indivisible_batch(starts_processes):
     with pytest.raises(Exception, match="not divisible by world size 2"):
         launch("ddp_speedup.py", nproc=2, args=["--global-batch", 63, "--steps", 1, "--warmup", 0], show="none")

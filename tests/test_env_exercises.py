@@ -130,7 +130,7 @@ def test_exercise_answers_match_the_facts():
     assert choose_backend(4, num_gpus=1, forced=None)[0] == RIGHT["00.2"]
     assert sum(range(8)) == RIGHT["00.1"]
     from mgpu_utils.costs.bandwidth import busbw_gbps
-    from mgpu_utils.parallel.ring import ring_bytes_per_rank
+    from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
     assert ring_bytes_per_rank(16, 8) == RIGHT["04.1"]
     from mgpu_utils.costs.hardware import GPUS
     from mgpu_utils.timing import matmul_intensity
@@ -179,7 +179,7 @@ def test_exercise_answers_match_the_facts():
     finally:
         dist.destroy_process_group()
     import re
-    from mgpu_utils.launch.launcher import SCRIPTS_DIR
+    from mgpu_utils.launch.processes import SCRIPTS_DIR
     loop = (SCRIPTS_DIR / "case_gan.py").read_text().split("for step in range(args.steps):")[1].split("params =")[0]
     assert len(re.findall(r"\bd\(", loop)) == RIGHT["09.4"]     # d(real), d(fake.detach()), d(fake)
 

@@ -27,7 +27,7 @@ def test_young_interval_and_lost_work_by_hand():
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path):
+def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path, starts_processes):
     r = run_torchrun("elastic_train.py", nproc, ["--ckpt-dir", tmp_path, "--kill-rank", nproc - 1, "--kill-step", 13],
                      max_restarts=1, show="none")
     assert r.restarts == 1 and r.result["restarts"] == 1 and r.result["resumed_from_step"] == 10
@@ -36,7 +36,7 @@ def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path):
     assert not list(tmp_path.glob("*.tmp*")), "no half-written snapshot left behind"
 
 
-def test_every_part_of_the_snapshot_is_needed(tmp_path):
+def test_every_part_of_the_snapshot_is_needed(tmp_path, starts_processes):
     """Lesson 11, section 3: each part left out changes the run (resumed in the same processes, --resume-at)."""
     for part in ("optimizer", "scheduler", "sampler", "rng"):
         r = launch("elastic_train.py", 2, ["--ckpt-dir", tmp_path / part, "--resume-at", 13, "--drop", part],
@@ -45,7 +45,7 @@ def test_every_part_of_the_snapshot_is_needed(tmp_path):
         assert (r["batches_trained_twice"] > 0) == (part == "sampler"), (part, r)
 
 
-def test_resuming_in_the_same_processes_is_a_restart(tmp_path):
+def test_resuming_in_the_same_processes_is_a_restart(tmp_path, starts_processes):
     """--resume-at S gives, bit for bit, what a rank killed before step S and restarted by torchrun gives
     (with the RNG states left out: the part that a process's own state would leak into)."""
     keys = ("restarts", "resumed_from_step", "max_param_diff_vs_uninterrupted", "lr_at_end", "batches_trained_twice")
@@ -58,20 +58,20 @@ def test_resuming_in_the_same_processes_is_a_restart(tmp_path):
     assert [resumed[k] for k in keys] == [killed[k] for k in keys]
 
 
-def test_without_restarts_the_killed_rank_is_named(tmp_path):
+def test_without_restarts_the_killed_rank_is_named(tmp_path, starts_processes):
     with pytest.raises(LaunchError) as info:
         run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path, "--kill-rank", 1, "--kill-step", 3], show="none")
     assert info.value.rank == 1 and "SIGKILL" in str(info.value)
 
 
-def test_a_hung_rank_times_out_and_the_job_resumes(tmp_path):
+def test_a_hung_rank_times_out_and_the_job_resumes(tmp_path, starts_processes):
     r = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path, "--hang-rank", 1, "--hang-step", 13],
                      max_restarts=1, show="none", env={"MGPU_COLLECTIVE_TIMEOUT_S": 5})
     assert r.restarts == 1 and r.result["max_param_diff_vs_uninterrupted"] <= 1e-6
     assert "Timed out" in r.attempt_failures[0] or "timed out" in r.attempt_failures[0].lower()
 
 
-def test_max_restarts_is_validated():
+def test_max_restarts_is_validated(starts_processes):
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
             run_torchrun("hello_dist.py", 2, max_restarts=bad)
@@ -79,7 +79,7 @@ def test_max_restarts_is_validated():
 
 # --- several nodes on one machine (mgpu_utils.launch.nodes) ---
 
-def test_two_agents_form_one_job():
+def test_two_agents_form_one_job(starts_processes):
     """Two torchrun agents with a c10d rendezvous: one world of 4, ranks 0-1 on node 0, 2-3 on node 1."""
     from mgpu_utils.launch.nodes import launch_nodes
 
@@ -90,7 +90,7 @@ def test_two_agents_form_one_job():
     assert len(set(r.result["pids"])) == 4 and r.leftover == []
 
 
-def test_elastic_scale_down_resumes_exactly(tmp_path):
+def test_elastic_scale_down_resumes_exactly(tmp_path, starts_processes):
     """--nnodes 1:2: node 1 is lost after the snapshot of step 10; node 0 re-forms the job alone (world size 2 -> 1),
     resumes from the snapshot with the same global batch, and ends where an uninterrupted run ends."""
     from mgpu_utils.launch.nodes import launch_nodes
@@ -123,7 +123,7 @@ def test_launch_nodes_refuses_bad_input(kwargs, match):
 
 # --- checkpoint formats (launch_scripts/checkpoint_formats.py) ---
 
-def test_checkpoint_formats_and_dcp_resharding(tmp_path):
+def test_checkpoint_formats_and_dcp_resharding(tmp_path, starts_processes):
     """Saved by 4 ranks: rank 0's file equals every replica, ZeRO-1 refuses an unconsolidated state_dict and
     resumes exactly from the consolidated one, DCP writes one shard per rank; loaded by 2 and by 3 ranks
     (resharded, 3 unevenly), parameters and Adam states equal the gathered reference exactly."""
@@ -150,7 +150,7 @@ def test_checkpoint_formats_and_dcp_resharding(tmp_path):
 
 
 
-def test_launch_nodes_names_the_failed_rank_and_its_node():
+def test_launch_nodes_names_the_failed_rank_and_its_node(starts_processes):
     """Rank 2 (node 1) raises; node 0's ranks then fail because their peer closed: the error names rank 2."""
     from mgpu_utils.launch.nodes import launch_nodes
 

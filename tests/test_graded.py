@@ -62,25 +62,25 @@ def test_every_function_exercise_is_covered():
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_solutions_pass_at_every_world_size_they_use(world):
+def test_solutions_pass_at_every_world_size_they_use(world, starts_processes):
     ids = [i for i in FUNCTIONS if world in GRADED[i].world_sizes]
     hints = grade_many([(i, solution(i)) for i in ids], world)
     assert hints == [None] * len(ids), dict(zip(ids, hints))
 
 
-def test_templates_fail_with_their_hints():
+def test_templates_fail_with_their_hints(starts_processes):
     hints = grade_many([(i, EXERCISES_DIR / GRADED[i].template) for i in FUNCTIONS], 2)
     for i, hint in zip(FUNCTIONS, hints):
         assert hint and re.search(TEMPLATE_HINTS[i], hint), (i, hint)
 
 
-def test_typical_mistakes_get_their_hints(tmp_path):
+def test_typical_mistakes_get_their_hints(tmp_path, starts_processes):
     hints = grade_many([(i, wrong(tmp_path, i, *MISTAKES[i][:2])) for i in FUNCTIONS], 3)
     for i, hint in zip(FUNCTIONS, hints):
         assert hint and re.search(MISTAKES[i][2], hint), (i, hint)
 
 
-def test_check_script_confirms_with_the_measurements(capsys):
+def test_check_script_confirms_with_the_measurements(capsys, starts_processes):
     assert check_script("03.4", solution("03.4"), world_sizes=(2,))
     out = printed(capsys)
     assert "[03.4] correct" in out and re.search(r"world size 2: one step .* ms with yours, .* ms with DDP", out)
@@ -96,7 +96,7 @@ def test_check_script_confirms_with_the_measurements(capsys):
     ("template", (2,), r"the job hung in a collective: rank 0 waits in all_reduce \(line \d+\)"),
     ("broadcast", (3,), r"rank 0's total is 4, expected 24"),
 ])
-def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys):
+def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys, starts_processes):
     file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template,
             "broadcast": None}[path] or wrong(tmp_path, "04.6", "dist.all_reduce(t)  ", "dist.broadcast(t, src=0)  ")
     assert check_script("04.6", file, world_sizes=sizes) == (path == "solution")
@@ -104,7 +104,7 @@ def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys):
     assert re.search(hint, out), out
 
 
-def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, capsys):
+def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, capsys, starts_processes):
     path = tmp_path / "cheat.py"
     path.write_text("import torch, torch.distributed as dist\n"
                     "def ring_all_gather(x):\n"

@@ -49,7 +49,7 @@ def test_cpu_vector_extensions_is_a_list():
     assert isinstance(cpu_vector_extensions(), list)
 
 
-def test_gpu_check_skips_without_a_gpu_and_measures_with_one():
+def test_gpu_check_skips_without_a_gpu_and_measures_with_one(starts_processes):
     """No GPU: exit 3 with a SKIPPED line. A GPU: it measures for real, reports a result line, and a GPU
     whose datasheet is on file must reach the 70% the lesson states (exit 0)."""
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], capture_output=True, text=True,
@@ -62,7 +62,7 @@ def test_gpu_check_skips_without_a_gpu_and_measures_with_one():
     assert proc.returncode == (0 if on_file else proc.returncode), proc.stdout
 
 
-def test_gpu_smoke_script_skips_visibly_without_a_gpu():
+def test_gpu_smoke_script_skips_visibly_without_a_gpu(starts_processes):
     """`make gpu-check` on a machine without a GPU: one SKIPPED line, exit 0. On a GPU machine it runs for
     minutes, so here only its syntax is checked (run `make gpu-check` itself there)."""
     script = ROOT / "benchmarks" / "gpu_smoke.sh"

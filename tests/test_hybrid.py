@@ -61,7 +61,7 @@ def ref_norms():
 
 
 @pytest.mark.parametrize("nproc,layouts", [(4, "2x2,1x4"), (2, "1x2,2x1")])
-def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref, ref_norms):
+def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref, ref_norms, starts_processes):
     res = launch("hybrid_gpt2.py", nproc=nproc, show="none",
                  args=["--layouts", layouts, "--steps", STEPS, "--global-batch", GLOBAL_BATCH, "--lr", LR,
                        "--no-reference"])
@@ -82,7 +82,7 @@ def test_2d_mesh_losses_equal_single_process(nproc, layouts, ref, ref_norms):
     assert ref[-1] < ref[0] - 0.3, "the reference learns"
 
 
-def test_reference_inside_the_script_and_bad_layout():
+def test_reference_inside_the_script_and_bad_layout(starts_processes):
     res = launch("hybrid_gpt2.py", nproc=1, show="none", args=["--steps", 3])
     assert res["reference"]["swap_max_logit_diff"] < 1e-5
     assert_close(res["layouts"]["1x1"]["loss"], res["reference"]["loss"], atol=LOSS_ATOL, rtol=0)

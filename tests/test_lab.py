@@ -11,7 +11,7 @@ from lab_server import ROOT, api, running_lab, wait
 from nbformat.sign import NotebookNotary
 
 
-def test_make_lab_starts_quiet_and_trusted(tmp_path):
+def test_make_lab_starts_quiet_and_trusted(tmp_path, starts_processes):
     with running_lab(tmp_path) as (base, token, log, _):
         sockets = Path(os.environ.get("XDG_RUNTIME_DIR") or "/tmp") / f"mgpu-lab-{os.getuid()}"   # as the Makefile
         before = set(sockets.glob("kernel-*"))

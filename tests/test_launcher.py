@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, launch, run_torchrun
+from helpers import alive, rank_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 MISBEHAVE = str(ROOT / "tests" / "scripts" / "misbehave.py")
@@ -28,7 +29,7 @@ def procs_with(tag):
     return found
 
 
-def test_result_and_rank_output(capsys):
+def test_result_and_rank_output(capsys, starts_processes):
     res = launch("hello_dist.py", nproc=2)
     out = capsys.readouterr().out
     from mgpu_utils.dist import choose_backend
@@ -37,7 +38,7 @@ def test_result_and_rank_output(capsys):
     assert "MGPU_RESULT" not in out
 
 
-def test_failing_rank_is_named_quickly():
+def test_failing_rank_is_named_quickly(starts_processes):
     t0 = time.perf_counter()
     with pytest.raises(LaunchError) as info:
         launch("hello_dist.py", nproc=3, args=["--fail-rank", "1"], show="none")
@@ -50,7 +51,7 @@ def test_failing_rank_is_named_quickly():
     assert str(ROOT) not in str(err)
 
 
-def test_plain_script_traceback_and_silent_exit_are_diagnosed():
+def test_plain_script_traceback_and_silent_exit_are_diagnosed(starts_processes):
     with pytest.raises(LaunchError) as info:
         run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1"], show="none")
     assert info.value.rank == 1 and info.value.exc_type == "RuntimeError"
@@ -60,7 +61,7 @@ def test_plain_script_traceback_and_silent_exit_are_diagnosed():
     assert info.value.rank == 0 and "exit code 3" in str(info.value)
 
 
-def test_port_29500_taken_does_not_matter():
+def test_port_29500_taken_does_not_matter(starts_processes):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -71,24 +72,8 @@ def test_port_29500_taken_does_not_matter():
         assert launch("hello_dist.py", nproc=2, show="none")["sum_of_ranks"] == 1
 
 
-def alive(pids):
-    """The processes among ``pids`` that still exist (a zombie counts as gone: it has ended)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def rank_pids(folder: Path) -> list:
-    return [int(f.read_text()) for f in folder.glob("rank*.pid") if f.read_text()]
-
-
 @pytest.mark.parametrize("via", ["warm", "torchrun"])
-def test_timeout_kills_everything_and_relaunch_works(via, tmp_path):
+def test_timeout_kills_everything_and_relaunch_works(via, tmp_path, starts_processes):
     tag = uuid.uuid4().hex
     t0 = time.perf_counter()
     with pytest.raises(LaunchTimeout, match="timeout_s"):
@@ -104,7 +89,7 @@ def test_timeout_kills_everything_and_relaunch_works(via, tmp_path):
 
 
 @pytest.mark.parametrize("via", ["warm", "torchrun"])
-def test_keyboard_interrupt_kills_everything(via, tmp_path):
+def test_keyboard_interrupt_kills_everything(via, tmp_path, starts_processes):
     """A notebook's stop button is a SIGINT (KeyboardInterrupt) in the kernel: simulate it. Afterwards no rank
     is left, and, when that process has ended, no warm template either."""
     code = ("from mgpu_utils.launch.launcher import run_torchrun\n"
@@ -136,19 +121,19 @@ def test_keyboard_interrupt_kills_everything(via, tmp_path):
     (dict(script="hello_dist.py", nproc=2, backend="mpi"), ValueError, "gloo"),
     (dict(script="hello_dist.py", nproc=2, show="some"), ValueError, "rank0"),
 ])
-def test_bad_input_is_refused_with_the_fix(kwargs, exc, text):
+def test_bad_input_is_refused_with_the_fix(kwargs, exc, text, starts_processes):
     with pytest.raises(exc, match=text):
         launch(**kwargs)
 
 
-def test_nccl_with_more_ranks_than_gpus_is_refused():
+def test_nccl_with_more_ranks_than_gpus_is_refused(starts_processes):
     import torch
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(ValueError, match="backend='gloo'"):
         launch("hello_dist.py", nproc=gpus + 1, backend="nccl")
 
 
-def test_script_runs_without_torchrun():
+def test_script_runs_without_torchrun(starts_processes):
     out = subprocess.run([sys.executable, str(ROOT / "launch_scripts" / "hello_dist.py")], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120, check=True).stdout
     assert '"world_size": 1' in out and '"backend": "none"' in out and "single process" in out
@@ -157,7 +142,7 @@ def test_script_runs_without_torchrun():
 EXIT_PATHS = str(ROOT / "tests" / "scripts" / "exit_paths.py")
 
 
-def test_shutdown_skips_finalization_but_runs_atexit():
+def test_shutdown_skips_finalization_but_runs_atexit(starts_processes):
     """Success: exit 0 with the result, atexit callbacks ran, interpreter finalization did not (os._exit)."""
     res = run_torchrun(EXIT_PATHS, 2, ["--mode", "ok"], show="none")
     assert res.returncode == 0 and res.result["world_size"] == 2
@@ -170,7 +155,7 @@ def test_shutdown_skips_finalization_but_runs_atexit():
     assert "FINALIZED" in plain.stdout
 
 
-def test_shutdown_keeps_errors_and_exit_codes_truthful():
+def test_shutdown_keeps_errors_and_exit_codes_truthful(starts_processes):
     with pytest.raises(LaunchError) as info:
         run_torchrun(EXIT_PATHS, 2, ["--mode", "raise", "--rank", "1"], show="none")
     err = info.value
@@ -185,7 +170,7 @@ def test_shutdown_keeps_errors_and_exit_codes_truthful():
 MIXED = str(ROOT / "tests" / "scripts" / "mixed_tier.py")
 
 
-def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
+def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch, starts_processes):
     """Colab's case, simulated: 1 visible GPU, 2 ranks. The ranks run on gloo/CPU with the GPU hidden, so
     torch's PowerSGD hook (which synchronises CUDA whenever it is available) runs; the backend line says why."""
     import torch
@@ -213,9 +198,9 @@ def test_mixed_tier_hides_the_gpus_from_ranks_on_cpu(monkeypatch):
     ("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error", "NCCL_DEBUG"),
     ("ncclUnhandledCudaError: Call to CUDA function failed.", "NCCL_P2P_DISABLE"),
 ])
-def test_gpu_errors_get_a_fix_hint(message, words):
+def test_gpu_errors_get_a_fix_hint(message, words, starts_processes):
     """GPU-only failures, simulated on the CPU by a rank raising torch's message: the error ends with the fix."""
-    from mgpu_utils.launch.launcher import fix_hint
+    from mgpu_utils.launch.logs import fix_hint
     assert words in fix_hint(message) and fix_hint("ValueError: boom") is None
     with pytest.raises(LaunchError) as info:
         run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1", "--message", message], show="none")

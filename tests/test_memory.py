@@ -136,7 +136,7 @@ def test_calculator_transformer_shape_and_plot():
 # ---------------------------------------------------------------- under torchrun
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_zero1_and_fsdp_equal_single_process_and_shard_as_predicted(nproc):
+def test_zero1_and_fsdp_equal_single_process_and_shard_as_predicted(nproc, starts_processes):
     r = launch("zero_fsdp.py", nproc=nproc, show="none", timeout_s=300)
     assert r["world_size"] == nproc and set(r["modes"]) == {"ddp", "zero1", "fsdp2", "fsdp3"}
     n = r["params"]
@@ -156,7 +156,7 @@ def test_zero1_and_fsdp_equal_single_process_and_shard_as_predicted(nproc):
     assert r["modes"]["fsdp2"]["per_rank"][0]["params_after_forward"] >= 4 * n > fsdp3[0]["params_after_forward"]
 
 
-def test_no_sync_counts_and_checkpointing_under_ddp():
+def test_no_sync_counts_and_checkpointing_under_ddp(starts_processes):
     r = launch("grad_accumulation.py", nproc=2, args=["--micro", "4", "--global-batch", "64"], show="none",
                timeout_s=300)
     every, quiet = r["accumulation"]["every"], r["accumulation"]["no_sync"]

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from mgpu_utils.launch.launcher import REPO_ROOT, launch
+from mgpu_utils.launch.launcher import launch
+from mgpu_utils.launch.processes import REPO_ROOT
 from mgpu_utils.costs.memory_model import in_flight_micro_batches
 from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
                                            gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,
@@ -151,7 +152,7 @@ def test_plots_and_explorer():
 
 
 @pytest.mark.parametrize("nproc,stage_ms", [(2, 30), (4, 0)])
-def test_pipeline_schedules_equal_single_device(nproc, stage_ms):
+def test_pipeline_schedules_equal_single_device(nproc, stage_ms, starts_processes):
     """Every part against the single-device model; timelines complete; on 2 ranks, with 30 ms sleeps per
     stage, every schedule replayed with its measured durations gives (p-1)/(v*m+p-1) within 0.01, and the
     measured bubbles lie within 0.1 above it (the time between actions) and below the naive one."""
@@ -188,7 +189,7 @@ def test_pipeline_schedules_equal_single_device(nproc, stage_ms):
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_tensor_parallel_layers_equal_dense(nproc):
+def test_tensor_parallel_layers_equal_dense(nproc, starts_processes):
     res = launch("tensor_parallel.py", nproc=nproc, show="none")
     assert set(res["errors"]) == {f"scratch_{n}" for n in ("mlp", "attention", "mlp_sp")} | \
         {f"dtensor_{n}" for n in ("mlp", "attention", "attention_prep", "block_sp")}
@@ -212,7 +213,7 @@ def test_tensor_parallel_layers_equal_dense(nproc):
     assert c["dtensor_block_sp"]["forward"] == {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1}
 
 
-def test_scripts_run_as_plain_python():
+def test_scripts_run_as_plain_python(starts_processes):
     """World size 1 without torchrun: the hand-written parts run, the library parts say SKIPPED."""
     for script, args in (("pipeline_parallel.py", ["--stage-ms", "0", "--parts", "naive,gpipe,1f1b,lib_1f1b"]),
                          ("tensor_parallel.py", [])):

@@ -15,7 +15,8 @@ from torch.nn.utils import parameters_to_vector
 from mgpu_utils.data import load_data, shard_batches
 from mgpu_utils.models import SmallCNN, make_mlp
 from mgpu_utils.costs.hardware import LINKS
-from mgpu_utils.costs.interconnect import emulated_link_hook, ring_allreduce_seconds, ring_wire_bytes_per_rank
+from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
+from mgpu_utils.costs.interconnect import emulated_link_hook, ring_allreduce_seconds
 from mgpu_utils.launch.launcher import launch
 
 
@@ -31,7 +32,7 @@ def test_ring_allreduce_seconds_is_the_alpha_beta_formula(link):
     for n, size in [(2, 1), (4, 168_000), (8, 1e9)]:
         assert math.isclose(ring_allreduce_seconds(size, n, link), _by_hand(size, n, link), rel_tol=1e-12)
     assert ring_allreduce_seconds(1e6, 1, link) == 0.0
-    assert ring_wire_bytes_per_rank(400, 4) == 600
+    assert ring_bytes_per_rank(400, 4) == 600
 
 
 def test_unknown_link_is_refused_with_the_list():
@@ -116,7 +117,7 @@ def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
     return parameters_to_vector(model.parameters()).detach()
 
 
-def test_async_with_one_worker_and_no_delay_equals_sync_sgd(tmp_path):
+def test_async_with_one_worker_and_no_delay_equals_sync_sgd(tmp_path, starts_processes):
     dump = tmp_path / "finals.pt"
     r = launch("sync_async.py", nproc=2, show="none",
                args=["--steps", "12", "--delay-ms", "0", "--lr", "0.1", "--dump", str(dump)])
@@ -129,7 +130,7 @@ def test_async_with_one_worker_and_no_delay_equals_sync_sgd(tmp_path):
     assert a["updates"] == 12 and a["staleness_hist"] == [[0, 12]]   # one worker: never stale
 
 
-def test_parameter_server_applies_every_pushed_gradient_exactly_once():
+def test_parameter_server_applies_every_pushed_gradient_exactly_once(starts_processes):
     r = launch("sync_async.py", nproc=3, show="none",
                args=["--steps", "15", "--delay-ms", "15", "--straggler", "2", "--eval-every", "5"])
     W = r["workers"]
@@ -154,7 +155,7 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once():
     assert r["runs"]["sync + straggler"]["seconds"] >= 0.9 * 15 * 0.015
 
 
-def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale():
+def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale(starts_processes):
     """The staleness sweep of lesson 08 runs ``--modes async``: only async runs, and one worker's
     gradients are all fresh (staleness exactly 0), while two workers' are not."""
     one = launch("sync_async.py", nproc=2, show="none",
@@ -167,7 +168,7 @@ def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale():
     assert set(two["runs"]) == {"async"} and max(s for s, _ in hist) >= 1
 
 
-def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path):
+def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path, starts_processes):
     dump = tmp_path / "finals.pt"
     steps, lr = 8, 0.3
     r = launch("local_sgd.py", nproc=2, show="none",

@@ -24,7 +24,7 @@ def _spin(seconds: float, own: bool):
     return None
 
 
-def test_a_busy_process_of_someone_else_is_other_load(capsys):
+def test_a_busy_process_of_someone_else_is_other_load(capsys, starts_processes):
     if timing.usable_cores() < 2:
         pytest.skip("SKIPPED: needs 2 usable cores to tell one busy core from a full machine")
     _spin(2.5, own=False)
@@ -38,7 +38,7 @@ def test_a_busy_process_of_someone_else_is_other_load(capsys):
     assert out.startswith("this machine was busy: other processes used") and "a claim that would fail" in out
 
 
-def test_the_jobs_own_children_are_not_other_load():
+def test_the_jobs_own_children_are_not_other_load(starts_processes):
     """A busy child adds nothing to other_cores: compared with an idle window of the same length just before,
     so that a machine busy with someone else's work (the busy-core run of make test) passes too."""
     if timing.usable_cores() < 2:
@@ -91,7 +91,7 @@ def test_misuse_is_explained():
         LoadWatch().quiet
 
 
-def test_start_and_stop_span_cells_and_own_process_counts_children_as_others():
+def test_start_and_stop_span_cells_and_own_process_counts_children_as_others(starts_processes):
     if timing.usable_cores() < 2:
         pytest.skip("SKIPPED: needs 2 usable cores")
     machine = LoadWatch(own="process").start()

@@ -21,6 +21,7 @@ from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, choose_via, r
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from exit_stress import CASES, args_for  # noqa: E402
+from helpers import alive, rank_pids
 
 SCRIPTS = ROOT / "tests" / "scripts"
 MISBEHAVE = str(SCRIPTS / "misbehave.py")
@@ -56,7 +57,7 @@ def test_untimed_keeps_what_must_agree():
 
 
 @pytest.mark.parametrize("script", sorted(CASES))
-def test_every_launch_script_gives_the_same_result_in_both_modes(script):
+def test_every_launch_script_gives_the_same_result_in_both_modes(script, starts_processes):
     args = args_for(script, 2)
     ref = run_torchrun(script, 2, args() if callable(args) else args, show="none", via="torchrun")
     args = args_for(script, 2)
@@ -68,7 +69,7 @@ def test_every_launch_script_gives_the_same_result_in_both_modes(script):
     assert len(a) >= 2, "the comparison must cover something"
 
 
-def test_the_environment_is_torchruns():
+def test_the_environment_is_torchruns(starts_processes):
     """Environment, argv, sys.path, cwd, __main__, threads (torch and BLAS), seeds: as torchrun sets them."""
     args = ["--flag", "value with spaces"]
     ref = run_torchrun(SCRIPTS / "env_report.py", 2, args, show="none", via="torchrun", threads_per_rank=1)
@@ -99,7 +100,7 @@ FAILURES = {
 
 
 @pytest.mark.parametrize("case", sorted(FAILURES))
-def test_failures_are_reported_the_same(case):
+def test_failures_are_reported_the_same(case, starts_processes):
     script, nproc, args = FAILURES[case]
     errors = {}
     for via in ("torchrun", "warm"):
@@ -114,7 +115,7 @@ def test_failures_are_reported_the_same(case):
     assert errors["warm"][1] is not None, "a root-cause rank is named"
 
 
-def test_a_timeout_is_reported_the_same():
+def test_a_timeout_is_reported_the_same(starts_processes):
     firsts = {}
     for via in ("torchrun", "warm"):
         with pytest.raises(LaunchTimeout) as info:
@@ -128,7 +129,7 @@ def template_children():
     return [] if t is None or not t.alive() else psutil.Process(t.pid).children(recursive=True)
 
 
-def test_the_template_is_restarted_after_it_dies_and_leaves_no_process():
+def test_the_template_is_restarted_after_it_dies_and_leaves_no_process(starts_processes):
     assert run_torchrun("hello_dist.py", 2, show="none", via="warm").result["sum_of_ranks"] == 1
     first = warm._TEMPLATE
     assert first.ready["threads"] == 1 and not first.ready["cuda_loaded"] and first.unsafe() is None
@@ -139,15 +140,7 @@ def test_the_template_is_restarted_after_it_dies_and_leaves_no_process():
     assert warm._TEMPLATE is not first and warm._TEMPLATE.alive()
 
 
-def rank_pids(folder: Path) -> list:
-    return [int(f.read_text()) for f in folder.glob("rank*.pid") if f.read_text()]
-
-
-def alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
-
-def test_the_template_dying_during_a_launch_is_an_error_and_kills_the_ranks(tmp_path):
+def test_the_template_dying_during_a_launch_is_an_error_and_kills_the_ranks(tmp_path, starts_processes):
     import threading
 
     def kill_template_when_started():
@@ -167,7 +160,7 @@ def test_the_template_dying_during_a_launch_is_an_error_and_kills_the_ranks(tmp_
     assert len(rank_pids(tmp_path)) == 2 and alive(rank_pids(tmp_path)) == [], "the ranks die with the template"
 
 
-def test_an_import_time_variable_restarts_the_template():
+def test_an_import_time_variable_restarts_the_template(starts_processes):
     run_torchrun("hello_dist.py", 2, show="none", via="warm")
     first = warm._TEMPLATE.pid
     run_torchrun("hello_dist.py", 2, show="none", via="warm", env={"MGPU_COLLECTIVE_TIMEOUT_S": 30})
@@ -176,7 +169,7 @@ def test_an_import_time_variable_restarts_the_template():
     assert warm._TEMPLATE.pid != first, "TORCH_LOGS is read when torch is imported: a new template"
 
 
-def test_an_unsafe_template_falls_back_to_torchrun_and_says_so(monkeypatch, capsys):
+def test_an_unsafe_template_falls_back_to_torchrun_and_says_so(monkeypatch, capsys, starts_processes):
     from mgpu_utils.launch import launcher
 
     monkeypatch.setattr(warm.Template, "unsafe", lambda self: "a simulated reason")
@@ -192,7 +185,7 @@ def test_an_unsafe_template_falls_back_to_torchrun_and_says_so(monkeypatch, caps
     assert capsys.readouterr().out == "", "said once"
 
 
-def test_concurrent_launches_share_one_template():
+def test_concurrent_launches_share_one_template(starts_processes):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(3) as pool:
@@ -217,7 +210,7 @@ def test_choosing_the_mode(monkeypatch):
         choose_via(None)
 
 
-def test_the_template_ends_with_its_process():
+def test_the_template_ends_with_its_process(starts_processes):
     code = ("from mgpu_utils.launch.launcher import launch\n"
             "assert launch('hello_dist.py', 2, show='none', via='warm')['sum_of_ranks'] == 1\n"
             "import mgpu_utils.launch.warm as w; print(w._TEMPLATE.pid)\n"
@@ -232,7 +225,7 @@ def test_the_template_ends_with_its_process():
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_torch_distributed_debug_is_read_per_launch():
+def test_torch_distributed_debug_is_read_per_launch(starts_processes):
     """TORCH_DISTRIBUTED_DEBUG is read when torch.distributed is imported; each warm rank reads it again, so
     the template is kept, DETAIL reports the mismatch as torchrun's ranks do, and a launch without it is plain."""
     detail, errors = {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, {}
@@ -249,7 +242,7 @@ def test_torch_distributed_debug_is_read_per_launch():
     assert warm._TEMPLATE.pid == pid
 
 
-def test_warm_up_starts_the_template_in_the_background(monkeypatch):
+def test_warm_up_starts_the_template_in_the_background(monkeypatch, starts_processes):
     from mgpu_utils.launch.launcher import warm_up
 
     monkeypatch.delenv("MGPU_LAUNCH", raising=False)
@@ -269,7 +262,7 @@ def test_warm_up_starts_the_template_in_the_background(monkeypatch):
     assert warm._TEMPLATE is None, "no template where launches use torchrun"
 
 
-def test_gpu_ranks_in_both_modes():
+def test_gpu_ranks_in_both_modes(starts_processes):
     """On a GPU machine: ranks forked from the template initialise CUDA and NCCL themselves (the template never
     did), and train as torchrun's ranks do. Part of `make gpu-check` (benchmarks/gpu_smoke.sh)."""
     import torch
@@ -285,7 +278,7 @@ def test_gpu_ranks_in_both_modes():
     assert untimed(ref.result) == untimed(got.result)
 
 
-def test_output_from_c_is_kept():
+def test_output_from_c_is_kept(starts_processes):
     """printf from C code sits in the C library's buffer (stdout is a file); a warm rank flushes it before
     os._exit, as a normal interpreter exit does."""
     for via in ("torchrun", "warm"):

@@ -47,6 +47,16 @@ def bus_factor(op: str, n: int) -> float:
     return _FACTORS[op](n)
 
 
+def ring_bytes_per_rank(size_bytes: float, n: int) -> float:
+    """Bytes each of ``n`` ranks sends (and receives) in a ring all-reduce of ``size_bytes``:
+    2(n-1)/n x size_bytes, the all-reduce's busbw factor times the size (0 when n == 1; lessons 04, 06, 08).
+
+    Raises:
+        ValueError: n < 1.
+    """
+    return bus_factor("all_reduce", n) * size_bytes
+
+
 def algbw_gbps(size_bytes: float, seconds: float) -> float:
     """Algorithm bandwidth in GB/s (1e9 bytes/s). Raises ValueError for seconds <= 0."""
     if seconds <= 0:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from mgpu_utils.costs.bandwidth import ring_allreduce_model
+from mgpu_utils.costs.bandwidth import ring_allreduce_model, ring_bytes_per_rank
 from mgpu_utils.costs.hardware import LINKS
 
 
@@ -53,11 +53,6 @@ def ring_allreduce_seconds(size_bytes: float, n: int, link: str) -> float:
         raise ValueError(f"need n >= 1 and size_bytes >= 0, got n={n}, size_bytes={size_bytes}")
     alpha, bw = link_alpha_beta(link)
     return float(ring_allreduce_model(size_bytes, n, alpha, bw)) if n > 1 else 0.0
-
-
-def ring_wire_bytes_per_rank(size_bytes: float, n: int) -> float:
-    """Bytes each rank sends (and receives) in a ring all-reduce of ``size_bytes``: 2(n-1)/n x S."""
-    return 2 * (n - 1) / n * size_bytes
 
 
 @dataclass

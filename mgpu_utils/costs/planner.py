@@ -1,4 +1,5 @@
-"""3-D parallelism planner: every (dp, tp, pp) layout of a GPT model on a cluster, with memory and traffic.
+"""3-D parallelism planner (lesson 06): every (dp, tp, pp) layout of a GPT model on a cluster, with memory
+and traffic.
 
 Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, a GPU memory size
 and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,
@@ -48,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mgpu_utils.dist import LINE_WIDTH, wrap_text
+from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.costs.hardware import GPUS
 from mgpu_utils.costs.hardware import LINKS as _HW_LINKS
 from mgpu_utils.costs.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
@@ -139,11 +141,6 @@ class Layout:
         return self.compute_s * (1 + self.bubble) + sum(self.comm_s.values())
 
 
-def ring_allreduce_bytes(size_bytes: float, n: int) -> float:
-    """Bytes each of ``n`` GPUs sends in a ring all-reduce of ``size_bytes`` (0 when n == 1)."""
-    return 2 * (n - 1) / n * size_bytes
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -196,7 +193,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
     n_ar = 6 if recompute == "full" else 4
     lay.comm_bytes = {
         "dp": dp_bytes,
-        "tp": (model.n_layers // pp) * m * n_ar * ring_allreduce_bytes(s * b * h * act_bytes, tp),
+        "tp": (model.n_layers // pp) * m * n_ar * ring_bytes_per_rank(s * b * h * act_bytes, tp),
         "pp": 2 * m * s * b * h * act_bytes if pp > 1 else 0.0,
     }
     node = cluster.gpus_per_node

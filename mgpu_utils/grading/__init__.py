@@ -1,2 +1,2 @@
-"""Exercises: the quiz answers a notebook checks (``quiz``), and the graded coding exercises run under
+"""Exercises of every lesson: the quiz answers a notebook checks (``quiz``), and the graded coding exercises run under
 torchrun (``runner`` in the notebook, ``rank_checks`` in each rank)."""

@@ -1,4 +1,4 @@
-"""Exercise checker: a wrong answer gets a hint, a right one a confirmation.
+"""The quiz of every lesson (00-11): a wrong answer gets a hint, a right one a confirmation.
 
 Each lesson ends with exercises; a cell looks like::
 
@@ -148,7 +148,7 @@ EXERCISES: dict[str, Exercise] = {
                                    (lambda v: abs(v - 14) < 1e-6, "that is one phase; there are two "
                                     "(reduce-scatter and all-gather)")],
                       "2(n-1)/n x S = 2 x 7/8 x 16 MiB = 28 MiB, almost independent of n: why rings scale"),
-        "28: each of the 2(n-1) = 14 steps sends one chunk of 16/8 = 2 MiB (mgpu_utils.parallel.ring.ring_bytes_per_rank)."),
+        "28: each of the 2(n-1) = 14 steps sends one chunk of 16/8 = 2 MiB (mgpu_utils.costs.bandwidth.ring_bytes_per_rank)."),
     "04.2": Exercise(
         "nccl-tests reports all_gather on 4 ranks: size 1 GB (the output), time 0.1 s. What busbw in GB/s?",
         _float_answer(7.5, 1e-3, [(lambda v: abs(v - 10) < 1e-3, "10 GB/s is algbw = size / time; busbw "

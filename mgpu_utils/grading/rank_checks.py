@@ -1,4 +1,5 @@
-"""Rank-side checks of the graded coding exercises (run by launch_scripts/grade_exercise.py under torchrun).
+"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05 and 07 (run by
+launch_scripts/grade_exercise.py under torchrun).
 
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
 (dist.all_gather, reduce-scatter, DistributedDataParallel, torch.optim.Adam in one process, the course's

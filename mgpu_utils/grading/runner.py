@@ -1,4 +1,5 @@
-"""Graded coding exercises: your script, run for real under torchrun, checked against PyTorch.
+"""Graded coding exercises (lessons 03, 04, 05 and 07): your script, run for real under torchrun,
+checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
 point are written). In a notebook::
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mgpu_utils.dist import wrap_text
-from mgpu_utils.launch.launcher import REPO_ROOT, LaunchError, LaunchTimeout, run_torchrun
+from mgpu_utils.launch.launcher import run_torchrun
+from mgpu_utils.launch.logs import LaunchError, LaunchTimeout
+from mgpu_utils.launch.processes import REPO_ROOT
 
 #: Templates and, in ``solutions/``, the worked solutions.
 EXERCISES_DIR = REPO_ROOT / "exercises"
@@ -30,7 +33,6 @@ EXERCISES_DIR = REPO_ROOT / "exercises"
 WORKSPACE = REPO_ROOT / "workspace"
 #: Collective timeout (seconds) for graded runs: a hang becomes an error this fast.
 HANG_TIMEOUT_S = 5
-_MEASURED: list = []                  # measurements of the last check_script (times, bytes), printed on success
 
 
 @dataclass(frozen=True)
@@ -112,72 +114,81 @@ def _hang_hint(err: LaunchError, path: Path) -> str:
             f"in the same order; a rank that calls a different one, or none, leaves the others waiting")
 
 
-def _problem_hint(p: dict, world: int) -> str:
-    r, kind = p["rank"], p["kind"]
-    if kind == "shape":
-        return f"rank {r}: returned {p['got']}, expected {p['want']}"
-    if kind == "entry":
-        j, same = p["index"], p.get("equals_rank")
-        if same is not None:
-            return (f"rank {r}: the entry for rank {j} holds rank {same}'s tensor (world size {world}). At step s a "
-                    f"rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and "
-                    f"receives that of rank (rank - s - 1) mod W")
-        return (f"rank {r}: the entry for rank {j} differs from dist.all_gather's by {p['max_diff']:.3g} (world size "
-                f"{world}, length {p['length']}): was it received into the right slot, and waited for before use?")
-    if kind == "value":
-        if p.get("one_rank") == r:
-            return (f"rank {r}: returned its own share of chunk {r}, unchanged (world size {world}): nothing from the "
-                    f"other ranks was added")
-        if p.get("one_rank") is not None:
-            return (f"rank {r}: returned rank {p['one_rank']}'s share of chunk {r} alone (world size {world}): the "
-                    f"partial sums were replaced on the way, not added to")
-        if p.get("equals_chunk") is not None and p["equals_chunk"] != r:
-            return (f"rank {r}: returned the complete sum of chunk {p['equals_chunk']}, not chunk {r} (world size "
-                    f"{world}): start one chunk earlier, so that after W - 1 steps the chunk completed is rank's own")
-        return (f"rank {r}: differs from reduce-scatter's chunk by {p['max_diff']:.3g} (world size {world}, chunks of "
-                f"{p['k']}): each step must add the incoming partial sum to this rank's copy of the same chunk")
-    if kind == "grad":
-        if p["local"]:
-            return (f"rank {r}: the gradient of {p['param']} is still this rank's own (world size {world}): "
-                    f"all-reduce it over the ranks")
-        if p["summed"]:
-            return (f"rank {r}: the gradient of {p['param']} is {world} times DDP's (world size {world}): all_reduce "
-                    f"sums; DDP averages, so divide by the world size")
-        return f"rank {r}: the gradient of {p['param']} differs from DDP's by {p['max_diff']:.3g} (world size {world})"
-    if kind == "overlap":
-        return (f"rank {r}: {p['calls']} all-reduce call(s) for {p['params']} parameters, {p['inside_async']} of them "
-                f"started inside backward with async_op=True: start one per parameter from its hook, wait in finish()")
-    if kind == "buckets":
-        return (f"rank {r}: {p['calls']} all-reduce call(s); the rule gives {p['want']} for gradients of "
-                f"{p['ready_bytes']} bytes in ready order and buckets of {p['bucket_bytes']} bytes"
-                + ("" if p["all_async"] else "; and every call must be asynchronous (async_op=True)"))
-    if kind == "actions":
-        return (f"with p = {p['p']} and m = {p['m']}: return one list per rank, and rank r's list must hold "
-                f"('F', i, r) and ('B', i, r) exactly once for every micro-batch i in 0..m-1")
-    if kind == "deadlock":
-        return f"with p = {p['p']} and m = {p['m']} the schedule deadlocks: {p['detail']}"
-    if kind == "bubble":
-        return (f"with p = {p['p']} and m = {p['m']} the bubble is {p['bubble']:.3f}, more than 1F1B's (p-1)/(m+p-1) = "
-                f"{p['formula']:.3f}: a stage waits for a backward it could have run earlier")
-    if kind == "memory":
-        return (f"rank {r} holds {p['peak']:g} micro-batches' activations at once (p = {p['p']}, m = {p['m']}); 1F1B "
-                f"holds at most min(p - r, m) = {p['limit']}: start the backwards after fewer warm-up forwards")
-    if kind == "adam":
-        if p["moved_share"] < 1 - 1 / (2 * world):         # about 1/W moved: only this rank's own slice
-            return (f"rank {r}: only {p['moved_share']:.0%} of the parameters that Adam updates moved (world size "
-                    f"{world}): the other ranks' updated slices never arrived; gather every slice on every rank "
-                    f"(step 3)")
-        return (f"rank {r}: after three steps the parameters differ from Adam in one process by {p['max_diff']:.3g} "
-                f"(world size {world}): is g the mean over the ranks of this rank's slice (step 1)?")
-    if kind == "adam_memory":
-        return (f"rank {r}: your optimizer holds {p['bytes']:,} bytes of tensors; full Adam's moments are "
-                f"{p['full']:,}: keep only this rank's slice of m and v")
-    if kind == "param":
-        if "grad" in p.get("what", ""):
-            return f"rank {r}: gradients differ from one process's by {p['max_diff']:.3g} (world size {world})"
-        return (f"rank {r}: after three steps the parameters differ from DDP's by {p['max_diff']:.3g} (world size "
-                f"{world}), although the first step's gradients matched")
-    return f"rank {r}: {p}"
+def _any(p, W):
+    return True
+
+
+#: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student. Per kind, a
+#: list of ``(when, hint)``: the first ``when(p, W)`` that holds picks the hint, formatted with the problem's
+#: fields and ``W``, the world size. A kind missing here prints the problem as it is.
+HINTS: dict[str, list[tuple]] = {
+    "shape": [(_any, "rank {rank}: returned {got}, expected {want}")],
+    "entry": [
+        (lambda p, W: p.get("equals_rank") is not None,
+         "rank {rank}: the entry for rank {index} holds rank {equals_rank}'s tensor (world size {W}). At step s a "
+         "rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and receives that of "
+         "rank (rank - s - 1) mod W"),
+        (_any, "rank {rank}: the entry for rank {index} differs from dist.all_gather's by {max_diff:.3g} (world size "
+               "{W}, length {length}): was it received into the right slot, and waited for before use?")],
+    "value": [
+        (lambda p, W: p.get("one_rank") is not None and p["one_rank"] == p["rank"],
+         "rank {rank}: returned its own share of chunk {rank}, unchanged (world size {W}): nothing from the other "
+         "ranks was added"),
+        (lambda p, W: p.get("one_rank") is not None,
+         "rank {rank}: returned rank {one_rank}'s share of chunk {rank} alone (world size {W}): the partial sums "
+         "were replaced on the way, not added to"),
+        (lambda p, W: p.get("equals_chunk") is not None and p["equals_chunk"] != p["rank"],
+         "rank {rank}: returned the complete sum of chunk {equals_chunk}, not chunk {rank} (world size {W}): start "
+         "one chunk earlier, so that after W - 1 steps the chunk completed is rank's own"),
+        (_any, "rank {rank}: differs from reduce-scatter's chunk by {max_diff:.3g} (world size {W}, chunks of {k}): "
+               "each step must add the incoming partial sum to this rank's copy of the same chunk")],
+    "grad": [
+        (lambda p, W: p["local"],
+         "rank {rank}: the gradient of {param} is still this rank's own (world size {W}): all-reduce it over the "
+         "ranks"),
+        (lambda p, W: p["summed"],
+         "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
+         "so divide by the world size"),
+        (_any, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
+    "overlap": [(_any, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
+                       "started inside backward with async_op=True: start one per parameter from its hook, wait in "
+                       "finish()")],
+    "buckets": [
+        (lambda p, W: p["all_async"],
+         "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
+         "ready order and buckets of {bucket_bytes} bytes"),
+        (_any, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
+               "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
+               "(async_op=True)")],
+    "actions": [(_any, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
+                       "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
+    "deadlock": [(_any, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
+    "bubble": [(_any, "with p = {p} and m = {m} the bubble is {bubble:.3f}, more than 1F1B's (p-1)/(m+p-1) = "
+                      "{formula:.3f}: a stage waits for a backward it could have run earlier")],
+    "memory": [(_any, "rank {rank} holds {peak:g} micro-batches' activations at once (p = {p}, m = {m}); 1F1B holds "
+                      "at most min(p - r, m) = {limit}: start the backwards after fewer warm-up forwards")],
+    "adam": [
+        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),           # about 1/W moved: only this rank's own slice
+         "rank {rank}: only {moved_share:.0%} of the parameters that Adam updates moved (world size {W}): the "
+         "other ranks' updated slices never arrived; gather every slice on every rank (step 3)"),
+        (_any, "rank {rank}: after three steps the parameters differ from Adam in one process by {max_diff:.3g} "
+               "(world size {W}): is g the mean over the ranks of this rank's slice (step 1)?")],
+    "adam_memory": [(_any, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors; full Adam's moments are "
+                           "{full:,}: keep only this rank's slice of m and v")],
+    "param": [
+        (lambda p, W: "grad" in p.get("what", ""),
+         "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
+        (_any, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
+               "although the first step's gradients matched")],
+}
+
+
+def problem_hint(p: dict, world: int) -> str:
+    """The hint for one problem a rank reported (see :data:`HINTS`), at world size ``world``."""
+    for when, hint in HINTS.get(p.get("kind"), []):
+        if when(p, world):
+            return hint.format(**p, W=world)
+    return f"rank {p.get('rank')}: {p}"
 
 
 def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
@@ -188,11 +199,12 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
     res = run_torchrun("grade_exercise.py", world, args, show="none", timeout_s=300,
                        env={"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S}).result
     results = res["results"] if "results" in res else [res]
-    return [None if r["ok"] else _problem_hint(r["problems"][0], world) for r in results]
+    return [None if r["ok"] else problem_hint(r["problems"][0], world) for r in results]
 
 
-def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> str | None:
-    """Run once at world size ``world``; None when it passes, else the hint."""
+def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[str | None, list[str]]:
+    """Run once at world size ``world``: (None when it passes, else the hint; what was measured, to print on
+    success)."""
     env = {"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S}
     try:
         if g.mode == "function":
@@ -201,33 +213,34 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> str | No
         else:
             run = run_torchrun(path, world, show="none", env=env, timeout_s=120)
     except LaunchTimeout as e:
-        return _hang_hint(e, path)
+        return _hang_hint(e, path), []
     except LaunchError as e:
         message = e.message or str(e).splitlines()[0]
         if re.search(r"timed out|Timeout", message, re.IGNORECASE):
-            return _hang_hint(e, path)
+            return _hang_hint(e, path), []
         if "point-to-point only" in message:
-            return f"{message}: send and receive with your neighbours instead (dist.isend/dist.irecv)"
+            return f"{message}: send and receive with your neighbours instead (dist.isend/dist.irecv)", []
         frames = _frames("\n".join(v.get("stderr", "") for v in (e.logs or {}).values()), path)
         at = f" at line {frames[-1][0]} of {path.name}: {frames[-1][1]}" if frames else ""
-        return f"rank {e.rank} raised {e.exc_type or 'an error'}: {message}{at}"
+        return f"rank {e.rank} raised {e.exc_type or 'an error'}: {message}{at}", []
     res = run.result or {}
+    measured = []
     if g.mode == "function":
         info = res.get("info", {})
         if res.get("ok") and "yours_ms" in info:
-            _MEASURED.append(f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
+            measured.append(f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
                           f"with yours, {info['ddp_ms']:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: "
                           f"latency, not bandwidth)")
         if res.get("ok") and "optimizer_bytes" in info:
-            _MEASURED.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
+            measured.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
                           f"Adam's moments for the whole model are {info['full_adam_bytes']:,}")
-        return None if res.get("ok") else _problem_hint(res["problems"][0], world)
+        return (None if res.get("ok") else problem_hint(res["problems"][0], world)), measured
     want = 4 * world * (world + 1) / 2
     if res.get("total") != want:
         got = res.get("total")
         return (f"rank 0's total is {got:g}, expected {want:g} = 4 x (1 + ... + {world}) at world size {world}"
-                if isinstance(got, (int, float)) else f"rank 0 printed no total (its result: {res})")
-    return None
+                if isinstance(got, (int, float)) else f"rank 0 printed no total (its result: {res})"), []
+    return None, []
 
 
 def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: bool = False,
@@ -258,15 +271,16 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: exercise_file({exercise_id!r}) makes your copy")
     sizes = tuple(world_sizes or g.world_sizes)
-    _MEASURED.clear()
+    measured = []
     for world in sizes:
-        hint = _grade_once(exercise_id, g, path.resolve(), world)
+        hint, lines = _grade_once(exercise_id, g, path.resolve(), world)
+        measured += lines
         if hint:
             if not quiet:
                 print(wrap_text(f"[{exercise_id}] not yet: {hint}"))
             return False
     if not quiet:
         print(wrap_text(f"[{exercise_id}] correct: {g.what} (world sizes {', '.join(map(str, sizes))})"))
-        for line in _MEASURED:
+        for line in measured:
             print(wrap_text(f"    {line}"))
     return True

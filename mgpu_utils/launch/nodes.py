@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -34,7 +33,9 @@ from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH, LINE_WIDTH_ENV, RESULT_MARKER, parse_result, wrap_text
-from mgpu_utils.launch.launcher import _SECONDARY, REPO_ROOT, LaunchError, LaunchTimeout, resolve_script
+from mgpu_utils.launch.launcher import decide_backend
+from mgpu_utils.launch.logs import SECONDARY, LaunchError, LaunchTimeout
+from mgpu_utils.launch.processes import kill_all, process_tree, rank_environment, resolve_script
 
 #: Rendezvous settings for one machine: close a round 2 s after the minimum number of nodes joined
 #: (torch's default: 30 s), and a node's heartbeat every second (default 5 s) so a lost node is noticed fast.
@@ -65,27 +66,6 @@ class NodesResult:
     killed: int | None = None
     leftover: list[int] = field(default_factory=list)
     seconds: float = 0.0
-
-
-def _tree(pid: int) -> list:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return [p] + p.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _kill(procs: list) -> None:
-    import psutil
-
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=5)
 
 
 def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, min_nodes: int | None = None,
@@ -126,13 +106,11 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         if not kill_when:
             raise ValueError("kill_node needs kill_when: the output text after which the node is killed")
     path = resolve_script(script)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    child_env = dict(os.environ)
-    child_env.update({k: str(v) for k, v in (env or {}).items()})
-    child_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [child_env.get("PYTHONPATH")] if p])
-    child_env.update(PYTHONUNBUFFERED="1", LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    child_env.setdefault("OMP_NUM_THREADS", str(max(1, cores // (nodes * nproc_per_node))))
-    child_env.setdefault("CUDA_VISIBLE_DEVICES", "")      # the nodes share this machine: gloo on CPU
+    child_env = rank_environment(env, nodes * nproc_per_node)
+    child_env.update(LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    # the nodes share this machine's GPUs, so two nodes' local rank 0 would pick the same one: gloo on CPU,
+    # decided once here (a preset CUDA_VISIBLE_DEVICES, as Slurm's --gres sets it, is replaced)
+    child_env.update(decide_backend(nodes * nproc_per_node, "gloo", child_env))
     # the ranks' log lines get "[node k] " in front here: they wrap that much earlier
     child_env[LINE_WIDTH_ENV] = str(int(child_env.get(LINE_WIDTH_ENV) or LINE_WIDTH) - len(f"[node {nodes - 1}] "))
     from torch.distributed import TCPStore
@@ -204,7 +182,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
             threads[-1].start()
         while any(p.poll() is None for p in procs):
             for p in procs:                               # remember every worker ever started, for the cleanup
-                for q in _tree(p.pid):
+                for q in process_tree(p.pid):
                     seen[q.pid] = q
             if time.perf_counter() - t0 > timeout_s:
                 raise LaunchTimeout(wrap_text(f"{path.name} on {nodes} nodes ran past timeout_s={timeout_s:g} s; "
@@ -216,20 +194,20 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
                     print(f"[launcher] killing node {kill_node} (SIGKILL to its agent and workers), as a lost machine",
                           flush=True)
                 victim = procs[kill_node]
-                workers = _tree(victim.pid)[1:]
+                workers = process_tree(victim.pid)[1:]
                 victim.kill()                              # the agent through Popen, so its exit code is kept
                 victim.wait()
-                _kill(workers)
+                kill_all(workers)
                 killed = kill_node
             time.sleep(0.05)
     finally:
         for p in procs:
             if p.poll() is None:
-                workers = _tree(p.pid)[1:]
+                workers = process_tree(p.pid)[1:]
                 p.kill()
                 p.wait()
-                _kill(workers)
-        _kill([q for q in seen.values() if q.is_running()])
+                kill_all(workers)
+        kill_all([q for q in seen.values() if q.is_running()])
         for t in threads:
             t.join(timeout=5)
         del store                                         # after the agents: none of them loses its store early
@@ -249,7 +227,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
     if failed:                      # name the root cause: a rank whose error is not a peer's connection closing
         errors = [(k, json.loads(line[len(ERROR_MARKER):])) for k in failed for line in outputs[k]
                   if line.startswith(ERROR_MARKER)]
-        errors.sort(key=lambda e: (bool(_SECONDARY.search(e[1]["message"])), e[1]["time"]))
+        errors.sort(key=lambda e: (bool(SECONDARY.search(e[1]["message"])), e[1]["time"]))
         k = errors[0][0] if errors else failed[0]
         tail = "\n".join(f"[node {k}] {line}" for line in outputs[k][-15:])
         if errors:

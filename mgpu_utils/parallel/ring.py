@@ -50,8 +50,3 @@ def ring_states(n: int) -> list[list[list[frozenset]]]:
         state = new
         states.append(state)
     return states
-
-
-def ring_bytes_per_rank(size_bytes: float, n: int) -> float:
-    """Bytes each rank sends (and receives) in ring all-reduce: 2(n-1)/n x size_bytes."""
-    return 2 * (n - 1) / n * size_bytes

@@ -1,0 +1,102 @@
+"""The package's layout (issue 30): rooms by role, one home per idea, nothing at import time, and test
+markers that say what a test does."""
+import ast
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from conftest import ProcessStarted
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "mgpu_utils"
+MODULES = sorted(PKG.rglob("*.py"))
+
+
+def _defs() -> dict[str, list[str]]:
+    out = defaultdict(list)
+    for path in MODULES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                out[node.name].append(str(path.relative_to(ROOT)))
+    return out
+
+
+def test_at_most_twelve_modules_at_the_top_and_the_rest_in_rooms():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= 12, top
+    rooms = sorted(p.parent.name for p in PKG.glob("*/__init__.py"))
+    assert rooms == ["costs", "figures", "grading", "launch", "measure", "parallel"]
+    init = (PKG / "__init__.py").read_text()
+    for room in rooms:                                  # the map names every room, one line each
+        assert len(re.findall(rf"^\* ``{room}``", init, re.M)) == 1, room
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PKG)))
+def test_every_module_says_what_it_is_for_and_which_lessons_use_it(path):
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc, f"{path.name} has no docstring"
+    first = doc.split("\n\n")[0]
+    assert re.search(r"lesson|notebooks/\d\d", first, re.I), f"{path.name}: the first paragraph names no lesson"
+
+
+def test_one_definition_of_each_public_name():
+    twice = {k: v for k, v in _defs().items() if len(v) > 1 and not k.startswith("_") and k != "main"}
+    assert not twice, twice
+    defs = _defs()
+    for name in ("ring_bytes_per_rank", "plot_timeline", "plot_losses", "choose_backend"):
+        assert len(defs[name]) == 1, (name, defs[name])
+
+
+def test_the_ring_all_reduce_bytes_are_written_once():
+    """2(n-1)/n: in bandwidth.py's busbw factors and nowhere else in the package or the launch scripts."""
+    pattern = re.compile(r"2\s*\*\s*\((\w+)\s*-\s*1\)\s*/\s*\1\b")
+    hits = [str(p.relative_to(ROOT)) for p in [*MODULES, *(ROOT / "launch_scripts").glob("*.py")]
+            if pattern.search(re.sub(r'""".*?"""|#.*', "", p.read_text(), flags=re.S))]
+    assert hits == ["mgpu_utils/costs/bandwidth.py"], hits
+
+
+def test_no_star_imports_and_no_reexports_in_the_rooms():
+    for path in MODULES:
+        tree = ast.parse(path.read_text())
+        assert not any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+                       for n in ast.walk(tree)), path
+        if path.name == "__init__.py":
+            assert not [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], path
+
+
+def test_importing_the_package_and_its_rooms_imports_no_torch(starts_processes):
+    code = ("import sys, mgpu_utils, mgpu_utils.launch, mgpu_utils.parallel, mgpu_utils.costs, mgpu_utils.measure, "
+            "mgpu_utils.figures, mgpu_utils.grading\nprint('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
+
+
+def test_every_problem_a_rank_reports_has_its_hint():
+    from mgpu_utils.grading.runner import HINTS, problem_hint
+
+    src = (PKG / "grading" / "rank_checks.py").read_text()
+    kinds = set(re.findall(r'"kind":\s*"(\w+)"', src))
+    assert kinds and kinds <= set(HINTS), kinds - set(HINTS)
+    assert problem_hint({"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == "rank 1: returned 3, expected 4"
+
+
+def test_an_in_process_test_that_starts_a_process_is_stopped():
+    """This test is not marked `launches`: the guard refuses every way of starting a process."""
+    import os
+
+    from mgpu_utils.launch import warm
+
+    with pytest.raises(ProcessStarted, match="starts_processes"):
+        subprocess.run([sys.executable, "-c", "pass"])
+    with pytest.raises(ProcessStarted):
+        os.fork()
+    with pytest.raises(ProcessStarted):
+        warm.get_template({}, wait=False)
+
+
+def test_the_markers_follow_the_fixture(request, starts_processes):
+    assert request.node.get_closest_marker("launches")
