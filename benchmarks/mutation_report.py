@@ -40,7 +40,7 @@ def load_equivalent(path: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--min", type=float, default=0.9, help="minimum score of every gated module")
-    p.add_argument("--gate", nargs="*", default=["memory_model", "memory_calc", "planner", "schedules",
+    p.add_argument("--gate", nargs="*", default=["memory_model", "planner", "schedules",
                                                   "bandwidth", "interconnect", "staleness"],
                    help="modules (file stems) that must reach --min")
     a = p.parse_args()

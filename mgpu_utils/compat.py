@@ -15,7 +15,7 @@ refuses a torch older than :data:`OLDEST_TORCH` with the fix; the wrappers still
 scripts run on an older release when started by hand with torchrun.
 
 Each wrapper looks the name up when it is called (not at import), so it follows whatever torch is
-loaded. :data:`OLDEST_TORCH` is the oldest release the course supports (README, "Colab").
+loaded. :data:`OLDEST_TORCH` is the oldest release the course supports (docs/gpu-and-cluster.md, "Colab").
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-#: The oldest torch release the course runs on: its tests and notebooks pass on 2.13.0 (README, "Colab").
+#: The oldest torch release the course runs on: its tests and notebooks pass on 2.13.0
+#: (docs/gpu-and-cluster.md, "Colab").
 OLDEST_TORCH = (2, 13)
 
 
@@ -38,7 +39,7 @@ def check_torch_version() -> None:
     if torch_version() < OLDEST_TORCH:
         raise RuntimeError(f"this course needs torch >= {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}, found "
                            f"{torch.__version__}: pip install 'torch>={OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}' "
-                           f"(the course pins 2.14.1; see README, 'Colab')")
+                           f"(the course pins 2.14.1; see docs/gpu-and-cluster.md, 'Colab')")
 
 
 def _pick(new: str, old: str):

@@ -133,7 +133,7 @@ def gpu_status() -> tuple[int, int, str]:
     Returns:
         ``(visible, usable, note)``: GPUs CUDA shows, those this build can run (usable GPUs come
         first in CUDA's order, or none: the course then uses none of them), and "" or a one-line
-        explanation naming the fix (see the README's GPU requirements).
+        explanation naming the fix (see docs/gpu-and-cluster.md, GPU requirements).
     """
     import torch
 
@@ -144,10 +144,10 @@ def gpu_status() -> tuple[int, int, str]:
         if torch.version.cuda and _nvidia_driver_present():
             return 0, 0, (f"an NVIDIA driver is loaded but this PyTorch (CUDA {torch.version.cuda}) cannot use it: "
                           f"the driver is probably older than CUDA {torch.version.cuda} needs. Update the driver, or "
-                          "install a PyTorch wheel for an older CUDA (README, GPU requirements)")
+                          "install a PyTorch wheel for an older CUDA (docs/gpu-and-cluster.md, GPU requirements)")
         if not torch.version.cuda and _nvidia_driver_present():
             return 0, 0, (f"an NVIDIA driver is loaded but this PyTorch ({torch.__version__}) is a CPU-only build: "
-                          "install a CUDA build to use the GPUs (README, GPU requirements)")
+                          "install a CUDA build to use the GPUs (docs/gpu-and-cluster.md, GPU requirements)")
         return 0, 0, ""
     visible, arch = torch.cuda.device_count(), torch.cuda.get_arch_list()
     for i in range(visible):
@@ -156,7 +156,8 @@ def gpu_status() -> tuple[int, int, str]:
             name = torch.cuda.get_device_name(i)
             return visible, 0, (f"GPU {i} ({name}, compute capability {cap[0]}.{cap[1]}) is older than this PyTorch "
                                 f"build supports ({', '.join(arch)}): its kernels would fail with 'no kernel image is "
-                                "available'. Install a PyTorch wheel built for it (README, GPU requirements)")
+                                "available'. Install a PyTorch wheel built for it (docs/gpu-and-cluster.md, GPU "
+                                "requirements)")
     return visible, visible, ""
 
 

@@ -199,12 +199,13 @@ FIX_HINTS = [
      "holds it, often this notebook's kernel after it used CUDA: restart the kernel and launch before any cell "
      "touches the GPU, or ask for the Default compute mode (`nvidia-smi -c DEFAULT`, needs root)"),
     (re.compile(r"no kernel image is available", re.I),
-     "this torch build has no kernels for this GPU's compute capability (README, 'GPU requirements': install a "
+     "this torch build has no kernels for this GPU's compute capability (docs/gpu-and-cluster.md, "
+     "'GPU requirements': install a "
      "wheel built for it, or run on the CPU tier with backend='gloo')"),
     (re.compile(r"\bNCCL\b|nccl[A-Z]\w*Error", re.I),
      "rerun with env={'NCCL_DEBUG': 'INFO'} to see what NCCL tried; in a container give it shared memory "
      "(`--shm-size=1g`) or set NCCL_SHM_DISABLE=1; without peer-to-peer support set NCCL_P2P_DISABLE=1 "
-     "(README, 'NCCL troubleshooting')"),
+     "(docs/troubleshooting.md, 'NCCL troubleshooting')"),
 ]
 
 
