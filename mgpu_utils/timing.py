@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 
 
@@ -166,7 +167,13 @@ class LoadWatch:
         return _tree_cpu_s()
 
     def start(self) -> "LoadWatch":
-        """Start watching (what ``with`` does); for a measurement that spans several notebook cells."""
+        """Start watching (what ``with`` does); for a measurement that spans several notebook cells.
+
+        A warm-launch template that is still importing PyTorch in the background is waited for first
+        (:func:`mgpu_utils.launch.warm.settle`): the course's own start-up is not the load of others."""
+        warm = sys.modules.get("mgpu_utils.launch.warm")      # only where this kernel launches
+        if warm is not None:
+            warm.settle()
         self._t0, self._busy0, self._own0 = time.perf_counter(), _machine_busy_s(), self._own_cpu_s()
         return self
 

@@ -100,3 +100,27 @@ def test_start_and_stop_span_cells_and_own_process_counts_children_as_others(sta
     assert machine.other_cores > 0.6, machine.other_cores
     with pytest.raises(ValueError, match="own must be"):
         LoadWatch(own="mine")
+
+
+def test_a_claim_waits_for_the_courses_own_template_to_finish_importing(monkeypatch):
+    """course.start() imports PyTorch in a template process in the background: a LoadWatch started meanwhile
+    waits for it, so the course's own start-up is not measured as other processes' load (lesson 01)."""
+    from mgpu_utils.launch import warm
+
+    calls = []
+
+    class Importing:                                  # a template still importing PyTorch
+        _ready = None
+
+        def alive(self):
+            return True
+
+        def wait_ready(self, timeout):
+            calls.append(timeout)
+            self._ready = {"ready": True}
+
+    monkeypatch.setattr(warm, "_TEMPLATE", Importing())
+    timing.LoadWatch().start().stop()
+    assert len(calls) == 1
+    timing.LoadWatch().start().stop()                 # ready now: nothing to wait for
+    assert len(calls) == 1

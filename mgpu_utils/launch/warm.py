@@ -341,6 +341,19 @@ def get_template(env: dict, wait: bool = True, timeout_s: float = 300.0) -> Temp
     return t
 
 
+def settle(timeout_s: float = 120.0) -> None:
+    """Return once this kernel's template, if one is still importing PyTorch (:func:`mgpu_utils.course.start`
+    starts it in the background), is ready: a measurement that needs a quiet machine
+    (:class:`mgpu_utils.timing.LoadWatch`) then does not measure the course's own start-up. A template
+    that fails to start is left to the next launch to report."""
+    t = _TEMPLATE
+    if t is not None and t._ready is None and t.alive():
+        try:
+            t.wait_ready(timeout_s)
+        except RuntimeError:
+            pass
+
+
 def close_template() -> None:
     """End the kernel's template now (the next warm launch starts a new one)."""
     global _TEMPLATE
