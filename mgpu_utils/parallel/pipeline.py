@@ -167,7 +167,7 @@ def layer_split_step(stage: nn.Module, x, y, loss_fn, rank: int, p: int):
 
 def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, loss_fn, rank: int,
                  p: int):
-    """Run this rank's action list (from :mod:`mgpu_utils.parallel.schedules`): the hand-written executor.
+    """The hand-written executor: runs this rank's actions (:mod:`mgpu_utils.parallel.schedules`).
 
     Args:
         actions: ``[(kind, mb, stage), ...]`` for this rank; stage s lives on rank ``s % p``.
@@ -177,7 +177,8 @@ def run_schedule(actions: list[tuple], stages: dict, x_mbs: list, y_mbs: list, l
             accumulated gradients equal those of the mean loss over the whole batch.
 
     Messages are posted with ``dist.batch_isend_irecv`` in the batches of
-    :func:`mgpu_utils.parallel.schedules.p2p_plan` (a send and the next receive together: safe with NCCL).
+    :func:`mgpu_utils.parallel.schedules.p2p_plan` (a send and the next receive together: safe with
+    NCCL).
 
     Returns:
         ``(loss, out)`` on the rank that holds the last stage: the summed loss and the last stage's
