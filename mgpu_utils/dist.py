@@ -286,6 +286,26 @@ def _report_error(rank: int, exc: BaseException) -> None:
     print(ERROR_MARKER + json.dumps(info), file=sys.stderr, flush=True)
 
 
+#: The default process group's backend for each choice, per device type. With NCCL the group also
+#: serves CPU tensors over gloo: a checkpoint's metadata, a grader's reference, a small timing
+#: all-reduce are CPU tensors, and an NCCL-only group refuses them ("No backend type associated with
+#: device type cpu").
+GROUP_BACKENDS = {"nccl": "cpu:gloo,cuda:nccl", "gloo": "gloo"}
+
+
+def init_group(chosen: str, device, timeout_s: float) -> None:
+    """Create the default process group for backend ``chosen`` ("nccl" or "gloo"; lessons 00 and 03).
+
+    With NCCL the group is bound to ``device`` (``device_id``: the communicator is created at once, on
+    the GPU this rank owns) and maps CPU tensors to gloo (:data:`GROUP_BACKENDS`). ``timeout_s`` is the
+    collective timeout in seconds.
+    """
+    import torch.distributed as dist
+
+    kwargs = {"device_id": device} if chosen == "nccl" else {}
+    dist.init_process_group(GROUP_BACKENDS[chosen], timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
 @contextlib.contextmanager
 def distributed(backend: str | None = None, timeout_s: float | None = None, quiet: bool = False):
     """Set up ``torch.distributed`` for a launch script, and always tear it down.
@@ -318,7 +338,6 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
         ValueError: a forced backend that cannot work (see :func:`choose_backend`).
     """
     import torch
-    import torch.distributed as dist
 
     env = get_dist_env()
     if timeout_s is None:
@@ -331,8 +350,7 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
         else:
             device = torch.device("cpu")
         if env.under_torchrun:
-            kwargs = {"device_id": device} if chosen == "nccl" else {}
-            dist.init_process_group(chosen, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+            init_group(chosen, device, timeout_s)
         else:
             chosen, reason = "none", "single process (not started by torchrun): world size 1, no process group"
         ctx = DistContext(env, chosen, reason, device)

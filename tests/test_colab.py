@@ -22,7 +22,15 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != {root!r}]
 if {colab}:
     sys.modules["google"] = types.ModuleType("google")
     sys.modules["google.colab"] = types.ModuleType("google.colab")
-exec(compile(open({cell!r}).read(), "first cell", "exec"))
+src = open({cell!r}).read()
+import linecache   # as IPython does for a cell: a traceback shows the cell's lines
+linecache.cache["<first cell>"] = (len(src), None, src.splitlines(True), "<first cell>")
+try:
+    exec(compile(src, "<first cell>", "exec"))
+except Exception:
+    import traceback
+    traceback.print_exc()   # from linecache, as Jupyter shows an error
+    sys.exit(1)
 import mgpu_utils
 print("MGPU_FILE", mgpu_utils.__file__)
 print("CWD", os.getcwd())

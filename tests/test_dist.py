@@ -145,3 +145,26 @@ def test_an_old_driver_is_named_instead_of_a_silent_cpu_fallback(monkeypatch):
     monkeypatch.setattr(dist, "_nvidia_driver_present", lambda: False)   # a CPU-only machine
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert dist.gpu_status() == (0, 0, "") and "no CUDA GPU visible" in choose_backend(4)[1]
+
+
+def test_the_nccl_group_also_serves_cpu_tensors(monkeypatch):
+    """Issue 31, item 1. Lesson 11's checkpoint timings and every graded exercise hand CPU tensors to the
+    default group. An NCCL-only group refuses them ("No backend type associated with device type cpu"), so on
+    the NCCL branch the group is created as torch's device-mapped backend: CPU tensors over gloo, CUDA tensors
+    over NCCL, on the rank's own GPU. Checked here by how the group is created (no GPU needed)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import BackendConfig
+
+    from mgpu_utils import dist as mdist
+
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    mdist.init_group("nccl", torch.device("cuda", 1), 5)
+    backend, kw = calls[-1]
+    assert BackendConfig(backend).get_device_backend_map() == {"cpu": "gloo", "cuda": "nccl"}
+    assert kw == {"device_id": torch.device("cuda", 1), "timeout": datetime.timedelta(seconds=5)}
+    mdist.init_group("gloo", torch.device("cpu"), 5)
+    assert calls[-1] == ("gloo", {"timeout": datetime.timedelta(seconds=5)})
