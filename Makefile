@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 KERNEL := mgpu-course
-NPROC  ?= 4
+NPROC  ?= $(or $(MGPU_NPROC),4)
 
 .PHONY: lab lab-config course test gpu-check mutation setup clean
 
@@ -38,7 +38,7 @@ lab-config: $(STAMP)
 	@$(VENV)/bin/jupyter trust notebooks/*.ipynb >/dev/null
 
 lab: lab-config
-	$(VENV)/bin/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
+	MGPU_NPROC=$(NPROC) $(VENV)/bin/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
 
 course: $(STAMP)
 	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from mgpu_utils.measure import bench  # noqa: E402
+from mgpu_utils.measure import scaling_study  # noqa: E402
 from mgpu_utils.env import machine_report  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main(argv=None):
         raise SystemExit(f"--max-nproc {args.max_nproc} needs {args.max_nproc} GPUs for NCCL (one per rank), "
                          f"found {gpus}: use --max-nproc {gpus}, or --backend gloo for CPU ranks")
     cores = (machine_report()["cpu_cores_physical"] or 1) if backend == "gloo" else None
-    sizes = bench.world_sizes(args.max_nproc)
+    sizes = scaling_study.world_sizes(args.max_nproc)
     if cores and args.max_nproc > cores:
         print(f"note: {args.max_nproc} ranks on {cores} physical cores: world sizes above {cores} take turns "
               f"on the cores, so their speed-up is not a scaling measurement", file=sys.stderr)
@@ -56,18 +56,18 @@ def main(argv=None):
     if batch != args.global_batch:
         print(f"note: global batch {batch} instead of {args.global_batch}, so that every world size {sizes} "
               f"gets the same share", file=sys.stderr)
-    strong = bench.scaling_runs(sizes, "strong", batch, steps=args.steps, sweep=True, backend=backend)
-    weak = bench.scaling_runs(sizes, "weak", args.per_rank_batch, steps=args.steps, backend=backend)
-    res = bench.study(strong, weak, cores=cores)
+    strong = scaling_study.scaling_runs(sizes, "strong", batch, steps=args.steps, sweep=True, backend=backend)
+    weak = scaling_study.scaling_runs(sizes, "weak", args.per_rank_batch, steps=args.steps, backend=backend)
+    res = scaling_study.study(strong, weak, cores=cores)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    bench.write_csv(strong + weak, out / "scaling.csv")
+    scaling_study.write_csv(strong + weak, out / "scaling.csv")
     import matplotlib
     matplotlib.use("Agg")
-    from mgpu_utils.figures.bench import plot_scaling
+    from mgpu_utils.figures.benchmarking import plot_scaling
     plot_scaling(res, strong, weak, cores=cores).savefig(out / "scaling.png", dpi=120)
-    print(bench.report_table(strong + weak))
+    print(scaling_study.report_table(strong + weak))
     ab = res["alpha_beta"] or {}
     print(json.dumps({
         "speedup": {str(n): v["speedup"] for n, v in res["strong"].items()},

@@ -1,25 +1,33 @@
 """mgpu_utils: the helper package of the hands-on multi-GPU parallel training course (every lesson).
 
 Rooms by role; nothing runs at import time, and ``import mgpu_utils`` imports no torch. A lesson
-imports what it uses from the module that holds it, e.g. ``from mgpu_utils.launch.launcher import launch``.
+imports each name from the module that defines it, e.g. ``from mgpu_utils.launch.launcher import launch``.
 
-What the launch scripts share (top level):
+At the top, what launch scripts and notebooks share:
 
 * ``dist``       - inside a launch script: rank and world size, the backend rule, set up and tear down, results.
 * ``data``, ``text_data``, ``models`` - the digits dataset, the stdlib-docstring text, the small models.
 * ``checks``, ``timing``, ``compat``  - tolerances, clocks and the quiet-machine check, torch-version names.
 * ``env``        - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses (lesson 00).
-* ``course``     - every notebook's setup call (:func:`course.start`), and ``make course``.
-* ``colab``      - the Colab badges and the setup block of every notebook (``python -m mgpu_utils.colab``).
+* ``course``     - the course's folders, every lesson's setup call (``start``), and ``make course``.
+* ``colab``      - the Colab badges and the setup cell of every lesson (``python -m mgpu_utils.colab``).
 
-Subpackages:
+Subpackages (where a new function goes):
 
-* ``launch``   - run a launch script under torchrun from a notebook or a test; warm launches; several nodes.
-* ``parallel`` - what the lessons build from scratch: ring all-reduce, pipeline schedules, tensor parallel.
-* ``costs``    - cost models checked against published numbers: bandwidth, hardware, memory, planner, scaling.
-* ``measure``  - measuring a run: memory, profiler traces, energy, scaling studies.
-* ``figures``  - every figure and widget, one module per topic.
-* ``grading``  - the quiz a notebook checks, and the graded coding exercises run under torchrun.
+* ``launch``   - running a launch script from a notebook or a test: ``launcher`` (the API), ``warm`` and
+  ``warm_template`` (warm launches), ``nodes`` (several agents as one job), ``logs`` (a failure's root cause
+  and its hint), ``processes`` (the ranks' environment, stopping process trees).
+* ``parallel`` - what the lessons build from scratch: ``ring`` (04), ``schedules`` and ``pipeline``,
+  ``tensor_parallel`` (05), ``staleness`` (08).
+* ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` (01),
+  ``interconnect`` (08), ``memory_model`` (07), ``planner`` (06), ``scaling`` (10), ``fault`` (11).
+* ``measure``  - measuring a run: ``memory`` (07), ``profiling``, ``energy``, ``scaling_study`` (10).
+* ``figures``  - every figure and widget, one module per lesson topic: ``data_parallel`` (00, 02, 03),
+  ``collectives`` (04), ``model_parallel`` (05), ``hybrid`` (06), ``memory`` (07), ``sync_async`` (08),
+  ``case_studies`` (09), ``benchmarking`` (10), ``fault_tolerance`` (11); ``common`` (colours, loss
+  curves) and ``widget_view`` (widgets that still show something where they cannot run).
+* ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
+  notebook) and ``rank_checks`` (their checks inside each rank).
 """
 
 __version__ = "0.1.0"

@@ -19,15 +19,16 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from mgpu_utils.course import REPO_ROOT as ROOT
+
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGES_BEGIN = "<!-- colab badges: written by `python -m mgpu_utils.colab` from pyproject.toml -->"
 BADGES_END = "<!-- end of colab badges -->"
 SETUP_END = "from mgpu_utils.course import start; start()"   # how the setup block's last line starts
 
 SETUP_TEMPLATE = '''\
-# Setup: make the course importable (in a clone: this folder or a parent; on Colab, the first run
-# clones it into /content/course from pyproject.toml's address). Lesson 00 explains the rest.
+# Setup: make the course importable. In a clone it is this folder or a parent; on Colab the first
+# run clones it into /content/course (URL is written here from pyproject.toml). See lesson 00.
 import os, pathlib, subprocess, sys
 URL = os.environ.get("MGPU_REPO_URL", "{url}")
 clone = pathlib.Path(os.environ.get("MGPU_COLAB_ROOT", "/content")) / "course"
@@ -36,8 +37,9 @@ if "google.colab" in sys.modules and not (clone / "mgpu_utils/__init__.py").is_f
     subprocess.run(f"rm -rf {{clone}}; git clone -q --depth 1 {{URL}} {{clone}}", shell=True, check=True)
 here = pathlib.Path.cwd().resolve()
 roots = [r for r in (here, *here.parents, clone) if (r / "mgpu_utils/__init__.py").is_file()]
-sys.path[:0] = [str(r) for r in roots[:1]]
-from mgpu_utils.course import start; start()  # no mgpu_utils? In a clone of the course: make lab'''
+if roots:
+    sys.path.insert(0, str(roots[0]))
+from mgpu_utils.course import start; start()  # ImportError? `make lab`, kernel Python (mgpu-course)'''
 
 
 def repo_url(root: Path = ROOT) -> str:

@@ -18,6 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+#: The course's folder: the clone (the parent of ``mgpu_utils/``); the ranks get it on ``PYTHONPATH``.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The launch scripts; :func:`mgpu_utils.launch.launcher.launch` finds a script given by file name here.
+SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
+
 
 def start() -> None:
     """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-11).
@@ -30,9 +35,9 @@ def start() -> None:
     import os
 
     if "google.colab" in sys.modules:
-        from mgpu_utils.colab import ROOT, colab_notes
+        from mgpu_utils.colab import colab_notes
 
-        os.chdir(ROOT / "notebooks")
+        os.chdir(REPO_ROOT / "notebooks")
         print(colab_notes())
     from mgpu_utils.launch.launcher import warm_up
 

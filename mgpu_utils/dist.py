@@ -1,5 +1,5 @@
-"""Script-side helpers: who am I, which backend, set up and tear down (every launch script; lessons 00
-and 03).
+"""Script-side helpers: who am I, which backend, set up and tear down (every launch script;
+explained in lessons 00 and 03).
 
 Used by every file in ``launch_scripts/``; introduced in ``notebooks/00_setup.ipynb``
 and explained in ``notebooks/03_ddp.ipynb``.

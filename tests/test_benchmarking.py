@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from mgpu_utils.costs import scaling
-from mgpu_utils.measure import bench
+from mgpu_utils.measure import scaling_study
 from mgpu_utils.costs.bandwidth import ring_allreduce_model
 from mgpu_utils.launch.launcher import launch
 from mgpu_utils.models import byte_gpt2
@@ -82,21 +82,21 @@ def test_study_fits_amdahl_within_the_cores_and_alpha_beta_on_the_sweep(tmp_path
     strong = [_row("strong", 1, 100.0), _row("strong", 2, 100 * scaling.amdahl_speedup(2, 0.1), sweep[2]),
               _row("strong", 4, 120.0, sweep[4])]                          # 4 ranks on 2 cores: left out
     weak = [_row("weak", 1, 50.0), _row("weak", 2, 95.0)]
-    res = bench.study(strong, weak, cores=2)
+    res = scaling_study.study(strong, weak, cores=2)
     assert res["serial_fraction"] == pytest.approx(0.1)
     assert res["alpha_beta"]["world_size"] == 2
     assert res["alpha_beta"]["alpha_s"] == pytest.approx(alpha)
     assert res["alpha_beta"]["bandwidth_bps"] == pytest.approx(bw)
     assert res["alpha_beta"]["max_rel_error"] < 1e-9
     assert res["weak"][2] == {"speedup": 1.9, "efficiency": 0.95} and weak[1]["speedup"] == 1.9
-    bench.write_csv(strong + weak, tmp_path / "s.csv")
+    scaling_study.write_csv(strong + weak, tmp_path / "s.csv")
     lines = (tmp_path / "s.csv").read_text().splitlines()
-    assert lines[0].split(",") == list(bench.COLUMNS) and len(lines) == 6
-    table = bench.report_table(strong + weak)
+    assert lines[0].split(",") == list(scaling_study.COLUMNS) and len(lines) == 6
+    table = scaling_study.report_table(strong + weak)
     assert "n/a" in table and "1.90x" in table and len(table.splitlines()) == 6
-    assert bench.world_sizes(1) == [1] and bench.world_sizes(2) == [1, 2] and bench.world_sizes(6) == [1, 2, 4, 6]
+    assert scaling_study.world_sizes(1) == [1] and scaling_study.world_sizes(2) == [1, 2] and scaling_study.world_sizes(6) == [1, 2, 4, 6]
     with pytest.raises(ValueError, match="divisible"):
-        bench.scaling_runs([1, 3], "strong", 64)
+        scaling_study.scaling_runs([1, 3], "strong", 64)
 
 
 # --- traces (pure, on a synthetic trace) ---

@@ -77,7 +77,7 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc, starts_proces
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
 
-    from mgpu_utils.launch.processes import SCRIPTS_DIR
+    from mgpu_utils.course import SCRIPTS_DIR
     from mgpu_utils.text_data import stdlib_docstrings
 
     sys.path.insert(0, str(SCRIPTS_DIR))
@@ -100,7 +100,7 @@ def test_case_plots_draw_every_figure():
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from mgpu_utils.figures import cases as case_plots
+    from mgpu_utils.figures import case_studies as case_plots
     from mgpu_utils.figures.common import plot_losses
 
     fig = case_plots.draw_case_steps()

@@ -104,5 +104,5 @@ def test_first_cell_replaces_an_interrupted_clone(tmp_path, starts_processes):
 def test_first_cell_outside_colab_without_the_course_says_what_to_do(tmp_path, starts_processes):
     r = _run_first_cell(tmp_path, on_colab=False)
     assert r.returncode != 0 and "No module named 'mgpu_utils'" in r.stderr
-    assert "no mgpu_utils? In a clone of the course: make lab" in r.stderr   # the traceback shows the line
+    assert "ImportError? `make lab`, kernel Python (mgpu-course)" in r.stderr   # the traceback shows the line
     assert not (tmp_path / "content").exists()

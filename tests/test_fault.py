@@ -157,3 +157,17 @@ def test_launch_nodes_names_the_failed_rank_and_its_node(starts_processes):
     with pytest.raises(LaunchError, match=r"rank 2 on node 1 failed with ValueError: boom") as info:
         launch_nodes("hello_dist.py", nodes=2, nproc_per_node=2, args=["--fail-rank", "2"], show=False)
     assert info.value.rank == 2
+
+
+def test_simulated_nodes_hide_a_preset_cuda_visible_devices(monkeypatch):
+    """Issue 31, item 3: under Slurm with --gres, CUDA_VISIBLE_DEVICES is already set. The simulated nodes of
+    lesson 11 share the machine's GPUs, so they run on gloo with the GPUs hidden: a preset value is replaced
+    (kept, two nodes' local rank 0 would pick the same GPU: NCCL's "Duplicate GPU detected"). A fake
+    two-GPU machine stands in for the GPUs."""
+    from mgpu_utils.launch import launcher, nodes
+
+    monkeypatch.setattr(launcher, "gpu_status", lambda: (2, 2, ""))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    env = nodes.node_environment(None, 2, 1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["MGPU_BACKEND"] == "gloo"
+    assert "hidden" in env["MGPU_BACKEND_REASON"]

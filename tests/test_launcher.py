@@ -205,3 +205,32 @@ def test_gpu_errors_get_a_fix_hint(message, words, starts_processes):
     with pytest.raises(LaunchError) as info:
         run_torchrun(MISBEHAVE, 2, ["--mode", "raise", "--rank", "1", "--message", message], show="none")
     assert info.value.rank == 1 and "\nhint: " in str(info.value) and words in str(info.value)
+
+
+# What a rank's stderr holds when NCCL's watchdog takes it down (torch 2.14's ProcessGroupNCCL messages,
+# as torchrun's log redirect stores them): no Python traceback, and the rank ends with SIGABRT.
+NCCL_WATCHDOG_STDERR = (
+    "[rank1]:[E1201 18:00:05.123456789 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=14, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, Timeout(ms)=5000) ran for 5003 "
+    "milliseconds before timing out.\n"
+    "[rank1]:[E1201 18:00:05.123500000 ProcessGroupNCCL.cpp:2168] [PG ID 0 PG GUID 0(default_pg) Rank 1] To avoid "
+    "data inconsistency, we are taking the entire process down.\n"
+    "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+    "  what():  [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with exception: "
+    "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=14, OpType=ALLREDUCE, NumelIn=4, "
+    "NumelOut=4, Timeout(ms)=5000) ran for 5003 milliseconds before timing out.\n"
+)
+
+
+def test_a_hang_on_nccl_is_reported_as_the_collective_timeout_it_is():
+    """Issue 31, item 2: on NCCL a rank waiting for a peer that never joins is ended by the watchdog
+    (SIGABRT, no Python traceback). It is named as a collective timeout, not as a native crash, both
+    when the job fails and in a restarted attempt's line (lesson 11's hang, tests/test_fault.py)."""
+    from mgpu_utils.launch import logs
+
+    ranks = {0: {"stdout": "", "stderr": "", "stdout_mtime": 1.0, "stderr_mtime": 1.0},
+             1: {"stdout": "", "stderr": NCCL_WATCHDOG_STDERR, "stdout_mtime": 1.0, "stderr_mtime": 2.0}}
+    err = logs.diagnose(ranks, "", 1, codes={0: -signal.SIGTERM, 1: -signal.SIGABRT})
+    assert err.rank == 1 and err.exc_type == "DistBackendError"
+    assert "timed out" in err.message and "OpType=ALLREDUCE" in err.message and "native crash" not in str(err)
+    assert logs._rank_failure(0, ranks[0]) is None        # the peer that never joined: stopped by torchrun

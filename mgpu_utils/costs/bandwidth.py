@@ -1,4 +1,5 @@
-"""Bandwidth arithmetic for collectives, as NVIDIA's nccl-tests report it (notebooks/04_collectives.ipynb).
+"""Bandwidth arithmetic for collectives, as NVIDIA's nccl-tests report it (lesson 04; also 06, 08
+and 10).
 
 For an operation on ``size_bytes`` that took ``seconds``:
 

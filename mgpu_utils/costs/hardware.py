@@ -1,4 +1,4 @@
-"""Published specifications of common GPUs and links (notebooks/01_gpu_architecture.ipynb).
+"""Published specifications of common GPUs and links (lesson 01; also 06, 08, 09 and 10).
 
 Numbers are from the vendors' datasheets and whitepapers named in ``source``; dense (not sparse)
 tensor-core throughput; bandwidths in GB/s with GB = 1e9 bytes. Used for the tables in lesson 01,

@@ -1,5 +1,5 @@
-"""An interconnect emulator for DDP: what a gradient all-reduce would cost on a chosen link
-(notebooks/08_sync_vs_async.ipynb).
+"""An interconnect emulator for DDP: what a gradient all-reduce would cost on a chosen link, from
+the alpha-beta model and published link specifications (lesson 08; also 10).
 
 The alpha-beta model of ring all-reduce (lesson 04, :func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`)
 for a payload of S bytes on n ranks, per-message latency alpha and link bandwidth B::
@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from mgpu_utils.costs.bandwidth import ring_allreduce_model, ring_bytes_per_rank
+from mgpu_utils.costs.bandwidth import ring_allreduce_model
 from mgpu_utils.costs.hardware import LINKS
 
 

@@ -1,5 +1,5 @@
-"""3-D parallelism planner (lesson 06): every (dp, tp, pp) layout of a GPT model on a cluster, with memory
-and traffic.
+"""3-D parallelism planner: every (dp, tp, pp) layout of a GPT model on a cluster, with memory and
+traffic (lesson 06; also 09).
 
 Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, a GPU memory size
 and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,

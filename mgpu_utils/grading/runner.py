@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mgpu_utils.dist import wrap_text
-from mgpu_utils.launch.launcher import run_torchrun
-from mgpu_utils.launch.logs import LaunchError, LaunchTimeout
-from mgpu_utils.launch.processes import REPO_ROOT
+from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
+from mgpu_utils.course import REPO_ROOT
 
 #: Templates and, in ``solutions/``, the worked solutions.
 EXERCISES_DIR = REPO_ROOT / "exercises"

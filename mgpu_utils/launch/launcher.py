@@ -35,10 +35,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mgpu_utils.compat import check_torch_version
-from mgpu_utils.launch.logs import (LaunchError, LaunchTimeout, Rank0Tail, attempt_failures, count_restarts, diagnose,
-                                    format_rank_output, read_logs)
+from mgpu_utils.launch.logs import (Rank0Tail, attempt_failures, count_restarts, diagnose, format_rank_output,
+                                    read_logs)
 from mgpu_utils.launch.processes import kill_tree, pythonpath, rank_environment, resolve_script
 from mgpu_utils.dist import BACKEND_ENV, HIDDEN_NOTE, REASON_ENV, choose_backend, gpu_status, parse_result, wrap_text
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed. ``rank``, ``exc_type``, ``message`` name the root cause.
+
+    Attributes:
+        rank: the rank that failed first (None if no rank could be blamed, e.g. a timeout).
+        exc_type: the Python exception type name in that rank ("ValueError"), or "exit code N".
+        message: the exception message.
+        logs: ``{rank: {"stdout": str, "stderr": str}}`` for every rank.
+    """
+
+    def __init__(self, text: str, rank=None, exc_type="", message="", logs=None):
+        super().__init__(text)
+        self.rank, self.exc_type, self.message, self.logs = rank, exc_type, message, logs or {}
+
+
+class LaunchTimeout(LaunchError):
+    """The job ran past ``timeout_s``; every child process was killed."""
 
 
 @dataclass

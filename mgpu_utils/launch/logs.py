@@ -3,7 +3,7 @@
 :mod:`mgpu_utils.grading.runner`; lessons 00-11).
 
 :func:`diagnose` blames the rank that failed first with its own error, not the ranks that failed
-because a peer went away (:data:`SECONDARY`), and turns it into a :class:`LaunchError`.
+because a peer went away (:data:`SECONDARY`), and turns it into a :class:`mgpu_utils.launch.launcher.LaunchError`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER, wrap_text
-from mgpu_utils.launch.processes import REPO_ROOT
+from mgpu_utils.course import REPO_ROOT
+
+if TYPE_CHECKING:
+    from mgpu_utils.launch.launcher import LaunchError
 
 # Errors that a surviving rank sees *because* another rank died: not the root cause.
 SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|Socket Timeout|"
@@ -26,26 +30,9 @@ SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|S
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 
+#: What NCCL's watchdog logs before it takes a rank down for a collective that waited past its timeout.
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: (\S.*? milliseconds before timing out)")
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\w*)(?::\s?(.*))?$")
-
-
-class LaunchError(RuntimeError):
-    """A launched job failed. ``rank``, ``exc_type``, ``message`` name the root cause.
-
-    Attributes:
-        rank: the rank that failed first (None if no rank could be blamed, e.g. a timeout).
-        exc_type: the Python exception type name in that rank ("ValueError"), or "exit code N".
-        message: the exception message.
-        logs: ``{rank: {"stdout": str, "stderr": str}}`` for every rank.
-    """
-
-    def __init__(self, text: str, rank=None, exc_type="", message="", logs=None):
-        super().__init__(text)
-        self.rank, self.exc_type, self.message, self.logs = rank, exc_type, message, logs or {}
-
-
-class LaunchTimeout(LaunchError):
-    """The job ran past ``timeout_s``; every child process was killed."""
 
 
 def _attempt(path: str) -> int:
@@ -124,6 +111,10 @@ def _rank_failure(rank: int, entry: dict):
             if m:
                 msg = display_paths(m.group(2) or "")
                 return (entry["stderr_mtime"], bool(SECONDARY.search(line)), m.group(1), msg)
+    m = _WATCHDOG.search(err)
+    if m:       # NCCL's watchdog aborts a rank that waited past the timeout: SIGABRT, no Python traceback
+        return (entry["stderr_mtime"], False, "DistBackendError",
+                f"the collective timed out (NCCL's watchdog ended this rank): {m.group(1)}")
     return None
 
 
@@ -217,6 +208,8 @@ def fix_hint(message: str) -> str | None:
 def diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None = None) -> LaunchError:
     """Blame the root-cause rank: a rank's own Python error first, then a rank that crashed without a
     traceback (not the agent's SIGTERM), then errors that only say a peer went away."""
+    from mgpu_utils.launch.launcher import LaunchError  # noqa: F811  (the launcher imports this module)
+
     failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
     primary = {r: f for r, f in failures.items() if not f[1]}
     codes = _exit_codes(torchrun_err) if codes is None else {r: c for r, c in codes.items() if c != 0}

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
 from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH, LINE_WIDTH_ENV, RESULT_MARKER, parse_result, wrap_text
-from mgpu_utils.launch.launcher import decide_backend
-from mgpu_utils.launch.logs import SECONDARY, LaunchError, LaunchTimeout
+from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, decide_backend
+from mgpu_utils.launch.logs import SECONDARY
 from mgpu_utils.launch.processes import kill_all, process_tree, rank_environment, resolve_script
 
 #: Rendezvous settings for one machine: close a round 2 s after the minimum number of nodes joined
@@ -66,6 +66,24 @@ class NodesResult:
     killed: int | None = None
     leftover: list[int] = field(default_factory=list)
     seconds: float = 0.0
+
+
+def node_environment(env: dict | None, nodes: int, nproc_per_node: int) -> dict:
+    """The environment of every agent and worker of :func:`launch_nodes` (lesson 11).
+
+    The nodes share this machine's GPUs, so the local rank 0 of two nodes would pick the same GPU: the
+    job runs on gloo on CPU, decided once here with the GPUs hidden (a preset ``CUDA_VISIBLE_DEVICES``,
+    as Slurm's ``--gres`` sets it, is replaced). The agents log their rendezvous events, and the ranks
+    wrap their lines earlier by the ``[node k] `` in front of them.
+    """
+    child_env = rank_environment(env, nodes * nproc_per_node)
+    child_env.update(LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    # the nodes share this machine's GPUs, so two nodes' local rank 0 would pick the same one: gloo on CPU,
+    # decided once here (a preset CUDA_VISIBLE_DEVICES, as Slurm's --gres sets it, is replaced)
+    child_env.update(decide_backend(nodes * nproc_per_node, "gloo", child_env))
+    # the ranks' log lines get "[node k] " in front here: they wrap that much earlier
+    child_env[LINE_WIDTH_ENV] = str(int(child_env.get(LINE_WIDTH_ENV) or LINE_WIDTH) - len(f"[node {nodes - 1}] "))
+    return child_env
 
 
 def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, min_nodes: int | None = None,
@@ -106,13 +124,7 @@ def launch_nodes(script, nodes: int = 2, nproc_per_node: int = 1, args=(), *, mi
         if not kill_when:
             raise ValueError("kill_node needs kill_when: the output text after which the node is killed")
     path = resolve_script(script)
-    child_env = rank_environment(env, nodes * nproc_per_node)
-    child_env.update(LOGLEVEL="INFO", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    # the nodes share this machine's GPUs, so two nodes' local rank 0 would pick the same one: gloo on CPU,
-    # decided once here (a preset CUDA_VISIBLE_DEVICES, as Slurm's --gres sets it, is replaced)
-    child_env.update(decide_backend(nodes * nproc_per_node, "gloo", child_env))
-    # the ranks' log lines get "[node k] " in front here: they wrap that much earlier
-    child_env[LINE_WIDTH_ENV] = str(int(child_env.get(LINE_WIDTH_ENV) or LINE_WIDTH) - len(f"[node {nodes - 1}] "))
+    child_env = node_environment(env, nodes, nproc_per_node)
     from torch.distributed import TCPStore
 
     # the rendezvous store, here: it lives until every agent is gone (port 0: the system picks a free one)

@@ -1,6 +1,5 @@
-"""The launch machinery's process handling: where the course is, the ranks' environment, and stopping a
-process tree with nothing left behind (used by :mod:`mgpu_utils.launch.launcher` and
-:mod:`mgpu_utils.launch.nodes`, lessons 00-11).
+"""The launch machinery's process handling: a launch script's path, the ranks' environment, and
+stopping a process tree with nothing left behind (every launch of lessons 00-11).
 """
 
 from __future__ import annotations
@@ -10,16 +9,9 @@ import signal
 import subprocess
 from pathlib import Path
 
+from mgpu_utils.course import REPO_ROOT, SCRIPTS_DIR
 from mgpu_utils.dist import wrap_text
 from mgpu_utils.timing import usable_cores
-
-#: The repository root (parent of ``mgpu_utils/``); added to the children's ``PYTHONPATH``.
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-#: Where :func:`launch` looks for a script given by bare file name.
-SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
-
 
 def resolve_script(script) -> Path:
     """Return the path of ``script``: as given, or by file name inside ``launch_scripts/``.

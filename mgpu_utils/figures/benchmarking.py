@@ -17,8 +17,8 @@ def plot_scaling(study: dict, strong: list[dict], weak: list[dict] | None = None
     """Measured speed-ups (strong and weak scaling) with the ideal line, Amdahl's fit and the alpha-beta model.
 
     Args:
-        study: :func:`mgpu_utils.measure.bench.study` of the same runs.
-        strong, weak: the runs (rows of :func:`mgpu_utils.measure.bench.scaling_runs`).
+        study: :func:`mgpu_utils.measure.scaling_study.study` of the same runs.
+        strong, weak: the runs (rows of :func:`mgpu_utils.measure.scaling_study.scaling_runs`).
         cores: physical cores (the shaded region beyond them is oversubscribed); None for GPU runs.
 
     Returns:
