@@ -122,20 +122,32 @@ def main():
 
         own_gpu = [str(torch.cuda.get_device_properties(device).uuid)] if device.type == "cuda" else None
         meter = EnergyMeter(gpus=own_gpu)         # NVML by UUID: its indices need not match CUDA's
-        counts = device.type == "cuda" or rank == 0  # RAPL counts the whole machine: rank 0 reads it; NVML one GPU each
+        # NVML: each rank its own GPU; RAPL counts the whole machine: one rank per node reads it
+        counts = meter.source == "nvml" or ctx.env.local_rank == 0
         measure = torch.tensor([int(meter.available or not counts)], device=device)
         if dist.is_initialized():
             dist.all_reduce(measure, op=dist.ReduceOp.MIN)  # every rank runs the steps, or none
-        energy = None
+        energy, energy_steps = None, 0
         if measure.item():
             with meter if counts else contextlib.nullcontext():
-                for _ in range(args.energy_steps):
-                    x, y = batch()
-                    ddp_step()
-                sync(device)
-            energy = torch.tensor(meter.joules if counts else 0.0, dtype=torch.float64, device=device)
-            if device.type == "cuda" and dist.is_initialized():
-                dist.all_reduce(energy)
+                t0 = time.perf_counter()
+                while True:                       # chunks of --energy-steps, for NVML's window at least 1 s
+                    for _ in range(args.energy_steps):
+                        x, y = batch()
+                        ddp_step()
+                    energy_steps += args.energy_steps
+                    sync(device)
+                    more = torch.tensor([int(meter.source == "nvml" and time.perf_counter() - t0 < 1.0)],
+                                        device=device)
+                    if dist.is_initialized():
+                        dist.all_reduce(more, op=dist.ReduceOp.MAX)   # all ranks run the same steps
+                    if not more.item():
+                        break
+            joules = meter.joules if counts else 0.0
+            got = torch.tensor([joules or 0.0, float(joules is None)], dtype=torch.float64, device=device)
+            if dist.is_initialized():
+                dist.all_reduce(got)              # the GPUs, or the nodes' machines, summed
+            energy = None if got[1].item() else got[0]
         sweep = []
         for nbytes in [int(b) for b in args.sweep_bytes.split(",") if b and world > 1]:   # alone: nothing to reduce
             buf = torch.ones(nbytes // 4, device=device)
@@ -160,7 +172,7 @@ def main():
                      "compute_seconds": statistics.median(compute),
                      "samples_per_s": args.global_batch / step_s, "final_loss": last.item(), "allreduce_s": sweep,
                      "energy_j": None if energy is None else energy.item(),
-                     "joules_per_sample": None if energy is None else energy.item() / (args.energy_steps
+                     "joules_per_sample": None if energy is None else energy.item() / (energy_steps
                                                                                        * args.global_batch),
                      "energy_note": meter.reason}, rank)
 

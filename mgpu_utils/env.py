@@ -118,3 +118,43 @@ def default_nproc() -> int:
     if n < 1:
         raise ValueError(f"MGPU_NPROC must be at least 1, got {n}")
     return n
+
+
+def usable_physical_cores() -> int:
+    """The physical cores this process can use: the machine's physical cores, at most the CPUs its
+    affinity and CPU quota allow (:func:`mgpu_utils.timing.usable_cores`: taskset, Slurm's
+    ``--cpus-per-task``, a container). What CPU ranks that compute at once are limited by (lessons 03,
+    09 and 10)."""
+    from mgpu_utils.timing import usable_cores
+
+    return max(1, min(machine_report()["cpu_cores_physical"] or 1, usable_cores()))
+
+
+def cpu_ranks(asked: int, gpus: int, cores: int, minimum: int = 2) -> int:
+    """How many ranks a lesson launches: ``asked`` when there is one GPU per rank; on CPU one rank per
+    core (more only take turns), but at least ``minimum`` (a data-parallel job needs 2 ranks: on one
+    core, as on Colab, they take turns; this wins over ``asked``), else at most ``asked`` (lessons 09
+    and 11).
+
+    Raises:
+        ValueError: ``asked``, ``cores`` or ``minimum`` below 1.
+    """
+    if asked < 1 or cores < 1 or minimum < 1:
+        raise ValueError(f"asked, cores and minimum must be at least 1, got {asked}, {cores}, {minimum}")
+    if gpus >= asked:
+        return asked
+    return max(minimum, min(asked, cores))
+
+
+def usable_gpus() -> int:
+    """The CUDA GPUs the course can use in this process: those this PyTorch build runs on
+    (:func:`mgpu_utils.dist.gpu_status`; a GPU too old for the build, or a driver too old, counts 0)."""
+    return gpu_status()[1]
+
+
+def kernel_device():
+    """The device of a lesson's single-process cells: ``cuda:0`` when the course can use a GPU
+    (:func:`usable_gpus`), else the CPU (lessons 01, 07, 09 and 10). A torch ``device``."""
+    import torch
+
+    return torch.device("cuda", 0) if usable_gpus() else torch.device("cpu")

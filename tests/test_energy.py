@@ -73,6 +73,8 @@ def fake_nvml(monkeypatch):
     nv.nvmlDeviceGetHandleByUUID = lambda u: handle({"GPU-aaaa": 0, "GPU-bbbb": 1}.get(u, -1))
     nv.nvmlDeviceGetTotalEnergyConsumption = total_energy
     monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)      # every GPU, unless a test hides some
+    monkeypatch.setattr(energy, "MIN_NVML_WINDOW_S", 0.0)           # the tests' windows are instants
     return nv
 
 
@@ -197,3 +199,27 @@ def test_cost_formulas_by_hand():
                 lambda: energy_kwh(-700, 8, 10)):
         with pytest.raises(ValueError):
             bad()
+
+
+def test_the_gpus_cuda_hides_are_not_metered(powercap, fake_nvml, monkeypatch):
+    """Issue 31, item 5. NVML ignores CUDA_VISIBLE_DEVICES: ranks on CPU whose GPU the launcher hid would
+    report the idle GPU's energy as the CPU job's, and a rank given GPU 1 would sum every GPU."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")                 # what the launcher gives ranks on CPU
+    m = EnergyMeter(powercap_root=str(powercap))
+    assert m.source == "rapl"                                      # the CPU packages, not the idle GPU
+    assert not EnergyMeter("nvml").available and "hides them" in EnergyMeter("nvml").reason
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with EnergyMeter("nvml") as one:
+        fake_nvml.mj[0] += 4000
+        fake_nvml.mj[1] += 250
+    assert one.joules == pytest.approx(0.25)
+    assert energy.visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-aaaa,2,MIG-x,3"}) == ["GPU-aaaa", 2]
+    assert energy.visible_gpus({}) is None and energy.visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+
+
+def test_a_window_too_short_for_nvml_is_said_not_reported(fake_nvml, monkeypatch):
+    """NVML updates the counter every 20-100 ms: a few ms of GPU work read 0 J or one update's worth."""
+    monkeypatch.setattr(energy, "MIN_NVML_WINDOW_S", 1.0)
+    with EnergyMeter("nvml") as m:
+        fake_nvml.mj[0] += 1000
+    assert m.joules is None and "too short for NVML" in m.reason and "at least 1 s" in m.reason

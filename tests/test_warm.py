@@ -285,3 +285,11 @@ def test_output_from_c_is_kept(starts_processes):
         res = run_torchrun(SCRIPTS / "c_print.py", 2, show="none", via=via)
         for r in (0, 1):
             assert f"printed by C in rank {r}" in res.logs[r]["stdout"], via
+
+
+def test_a_warm_rank_keeps_the_users_nccl_error_handling(monkeypatch):
+    """Issue 31 (misleading on GPUs): torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 only where the user set
+    nothing; a warm rank does the same instead of forcing 1."""
+    assert warm.rank_env({}, 0, 2, 1234, "r", "e")["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    mine = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+    assert warm.rank_env(mine, 1, 2, 1234, "r", "e")["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"

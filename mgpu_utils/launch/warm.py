@@ -93,7 +93,9 @@ def rank_env(env: dict, rank: int, nproc: int, port: int, run_id: str, error_fil
                 "WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc, "GROUP_WORLD_SIZE": 1, "ROLE_WORLD_SIZE": nproc,
                 "MASTER_ADDR": "localhost", "MASTER_PORT": port, "TORCHELASTIC_RESTART_COUNT": 0,
                 "TORCHELASTIC_MAX_RESTARTS": 0, "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "True",
-                "TORCH_NCCL_ASYNC_ERROR_HANDLING": 1, "TORCHELASTIC_ERROR_FILE": error_file,
+                # torchrun keeps a value the user set, else 1
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", 1),
+                "TORCHELASTIC_ERROR_FILE": error_file,
                 "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"})
     return {k: str(v) for k, v in out.items()}
 

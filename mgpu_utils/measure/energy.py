@@ -17,6 +17,35 @@ J_PER_KWH = 3.6e6
 _PACKAGE = re.compile(r"intel-rapl:\d+")           # a package zone; its sub-zones are intel-rapl:N:M
 
 
+#: NVML updates a GPU's energy counter every 20-100 ms (it depends on the GPU): a shorter window reads 0 J
+#: or one update's worth. The meter refuses to report a GPU window shorter than this, in seconds.
+MIN_NVML_WINDOW_S = 1.0
+
+
+def visible_gpus(environ: dict | None = None) -> list[int | str] | None:
+    """The GPUs CUDA lets this process use, as :class:`EnergyMeter` names them (lesson 10).
+
+    ``CUDA_VISIBLE_DEVICES`` unset: None (every GPU). Set: its entries up to the first one CUDA would
+    stop at, as NVML indices (ints) or UUIDs (``GPU-...``); ``""`` or ``-1`` hide every GPU: ``[]``.
+    NVML ignores ``CUDA_VISIBLE_DEVICES`` and numbers GPUs in PCI order, so without this a CPU job whose
+    GPUs the launcher hid would be metered as the idle GPU's energy. MIG instances are not metered (their
+    energy is the whole GPU's): they end the list. Integer entries are NVML's PCI-order indices, which
+    CUDA's numbering matches with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (and on most single-model machines).
+    """
+    raw = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    out: list[int | str] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        if entry.isdigit():
+            out.append(int(entry))
+        elif entry.startswith("GPU-"):
+            out.append(entry)
+        else:                                       # "", "-1", MIG-..., or anything CUDA stops at
+            break
+    return out
+
+
 def _read_int(path: str) -> int:
     """The integer in a sysfs file (every counter read goes through here: tests replace it)."""
     with open(path) as f:
@@ -63,10 +92,12 @@ class EnergyMeter:
         gpus: the GPUs to sum: NVML indices (ints; NVML numbers GPUs in PCI order, which can differ from
             CUDA's numbering and ignores ``CUDA_VISIBLE_DEVICES``) or UUIDs (strings, as
             ``str(torch.cuda.get_device_properties(d).uuid)`` gives them: the safe way to name a rank's
-            own GPU); None means every GPU.
+            own GPU); None means every GPU this process may use (:func:`visible_gpus`: none when
+            ``CUDA_VISIBLE_DEVICES`` hides them, as the launcher does for ranks on CPU).
         powercap_root: where the RAPL zones live.
 
-    After :meth:`stop`: ``joules`` (float, None when not available), ``seconds`` (wall time, from
+    After :meth:`stop`: ``joules`` (float; None when not available, or when an NVML window was shorter
+    than :data:`MIN_NVML_WINDOW_S`: ``reason`` then says so), ``seconds`` (wall time, from
     ``time.perf_counter``), ``watts`` (joules / seconds). Always: ``available``, ``source`` ("rapl",
     "nvml" or None) and ``reason`` (one line saying why not available; "" when available).
 
@@ -85,10 +116,14 @@ class EnergyMeter:
                              f"source='auto' uses whatever this machine has")
         if gpus is not None and not gpus:
             raise ValueError("gpus=[] measures nothing: pass GPU indices, or None for every GPU")
+        hidden = gpus is None and visible_gpus() == []
+        if gpus is None:
+            gpus = visible_gpus() or None
         self.gpus, self.powercap_root = gpus, powercap_root
         self.source, self.reason, self.joules, self.seconds = None, "", None, 0.0
         self._zones, self._nvml, self._t0, self._start = [], None, None, None
-        nvml_why = self._probe_nvml() if source in ("auto", "nvml") else ""
+        nvml_why = "" if source not in ("auto", "nvml") else (
+            "no GPU for this process (CUDA_VISIBLE_DEVICES hides them)" if hidden else self._probe_nvml())
         rapl_why = self._probe_rapl() if source in ("auto", "rapl") and self.source is None else ""
         if self.source is None:
             why = {"auto": f"{rapl_why} and {nvml_why}", "rapl": rapl_why, "nvml": nvml_why}[source]
@@ -185,6 +220,10 @@ class EnergyMeter:
                 self._nvml.nvmlShutdown()
             self._nvml = None
         if self.source == "nvml":
+            if self.seconds < MIN_NVML_WINDOW_S:
+                self.reason = (f"a {self.seconds * 1e3:.0f} ms window is too short for NVML's energy counter "
+                               f"(updated every 20-100 ms): measure at least {MIN_NVML_WINDOW_S:g} s")
+                return None
             self.joules = end[0] - self._start[0]
         else:                                             # a lower reading: the counter wrapped once
             uj = [e - s + (rng if e < s else 0) for e, s, (_, rng) in zip(end, self._start, self._zones)]
