@@ -74,8 +74,8 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
     """Train args.steps steps; with a snapshot path, resume from it and write it every args.every steps;
     return before step ``stop_at`` if it is reached. Returns (model, info)."""
     world, rank, device = ctx.world_size, ctx.rank, ctx.device
-    torch.manual_seed(args.seed + 1000 * rank)            # each rank its own dropout stream
-    model, opt, sched = make_job(args, device)
+    model, opt, sched = make_job(args, device)            # the same initial weights on every rank
+    torch.manual_seed(args.seed + 1000 * rank)            # then each rank its own dropout stream
     ddp = DDP(model) if dist.is_initialized() else model
     train_set, _ = load_data()
     step, epoch, pos, seen, resumed_from, save_s, saved_world = 0, 0, 0, [], None, [], None
