@@ -4,7 +4,8 @@ Measures, on cuda:0, the dense bf16 throughput (fp16 on GPUs without BF16 units:
 --iters after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
 --copy-gib GiB (a copy reads and writes every byte: 2 x size / time, the convention of the HBM spec).
 Prints both as fractions of the device's published peak (mgpu_utils.costs.hardware), and one JSON line.
-Exit status 0 when both reach --target (default 0.70), 1 when not, 3 when there is no CUDA GPU.
+Exit status 0 when both reach --target (default 0.70), 1 when not, 3 when there is no CUDA GPU, 4 when
+the GPU has no spec on file (measured, not judged: add its datasheet to mgpu_utils.costs.hardware).
 
 Run:
     python benchmarks/gpu_check.py --n 8192
@@ -69,7 +70,9 @@ def main():
     else:
         print(f"{name}: {dtype} matmul {tflops:.0f} TFLOPS, copy {gbps:.0f} GB/s (no spec on file for this GPU)")
     print("MGPU_RESULT " + json.dumps(result))
-    ok = spec is not None and all(result.get(k, 0) >= args.target for k in ("matmul_fraction", "copy_fraction"))
+    if spec is None:
+        sys.exit(4)                                   # nothing to compare with: not a failure of the GPU
+    ok = all(result[k] >= args.target for k in ("matmul_fraction", "copy_fraction"))
     sys.exit(0 if ok else 1)
 
 

@@ -13,6 +13,8 @@
 # torch must already be installed there). Exit 0 when every step passed or there is no GPU (SKIPPED).
 set -u
 cd "$(dirname "$0")/.."
+# the course's package without installing it: a bare torchrun below imports mgpu_utils from here
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${1:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo "SKIPPED: needs a CUDA GPU, found 0 (make gpu-check runs the checks that only a GPU can do)"
@@ -27,7 +29,9 @@ step() {
     echo "== $name"
     if "$@"; then echo "== ok: $name ($((SECONDS - t0)) s)"; else echo "== FAILED: $name ($((SECONDS - t0)) s)"; failed+=("$name"); fi
 }
-step "roofline vs datasheet (gpu_check.py)" "$PY" benchmarks/gpu_check.py
+# gpu_check.py exits 4 for a GPU with no datasheet on file: measured, not judged (not a failure)
+step "roofline vs datasheet (gpu_check.py)" bash -c \
+    '"$0" benchmarks/gpu_check.py; rc=$?; [ $rc -eq 4 ] && echo "no datasheet on file: measured, not judged"; [ $rc -eq 4 ] || exit $rc' "$PY"
 step "mixed tier, 4 ranks on $NGPU GPU(s): DDP, hooks, sync/async" \
     env MGPU_NPROC=4 "$PY" -m pytest -q -p no:cacheprovider tests/test_ddp.py tests/test_sync_async.py tests/test_checks.py
 step "warm launches on the GPU: ranks forked from the template use CUDA and NCCL as torchrun's do" \

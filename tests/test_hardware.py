@@ -13,7 +13,8 @@ from mgpu_utils.timing import matmul_flops, matmul_intensity, time_fn
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name,key", [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
+@pytest.mark.parametrize("name,key", [("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
+                                      ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
                                       ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA A100-SXM4-80GB", "A100"),
                                       ("Tesla T4", "T4"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
                                       ("Tesla V100-SXM2-32GB", "V100"), ("NVIDIA L4", "L4"),

@@ -65,6 +65,7 @@ LINKS: dict[str, dict] = {
 #: (pattern on the upper-cased CUDA device name, key of GPUS), first match wins: the specific variants
 #: come before the generic name ("A100-SXM4-40GB" is the 40GB part, "NVIDIA L40S" is not an L4).
 _NAME_RULES = [
+    (r"\bH[12]00\b.*\bNVL\b", None),      # NVL parts: other clocks, power and memory than SXM; no spec on file
     (r"\bH200\b", "H200"),
     (r"\bH100\b.*\bPCIE\b", "H100 PCIe"),
     (r"\bH100\b", "H100"),
