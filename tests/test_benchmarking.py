@@ -127,6 +127,25 @@ def test_breakdown_of_a_synthetic_trace(tmp_path):
         breakdown(load_spans(path))
 
 
+def test_a_gpu_trace_is_read_on_the_device_timeline(tmp_path):
+    """Issue 31 (misleading on GPUs): on a GPU the host's autograd calls only enqueue kernels and return, so
+    an NCCL kernel that runs while the host is still in autograd but no GPU kernel runs is exposed, not
+    overlapped; and the phases are the profiler's GPU-side record of them."""
+    events = [_event("forward", 0, 100), _event("backward", 100, 300),               # host: enqueue only
+              _event("forward", 0, 1000, cat="gpu_user_annotation"),
+              _event("backward", 1000, 3000, cat="gpu_user_annotation"),
+              _event("autograd::engine::evaluate_function: MmBackward0", 100, 3900, cat="cpu_op"),
+              _event("sm80_xmma_gemm", 1000, 1500, tid=7, cat="kernel"),           # GPU compute 1000..2500
+              _event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 2000, 1000, tid=9, cat="kernel")]
+    path = trace_file(tmp_path, 0)
+    path.write_text(json.dumps({"traceEvents": events}))
+    t = load_spans(path)
+    assert t["timeline"] == "device"
+    b = breakdown(t)
+    assert b["forward"] == 1.0 and b["backward"] == 3.0                   # the GPU's phases, not the host's
+    assert b["all-reduce"] == 1.0 and b["overlapped"] == 0.5 and b["exposed"] == 0.5
+
+
 # --- launches ---
 
 def test_weak_scaling_run_and_its_all_reduce_sweep(starts_processes):

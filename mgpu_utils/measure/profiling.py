@@ -32,9 +32,11 @@ def load_spans(path) -> dict:
     """The phase and all-reduce spans of one rank's trace.
 
     Returns:
-        ``{"rank", "spans": [{"kind", "name", "start_us", "dur_us", "tid"}, ...]}``, spans sorted by start;
-        ``kind`` is a phase of :data:`PHASES`, "all-reduce" or "compute" (autograd backward functions on
-        the CPU, GPU kernels other than NCCL's); times in microseconds on the trace's clock
+        ``{"rank", "timeline", "spans": [{"kind", "name", "start_us", "dur_us", "tid"}, ...]}``, spans sorted
+        by start; ``kind`` is a phase of :data:`PHASES`, "all-reduce" or "compute". On a CPU trace
+        (``timeline`` "host") compute is autograd's backward functions; on a GPU trace ("device") it is the
+        GPU's kernels other than NCCL's, and the phases are the profiler's GPU-side record of them where
+        it has one (the host's spans only enqueue the work). Times in microseconds on the trace's clock
         (the same clock for every process of one machine). The rank is the trace's
         ``distributedInfo.rank`` (the file name's number without a process group).
 
@@ -49,18 +51,24 @@ def load_spans(path) -> dict:
     if rank is None:
         m = re.search(r"rank(\d+)", Path(path).name)
         rank = int(m.group(1)) if m else 0
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    # a GPU trace: the work is the device's (NCCL's kernel overlaps the GPU's kernels, not the host's
+    # autograd calls, which only enqueue them); phases too, where the profiler recorded them on the GPU
+    on_gpu = any(e.get("cat") == "kernel" for e in events)
+    phase_cat = "gpu_user_annotation" if on_gpu and any(
+        e.get("cat") == "gpu_user_annotation" and e.get("name") in PHASES for e in events) else "user_annotation"
     spans = []
-    for e in trace["traceEvents"]:
-        if e.get("ph") != "X":
-            continue
+    for e in events:
         name = e.get("name", "")
-        kind = name if name in PHASES and e.get("cat") == "user_annotation" else \
+        kind = name if name in PHASES and e.get("cat") == phase_cat else \
             "all-reduce" if COMM.search(name) else \
-            "compute" if name.startswith("autograd::engine::evaluate_function") or e.get("cat") == "kernel" else None
+            "compute" if (e.get("cat") == "kernel" if on_gpu else
+                          name.startswith("autograd::engine::evaluate_function")) else None
         if kind:
             spans.append({"kind": kind, "name": name, "start_us": float(e["ts"]), "dur_us": float(e["dur"]),
                           "tid": e.get("tid")})
-    return {"rank": int(rank), "spans": sorted(spans, key=lambda s: s["start_us"])}
+    return {"rank": int(rank), "timeline": "device" if on_gpu else "host",
+            "spans": sorted(spans, key=lambda s: s["start_us"])}
 
 
 def _union(intervals) -> list[tuple[float, float]]:
