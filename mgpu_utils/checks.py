@@ -54,7 +54,8 @@ def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> flo
 
 @contextmanager
 def exact_fp32():
-    """Turn TF32 off for fp32 matmuls and convolutions inside the block, and restore the settings after.
+    """Turn TF32 off for fp32 matmuls and convolutions inside the block (and cuDNN deterministic), and
+    restore the settings after.
 
     On NVIDIA Ampere and newer GPUs, TF32 runs fp32 matmuls and convolutions with a 10-bit mantissa
     (about 3 significant digits) on the tensor cores: a real speed feature, which cuDNN uses for fp32
@@ -63,12 +64,24 @@ def exact_fp32():
     compare rounding, not algorithms, so every check in this course runs its fp32 work inside this
     block: ``torch.backends.cuda.matmul.fp32_precision`` and ``torch.backends.cudnn.conv.fp32_precision``
     are set to ``"ieee"`` (on torch older than 2.9, ``allow_tf32 = False`` on both). It changes
-    nothing on a CPU, where fp32 is always IEEE. Used by the launch scripts whose results are compared
-    (``notebooks/03_ddp.ipynb`` explains TF32).
+    nothing on a CPU, where fp32 is always IEEE. It also asks cuDNN for deterministic algorithms (no
+    atomic adds in convolution weight gradients), so two runs of the same GPU job compare exactly. Used
+    by the launch scripts whose results are compared (``notebooks/03_ddp.ipynb`` explains TF32).
     """
     import torch
 
     b = torch.backends
+    cudnn_saved = (b.cudnn.deterministic, b.cudnn.benchmark)
+    b.cudnn.deterministic, b.cudnn.benchmark = True, False     # no atomics in cuDNN's weight gradients
+    try:
+        with _ieee_fp32(b):
+            yield
+    finally:
+        b.cudnn.deterministic, b.cudnn.benchmark = cudnn_saved
+
+
+@contextmanager
+def _ieee_fp32(b):
     if hasattr(b.cuda.matmul, "fp32_precision"):
         saved = (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision)
         b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = "ieee", "ieee"

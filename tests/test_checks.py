@@ -63,3 +63,16 @@ def test_exact_fp32_turns_tf32_off_and_restores_it():
         assert (b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision) == (before[0], "tf32")
     finally:
         b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision = before
+
+
+def test_exact_fp32_asks_cudnn_for_deterministic_algorithms_and_restores():
+    """Issue 31 (misleading on GPUs): two runs of one GPU job compared exactly need cuDNN without atomics."""
+    import torch
+
+    from mgpu_utils.checks import exact_fp32
+
+    b = torch.backends
+    before = (b.cudnn.deterministic, b.cudnn.benchmark)
+    with exact_fp32():
+        assert b.cudnn.deterministic and not b.cudnn.benchmark
+    assert (b.cudnn.deterministic, b.cudnn.benchmark) == before
