@@ -8,8 +8,8 @@ At the top, what launch scripts and notebooks share:
 * ``dist``       - inside a launch script: rank and world size, the backend rule, set up and tear down, results.
 * ``data``, ``text_data``, ``models`` - the digits dataset, the stdlib-docstring text, the small models.
 * ``checks``, ``timing``, ``compat``  - tolerances, clocks and the quiet-machine check, torch-version names.
-* ``env``        - what this machine has and which tier (CPU / 1 GPU / many GPUs) the course uses (lesson 00).
-* ``course``     - the course's folders, every lesson's setup call (``start``), and ``make course``.
+* ``env``        - what this machine has, which tier (CPU / 1 GPU / many GPUs) the course uses, where it is.
+* ``course``     - every lesson's setup call (``start``), and ``make course``.
 * ``colab``      - the Colab badges and the setup cell of every lesson (``python -m mgpu_utils.colab``).
 
 Subpackages (where a new function goes):

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from mgpu_utils.course import REPO_ROOT as ROOT
+from mgpu_utils.env import REPO_ROOT as ROOT
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 BADGES_BEGIN = "<!-- colab badges: written by `python -m mgpu_utils.colab` from pyproject.toml -->"

@@ -18,11 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-#: The course's folder: the clone (the parent of ``mgpu_utils/``); the ranks get it on ``PYTHONPATH``.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-#: The launch scripts; :func:`mgpu_utils.launch.launcher.launch` finds a script given by file name here.
-SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
-
 
 def start() -> None:
     """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-11).
@@ -36,6 +31,7 @@ def start() -> None:
 
     if "google.colab" in sys.modules:
         from mgpu_utils.colab import colab_notes
+        from mgpu_utils.env import REPO_ROOT
 
         os.chdir(REPO_ROOT / "notebooks")
         print(colab_notes())

@@ -1,4 +1,5 @@
-"""What this machine has, and which tier of the course it runs (notebooks/00_setup.ipynb).
+"""What this machine has, which tier of the course it runs, and where the course is (lesson 00; every
+lesson uses it).
 
 Three tiers, one code path:
 
@@ -12,7 +13,14 @@ from __future__ import annotations
 import os
 import platform
 
+from pathlib import Path
+
 from mgpu_utils.dist import choose_backend, gpu_status
+
+#: The course's folder: the clone (the parent of ``mgpu_utils/``); the ranks get it on ``PYTHONPATH``.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The launch scripts; :func:`mgpu_utils.launch.launcher.launch` finds a script given by file name here.
+SCRIPTS_DIR = REPO_ROOT / "launch_scripts"
 
 
 def _cpu_model() -> str:

@@ -77,7 +77,7 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc, starts_proces
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
 
-    from mgpu_utils.course import SCRIPTS_DIR
+    from mgpu_utils.env import SCRIPTS_DIR
     from mgpu_utils.text_data import stdlib_docstrings
 
     sys.path.insert(0, str(SCRIPTS_DIR))

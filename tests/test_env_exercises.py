@@ -179,7 +179,7 @@ def test_exercise_answers_match_the_facts():
     finally:
         dist.destroy_process_group()
     import re
-    from mgpu_utils.course import SCRIPTS_DIR
+    from mgpu_utils.env import SCRIPTS_DIR
     loop = (SCRIPTS_DIR / "case_gan.py").read_text().split("for step in range(args.steps):")[1].split("params =")[0]
     assert len(re.findall(r"\bd\(", loop)) == RIGHT["09.4"]     # d(real), d(fake.detach()), d(fake)
 

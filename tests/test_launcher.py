@@ -231,6 +231,7 @@ def test_a_hang_on_nccl_is_reported_as_the_collective_timeout_it_is():
     ranks = {0: {"stdout": "", "stderr": "", "stdout_mtime": 1.0, "stderr_mtime": 1.0},
              1: {"stdout": "", "stderr": NCCL_WATCHDOG_STDERR, "stdout_mtime": 1.0, "stderr_mtime": 2.0}}
     err = logs.diagnose(ranks, "", 1, codes={0: -signal.SIGTERM, 1: -signal.SIGABRT})
-    assert err.rank == 1 and err.exc_type == "DistBackendError"
-    assert "timed out" in err.message and "OpType=ALLREDUCE" in err.message and "native crash" not in str(err)
+    assert err["rank"] == 1 and err["exc_type"] == "DistBackendError"
+    assert "timed out" in err["message"] and "OpType=ALLREDUCE" in err["message"]
+    assert "native crash" not in err["text"]
     assert logs._rank_failure(0, ranks[0]) is None        # the peer that never joined: stopped by torchrun

@@ -100,3 +100,38 @@ def test_an_in_process_test_that_starts_a_process_is_stopped():
 
 def test_the_markers_follow_the_fixture(request, starts_processes):
     assert request.node.get_closest_marker("launches")
+
+
+def _imports(path: Path) -> set[str]:
+    """The mgpu_utils modules ``path`` imports, at its top or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mgpu_utils"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.add(sub if (PKG.parent / (sub.replace(".", "/") + ".py")).is_file() else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("mgpu_utils")}
+    return out
+
+
+def test_the_import_graph_has_no_circle():
+    """A module never needs, even lazily inside a function, a module that needs it: each room can be read
+    (and tested) from the bottom up."""
+    def name(p):
+        return ".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__")
+    graph = {name(p): _imports(p) - {name(p)} for p in MODULES}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        if state.get(m) == 1:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
+        if state.get(m) == 2 or m not in graph:
+            return
+        state[m] = 1
+        for n in sorted(graph[m]):
+            visit(n, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from mgpu_utils.launch.launcher import launch
-from mgpu_utils.course import REPO_ROOT
+from mgpu_utils.env import REPO_ROOT
 from mgpu_utils.costs.memory_model import in_flight_micro_batches
 from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
                                            gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,

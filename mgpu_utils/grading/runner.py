@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mgpu_utils.dist import wrap_text
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
-from mgpu_utils.course import REPO_ROOT
+from mgpu_utils.env import REPO_ROOT
 
 #: Templates and, in ``solutions/``, the worked solutions.
 EXERCISES_DIR = REPO_ROOT / "exercises"

@@ -213,7 +213,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
         torchrun_log = agent_out.read()
         logs = read_logs(log_dir, nproc)
         if returncode != 0:
-            raise diagnose(logs, torchrun_log, returncode, job.codes)
+            raise LaunchError(**diagnose(logs, torchrun_log, returncode, job.codes), logs=logs)
         if show != "none":  # rank 0's stdout was printed live; now its stderr, then the other ranks
             ranks = [0] if show == "rank0" else sorted(logs)
             parts = [format_rank_output(r, logs[r], ("stderr",) if r == 0 else ("stdout", "stderr")) for r in ranks]

@@ -1,9 +1,9 @@
 """Reading what the ranks of a launch left behind: their logs, the failure's root cause, the fix to print
-(used by :mod:`mgpu_utils.launch.launcher`, :mod:`mgpu_utils.launch.nodes` and
-:mod:`mgpu_utils.grading.runner`; lessons 00-11).
+(used by :mod:`mgpu_utils.launch.launcher` and :mod:`mgpu_utils.launch.nodes`; lessons 00-11).
 
 :func:`diagnose` blames the rank that failed first with its own error, not the ranks that failed
-because a peer went away (:data:`SECONDARY`), and turns it into a :class:`mgpu_utils.launch.launcher.LaunchError`.
+because a peer went away (:data:`SECONDARY`), and says it as the arguments of a
+:class:`mgpu_utils.launch.launcher.LaunchError`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import os
 import re
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER, wrap_text
-from mgpu_utils.course import REPO_ROOT
-
-if TYPE_CHECKING:
-    from mgpu_utils.launch.launcher import LaunchError
+from mgpu_utils.env import REPO_ROOT
 
 # Errors that a surviving rank sees *because* another rank died: not the root cause.
 SECONDARY = re.compile(r"Connection (closed|reset) by peer|Broken pipe|SIGTERM|Socket Timeout|"
@@ -205,10 +201,14 @@ def fix_hint(message: str) -> str | None:
     return next((hint for pattern, hint in FIX_HINTS if pattern.search(message or "")), None)
 
 
-def diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None = None) -> LaunchError:
+def diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None = None) -> dict:
     """Blame the root-cause rank: a rank's own Python error first, then a rank that crashed without a
-    traceback (not the agent's SIGTERM), then errors that only say a peer went away."""
-    from mgpu_utils.launch.launcher import LaunchError  # noqa: F811  (the launcher imports this module)
+    traceback (not the agent's SIGTERM), then errors that only say a peer went away.
+
+    Returns:
+        The arguments of :class:`mgpu_utils.launch.launcher.LaunchError`: ``{"text", "rank", "exc_type",
+        "message"}`` (text: the report, with the fix hint and the rank's last output lines).
+    """
 
     failures = {r: f for r, e in logs.items() if (f := _rank_failure(r, e)) is not None}
     primary = {r: f for r, f in failures.items() if not f[1]}
@@ -239,4 +239,4 @@ def diagnose(logs: dict, torchrun_err: str, returncode: int, codes: dict | None 
         text += f"\n(ranks {others} failed afterwards, as a consequence)"
     if rank is not None:
         text += f"\n--- output of rank {rank} (last lines) ---\n" + format_rank_output(rank, logs[rank], max_lines=40)
-    return LaunchError(text, rank=rank, exc_type=exc_type, message=message, logs=logs)
+    return {"text": text, "rank": rank, "exc_type": exc_type, "message": message}

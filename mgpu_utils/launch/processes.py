@@ -9,7 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from mgpu_utils.course import REPO_ROOT, SCRIPTS_DIR
+from mgpu_utils.env import REPO_ROOT, SCRIPTS_DIR
 from mgpu_utils.dist import wrap_text
 from mgpu_utils.timing import usable_cores
 
