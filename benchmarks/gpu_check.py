@@ -1,7 +1,7 @@
 """Check the roofline numbers of lesson 01 on real hardware: a tensor-core matmul and HBM copy vs the spec.
 
 Measures, on cuda:0, the dense bf16 throughput (fp16 on GPUs without BF16 units: T4, V100) of an N x N x N matmul (2 N^3 FLOP per call, best of
---iters after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
+--repeats after warm-up, timed with CUDA events) and the bandwidth of a device-to-device copy of
 --copy-gib GiB (a copy reads and writes every byte: 2 x size / time, the convention of the HBM spec).
 Prints both as fractions of the device's published peak (mgpu_utils.costs.hardware), and one JSON line.
 Exit status 0 when both reach --target (default 0.70), 1 when not, 3 when there is no CUDA GPU, 4 when
@@ -38,7 +38,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=8192, help="matmul size N (N x N x N)")
     p.add_argument("--copy-gib", type=float, default=2.0, help="bytes copied per call (GiB)")
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=10, help="timed calls (the best is reported)")
     p.add_argument("--target", type=float, default=0.70, help="required fraction of the spec")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -52,13 +52,13 @@ def main():
     b = torch.randn_like(a)
     for _ in range(3):
         a @ b
-    sec = cuda_time(lambda: a @ b, args.iters)
+    sec = cuda_time(lambda: a @ b, args.repeats)
     tflops = 2 * args.n ** 3 / sec / 1e12
     del a, b
     src = torch.empty(int(args.copy_gib * 2**30), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     dst.copy_(src)
-    sec = cuda_time(lambda: dst.copy_(src), args.iters)
+    sec = cuda_time(lambda: dst.copy_(src), args.repeats)
     gbps = 2 * src.numel() / sec / 1e9
     result = {"device": name, "spec": key, "dtype": dtype, "matmul_tflops": tflops, "copy_gbps": gbps}
     if spec:

@@ -74,13 +74,13 @@ def main():
     p = argparse.ArgumentParser(description="BERT MLM with DDP")
     g = p.add_argument_group("model and data")
     g.add_argument("--vocab", type=int, default=2000, help="WordPiece vocabulary size")
-    g.add_argument("--hidden", type=int, default=128, help="hidden size (4x in the feed-forward layers)")
+    g.add_argument("--width", type=int, default=128, help="d_model, the hidden size (4x in the feed-forward layers)")
     g.add_argument("--layers", type=int, default=2, help="transformer layers")
-    g.add_argument("--heads", type=int, default=2, help="attention heads (must divide --hidden)")
+    g.add_argument("--heads", type=int, default=2, help="attention heads (must divide --width)")
     g.add_argument("--seq", type=int, default=64, help="tokens per sequence")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=400, help="optimizer steps")
-    g.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    g.add_argument("--per-rank-batch", type=int, default=8, help="sequences per rank per step")
     g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     g.add_argument("--check-grads", action="store_true", help="compare the first step with one process")
     args = p.parse_args()
@@ -93,8 +93,8 @@ def main():
         tokenizer = train_tokenizer(text, args.vocab)        # the same on every rank (deterministic)
         rows = chunks(tokenizer, text, args.seq)
         collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
-        cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=args.heads, intermediate_size=4 * args.hidden, max_position_embeddings=args.seq,
+        cfg = BertConfig(vocab_size=len(tokenizer), hidden_size=args.width, num_hidden_layers=args.layers,
+                         num_attention_heads=args.heads, intermediate_size=4 * args.width, max_position_embeddings=args.seq,
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                          pad_token_id=tokenizer.pad_token_id)
         torch.manual_seed(0)
@@ -105,8 +105,9 @@ def main():
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() \
             else model
         opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
-        result, losses, global_batch = {}, [], args.batch * world
+        result, losses, global_batch = {}, [], args.per_rank_batch * world
         t0 = synced_clock(device)
+        # region mlm-loss
         for step in range(args.steps):
             torch.manual_seed(1000 + step)             # the same global batch and masks on every rank
             pick = torch.randint(0, len(rows), (global_batch,))
@@ -114,12 +115,13 @@ def main():
             masked = (batch["labels"] != -100).sum().item()
             if step == 0:                               # unequal: why each rank's own mean would be wrong
                 result["masked_per_rank"] = (batch["labels"] != -100).view(world, -1).sum(1).tolist()
-            mine = slice(rank * args.batch, (rank + 1) * args.batch)
+            mine = slice(rank * args.per_rank_batch, (rank + 1) * args.per_rank_batch)
             x, y = batch["input_ids"][mine].to(device), batch["labels"][mine].to(device)
             logits = ddp(input_ids=x).logits
             token_sum = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), ignore_index=-100,
                                         reduction="sum")
             (token_sum * world / masked).backward()     # DDP averages: the global batch's mean
+        # endregion
             if step == 0 and args.check_grads:                # the check is not training: not timed
                 tc = synced_clock(device)
                 result.update(check_first_step(reference, model, batch, device, rank))

@@ -56,7 +56,7 @@ def main():
     p = argparse.ArgumentParser(description="GAN with DDP")
     g = p.add_argument_group("training")
     g.add_argument("--steps", type=int, default=300, help="steps (one discriminator and one generator update)")
-    g.add_argument("--batch", type=int, default=32, help="real (and fake) images per rank per step")
+    g.add_argument("--per-rank-batch", type=int, default=32, help="real (and fake) images per rank per step")
     g.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate of both networks")
     g.add_argument("--seed", type=int, default=0, help="weights and data order; noise uses 1000 + rank")
     g = p.add_argument_group("bugs and checks")
@@ -71,6 +71,7 @@ def main():
         d_ref = discriminator().to(device) if args.check_grads else None
         if d_ref is not None:
             d_ref.load_state_dict(d_net.state_dict())
+        # region two-models
         wrap = (lambda m: DDP(m, device_ids=[device.index] if device.type == "cuda" else None)) \
             if dist.is_initialized() else (lambda m: m)
         g, d = wrap(g_net), wrap(d_net)
@@ -79,17 +80,17 @@ def main():
         bce = nn.BCEWithLogitsLoss()
         train, _ = load_data()
         images = train.tensors[0].reshape(len(train), 64) * 2 - 1            # [0, 1] -> [-1, 1]
-        batches = batch_stream(train, world, rank, args.batch, seed=args.seed)
+        batches = batch_stream(train, world, rank, args.per_rank_batch, seed=args.seed)
         noise = torch.Generator(device="cpu").manual_seed(1000 + rank)       # each rank its own noise
         d_start, result, d_losses, g_losses = flat(d_net).clone(), {}, [], []
-        ones, zeros = torch.ones(args.batch, 1, device=device), torch.zeros(args.batch, 1, device=device)
+        ones, zeros = torch.ones(args.per_rank_batch, 1, device=device), torch.zeros(args.per_rank_batch, 1, device=device)
         t0 = synced_clock(device)
         for step in range(args.steps):
             idx = next(batches)
-            if len(idx) < args.batch:
+            if len(idx) < args.per_rank_batch:
                 idx = next(batches)
             real = images[idx].to(device)
-            z = torch.randn(args.batch, NOISE, generator=noise).to(device)
+            z = torch.randn(args.per_rank_batch, NOISE, generator=noise).to(device)
             fake = g(z)
             # 1) the discriminator: real -> 1, fake -> 0; detach() keeps the generator out of this backward
             d_loss = bce(d(real), ones) + bce(d(fake.detach()), zeros)
@@ -106,12 +107,13 @@ def main():
             opt_g.zero_grad(set_to_none=True)
             g_loss.backward()
             opt_g.step()
+        # endregion
             stats = torch.stack([d_loss.detach(), g_loss.detach()])
             if dist.is_initialized():
                 dist.all_reduce(stats)
             d_losses.append(stats[0].item() / world)
             g_losses.append(stats[1].item() / world)
-        samples_per_s = args.steps * args.batch * world / (synced_clock(device) - t0)   # real images, all ranks
+        samples_per_s = args.steps * args.per_rank_batch * world / (synced_clock(device) - t0)   # real images, all ranks
         params = torch.cat([flat(g_net), flat(d_net)])
         spread = torch.zeros((), device=device)
         if dist.is_initialized():

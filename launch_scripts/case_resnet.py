@@ -20,8 +20,8 @@ e.g. --arch resnet50 --workers 8 on GPUs: a start for the real recipe (which als
 BatchNorm weight, and uses weight decay 1e-4, 0.1 per 256 images and a step schedule).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, arch, image_size, global_batch, lr, warmup_epochs,
-epoch_losses, test_accuracy, test_images, samples_per_s (training steps only), sync_bn; --check-grads adds grad_vs_per_shard,
-grad_vs_global_batch, grad_max_diff (max |DDP - the reference sync_bn calls for|), grad_scale.
+epoch_losses, test_accuracy, test_images, samples_per_s (training steps only), sync_bn; --check-grads adds
+grad_vs_per_shard, grad_vs_global_batch, grad_max_diff (max |DDP - the reference sync_bn calls for|), grad_scale.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/case_resnet.py --scale-lr
@@ -79,7 +79,7 @@ def main():
     g.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     g = p.add_argument_group("training (the large-batch recipe: add --scale-lr --warmup-epochs 1)")
     g.add_argument("--epochs", type=int, default=6)
-    g.add_argument("--batch", type=int, default=32, help="images per rank per step")
+    g.add_argument("--per-rank-batch", type=int, default=32, help="images per rank per step")
     g.add_argument("--lr", type=float, default=0.05, help="learning rate for --base-batch images")
     g.add_argument("--base-batch", type=int, default=64, help="the global batch --lr is meant for")
     g.add_argument("--scale-lr", action="store_true", help="linear scaling rule: lr x global batch / base")
@@ -97,25 +97,25 @@ def main():
         model = make_resnet(args.arch, not args.data, channels, classes).to(device)
         reference = copy.deepcopy(model) if args.check_grads else None      # plain BatchNorm, the same weights
         sync_bn = "off"
+        # region recipe
         if args.sync_bn:                                  # try it on a copy: CPU ranks raise
             try:
-                probe = nn.SyncBatchNorm.convert_sync_batchnorm(make_resnet(args.arch, not args.data, channels,
-                                                                            classes)).to(device)
+                plain = make_resnet(args.arch, not args.data, channels, classes)
+                probe = nn.SyncBatchNorm.convert_sync_batchnorm(plain).to(device)
                 side = 224 if args.data else args.size
                 probe(torch.zeros(2, channels, side, side, device=device))
                 model, sync_bn = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device), "on"
             except ValueError as e:
                 sync_bn = f"{type(e).__name__}: {e}"
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() \
-            else model
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() else model
         torch.manual_seed(args.seed + 1 + rank)          # the weights are shared; augmentations per rank
-        global_batch = args.batch * world
+        global_batch = args.per_rank_batch * world
         lr = args.lr * global_batch / args.base_batch if args.scale_lr else args.lr
         opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
         sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-        loader = DataLoader(train, batch_size=args.batch, sampler=sampler, drop_last=True, num_workers=args.workers)
+        loader = DataLoader(train, batch_size=args.per_rank_batch, sampler=sampler, drop_last=True, num_workers=args.workers)
         if (steps_per_epoch := len(loader)) == 0:
-            raise ValueError(f"--batch {args.batch} exceeds a rank's shard ({len(sampler)}): use a smaller --batch")
+            raise ValueError(f"--per-rank-batch {args.per_rank_batch} exceeds a rank's shard ({len(sampler)}): use a smaller --per-rank-batch")
         warm = round(args.warmup_epochs * steps_per_epoch) if lr > args.lr else 0   # only to ramp up
         total = args.epochs * steps_per_epoch
 
@@ -124,6 +124,7 @@ def main():
                 return (args.lr + (lr - args.lr) * step / warm) / lr
             return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        # endregion
 
         result, losses, step, seen, t0 = {}, [], 0, 0, synced_clock(device)
         for epoch in range(args.epochs):
@@ -174,8 +175,7 @@ def check_first_step(reference, model, x, y, world, synced: bool) -> dict:
     F.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
     whole = grads(reference)
     ddp_grad = grads(model)
-    out = {"grad_vs_per_shard": (ddp_grad - per_shard).abs().max().item(),
-           "grad_vs_global_batch": (ddp_grad - whole).abs().max().item()}
+    out = {"grad_vs_per_shard": (ddp_grad - per_shard).abs().max().item(), "grad_vs_global_batch": (ddp_grad - whole).abs().max().item()}
     match = whole if synced else per_shard
     return out | {"grad_max_diff": (ddp_grad - match).abs().max().item(), "grad_scale": match.abs().max().item()}
 

@@ -1,7 +1,6 @@
 """Three ways to save a distributed job, timed; a sharded one loads on another world size (notebooks/11_fault_tolerance.ipynb).
 
---phase save (N ranks): an MLP trained a few Adam steps on the digits, saved three ways (seconds: the slowest rank's,
-median of --repeats):
+--phase save (N ranks): an MLP trained a few Adam steps on the digits, saved three ways (seconds: the slowest rank's, median of --repeats):
   torch_save  DDP: rank 0 saves model and optimizer, a barrier, every rank loads it and compares with its replica.
   zero1       ZeroRedundancyOptimizer: state_dict() before consolidate_state_dict(to=0) raises (caught and
               reported); after it rank 0 saves; a fresh ZeRO-1 optimizer loaded from it takes the same next step.
@@ -11,7 +10,7 @@ median of --repeats):
   set_state_dict; the gathered state against the reference (max_param_diff, max_optim_diff: expected 0).
 
 Run:
-    torchrun --standalone --nproc-per-node 4 launch_scripts/checkpoint_formats.py --phase save --dir /tmp/ckpt && torchrun --standalone --nproc-per-node 2 launch_scripts/checkpoint_formats.py --phase load --dir /tmp/ckpt
+    torchrun --standalone --nproc-per-node 4 launch_scripts/checkpoint_formats.py --phase save --ckpt-dir /tmp/ckpt && torchrun --standalone --nproc-per-node 2 launch_scripts/checkpoint_formats.py --phase load --ckpt-dir /tmp/ckpt
 """
 import argparse
 import shutil
@@ -31,7 +30,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mgpu_utils.checks import exact_fp32
+from mgpu_utils.checks import exact_fp32, max_abs_diff
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import make_mlp
@@ -65,17 +64,6 @@ def full_state(model, opt):
     return get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def max_diff(a, b):
-    """Largest |a - b| over two nested state dicts with the same keys (tensors compared, other values equal)."""
-    if isinstance(a, (dict, list, tuple)):
-        assert len(a) == len(b) and (not isinstance(a, dict) or a.keys() == b.keys())
-        return max([max_diff(a[k], b[k]) for k in (a if isinstance(a, dict) else range(len(a)))] or [0.0])
-    if isinstance(a, torch.Tensor):
-        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-    assert a == b, (a, b)
-    return 0.0
-
-
 def fresh_folder(path: Path, rank: int) -> None:
     """Rank 0 empties ``path`` (DCP warns before overwriting a checkpoint), and nobody writes before it has."""
     if rank == 0:
@@ -86,17 +74,17 @@ def fresh_folder(path: Path, rank: int) -> None:
 def sharded(args, ctx):
     """The seeded MLP with each Linear and then the whole model under FSDP2 over every rank, and its Adam."""
     torch.manual_seed(args.seed)
-    model, mesh = make_mlp(args.width, args.depth).to(ctx.device), init_device_mesh(ctx.device.type, (ctx.world_size,))
+    model, mesh = make_mlp(args.width, args.layers).to(ctx.device), init_device_mesh(ctx.device.type, (ctx.world_size,))
     for part in [m for m in model if isinstance(m, nn.Linear)] + [model]:
         fully_shard(part, mesh=mesh)
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
 def save_phase(args, ctx, x, y, r):
-    rank, folder, path = ctx.rank, Path(args.dir), Path(args.dir) / "ddp.pt"
+    rank, folder, path = ctx.rank, Path(args.ckpt_dir), Path(args.ckpt_dir) / "ddp.pt"
     xl, yl = x[rank::ctx.world_size].flatten(1), y[rank::ctx.world_size]          # this rank's share of the batch
     torch.manual_seed(args.seed)                          # 1. DDP: one file from rank 0
-    ddp = DDP(make_mlp(args.width, args.depth).to(ctx.device))
+    ddp = DDP(make_mlp(args.width, args.layers).to(ctx.device))
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     train(ddp, opt, xl, yl, args.steps)
 
@@ -107,7 +95,7 @@ def save_phase(args, ctx, x, y, r):
     _, r["torch_save_s"] = timed(save_rank0, args.repeats)
     load = partial(torch.load, map_location=ctx.device, weights_only=True)
     loaded, r["torch_load_s"] = timed(lambda: load(path), args.repeats)
-    worst = torch.tensor([max_diff(loaded, {"model": ddp.module.state_dict(), "optim": opt.state_dict()})])
+    worst = torch.tensor([max_abs_diff(loaded, {"model": ddp.module.state_dict(), "optim": opt.state_dict()})])
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)          # every rank compared the file with its own replica
     r["torch_save_max_diff"] = worst.item()
     r["torch_save_bytes"] = path.stat().st_size
@@ -136,14 +124,16 @@ def save_phase(args, ctx, x, y, r):
         for p, q in zip(ddp.parameters(), params):
             p.copy_(q)
     train(ddp, fresh, xl, yl, 1)
-    r["zero1_resume_max_diff"] = max(max_diff(p.detach(), e) for p, e in zip(ddp.parameters(), expected))
+    r["zero1_resume_max_diff"] = max(max_abs_diff(p.detach(), e) for p, e in zip(ddp.parameters(), expected))
     r["zero1_bytes"] = path.stat().st_size
     # 3. FSDP2 + DCP: every rank writes its own shards
     model, opt = sharded(args, ctx)
     train(model, opt, xl, yl, args.steps)
+    # region dcp-save
     state = dict(zip(("model", "optim"), get_state_dict(model, opt)))   # this rank's shards (DTensors)
     _, r["dcp_save_s"] = timed(lambda: dcp.save(state, checkpoint_id=folder / "dcp"), args.repeats,
                                before=lambda: fresh_folder(folder / "dcp", rank))
+    # endregion
     ref = full_state(model, opt)                          # on rank 0 (the other ranks get {})
     if rank == 0:
         torch.save(ref, folder / "reference.pt")
@@ -162,7 +152,7 @@ def save_phase(args, ctx, x, y, r):
 
 
 def load_phase(args, ctx, out):
-    folder = Path(args.dir)
+    folder = Path(args.ckpt_dir)
     model, opt = sharded(args, ctx)
     state = dict(zip(("model", "optim"), get_state_dict(model, opt)))   # to fill (zero Adam states)
     _, out["dcp_load_s"] = timed(lambda: dcp.load(state, checkpoint_id=folder / "dcp"), args.repeats)
@@ -170,25 +160,30 @@ def load_phase(args, ctx, out):
     got = full_state(model, opt)                          # gathered on rank 0
     if ctx.rank == 0:
         ref = torch.load(folder / "reference.pt", weights_only=False)
-        out["max_param_diff"], out["max_optim_diff"] = max_diff(got[0], ref[0]), max_diff(got[1], ref[1])
+        out["max_param_diff"], out["max_optim_diff"] = max_abs_diff(got[0], ref[0]), max_abs_diff(got[1], ref[1])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("save", "load"), required=True)
-    p.add_argument("--dir", required=True, help="checkpoint folder (created by the save phase)")
-    for name, kind, default in (("width", int, 512), ("depth", int, 4), ("steps", int, 3), ("lr", float, 1e-3),
-                                ("repeats", int, 3), ("seed", int, 0)):
-        p.add_argument(f"--{name}", type=kind, default=default)
+    g = p.add_argument_group("checkpoint")
+    g.add_argument("--phase", choices=("save", "load"), required=True)
+    g.add_argument("--ckpt-dir", required=True, help="checkpoint folder (created by the save phase)")
+    g.add_argument("--repeats", type=int, default=3, help="timed saves/loads per format (median reported)")
+    g = p.add_argument_group("model and training")
+    g.add_argument("--width", type=int, default=512, help="hidden width of the MLP")
+    g.add_argument("--layers", type=int, default=4, help="hidden layers")
+    g.add_argument("--steps", type=int, default=3, help="Adam steps before the save (moments are not zero)")
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():
         if not dist.is_initialized():
             raise RuntimeError("checkpoint_formats.py needs a process group: run it under torchrun (any world size)")
-        Path(args.dir).mkdir(parents=True, exist_ok=True)
+        Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
         x, y = (t.to(ctx.device) for t in load_data()[0][:256])   # (256, 1, 8, 8) digits, (256,) labels
         out = {"phase": args.phase, "world_size": ctx.world_size,
-               "parameters": sum(t.numel() for t in make_mlp(args.width, args.depth).parameters())}
+               "parameters": sum(t.numel() for t in make_mlp(args.width, args.layers).parameters())}
         if args.phase == "save":
             save_phase(args, ctx, x, y, out)
         else:

@@ -33,6 +33,7 @@ def main():
             raise SystemExit("these bugs need at least 2 ranks: torchrun --standalone --nproc-per-node 2 ...")
         ctx.log(f"TORCH_DISTRIBUTED_DEBUG={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}, "
                 f"timeout {args.timeout:g} s")
+        # region bugs
         t = torch.ones(4, device=ctx.device) * (ctx.rank + 1)
         last = ctx.world_size - 1
         if args.case == "mismatch" and ctx.rank != 0:
@@ -41,6 +42,7 @@ def main():
             time.sleep(args.timeout * 3)             # the bug: this rank never joins the all-reduce
         else:
             dist.all_reduce(t)
+        # endregion
         emit_result({"case": args.case, "world_size": ctx.world_size, "result": t.tolist()})
 
 

@@ -1,7 +1,7 @@
 """Collective bandwidth, measured like NVIDIA's nccl-tests (notebooks/04_collectives.ipynb).
 
 For all_reduce, all_gather, reduce_scatter, broadcast and all_to_all over message sizes from 1 KiB
-up to --max-mib (x4 steps): --warmup untimed runs, then --iters timed runs (CUDA events on GPUs;
+up to --max-mib (x4 steps): --warmup untimed runs, then --repeats timed runs (CUDA events on GPUs;
 barrier + perf_counter on CPU), each run's time being the slowest rank's. Reports the median time,
 algbw = size / time and busbw = algbw x the nccl-tests factor (mgpu_utils.costs.bandwidth), in GB/s
 (1e9 bytes/s). Rank 0 also measures the memory bandwidth of a copy of one large buffer (dst.copy_(src)),
@@ -82,7 +82,7 @@ def main():
     p.add_argument("--min-kib", type=int, default=1)
     p.add_argument("--max-mib", type=int, default=64)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=5, help="timed runs per size (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per size (median reported)")
     p.add_argument("--csv", default="", help="rank 0 also writes the rows here")
     args = p.parse_args()
 
@@ -100,7 +100,7 @@ def main():
                 fn, real = make_op(op, size, n, dev)
                 for _ in range(args.warmup):
                     fn()
-                sec = statistics.median(time_once(fn, dev) for _ in range(args.iters))
+                sec = statistics.median(time_once(fn, dev) for _ in range(args.repeats))
                 rows.append({"op": op, "bytes": real, "seconds": sec, "algbw_GBps": algbw_gbps(real, sec),
                              "busbw_GBps": busbw_gbps(op, real, sec, n)})
             best = max(r["busbw_GBps"] for r in rows if r["op"] == op)

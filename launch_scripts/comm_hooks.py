@@ -80,7 +80,7 @@ def main():
     p = argparse.ArgumentParser(description="DDP communication hooks and an interconnect emulator")
     g = p.add_argument_group("accuracy runs")
     g.add_argument("--steps", type=int, default=64)
-    g.add_argument("--batch-size", type=int, default=16, help="per rank")
+    g.add_argument("--per-rank-batch", type=int, default=16, help="per rank")
     g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     g.add_argument("--eval-every", type=int, default=16)
     g.add_argument("--powersgd-rank", type=int, default=2, help="rank r of PowerSGD's factors")
@@ -104,7 +104,7 @@ def main():
         train_set, test_set = load_data()
         data = tuple(t.to(ctx.device) for t in train_set.tensors)
         test = tuple(t.to(ctx.device) for t in test_set.tensors)
-        stream = batch_stream(train_set, ctx.world_size, ctx.rank, a.batch_size, a.seed)
+        stream = batch_stream(train_set, ctx.world_size, ctx.rank, a.per_rank_batch, a.seed)
         idx_list = list(itertools.islice(stream, max(a.steps, a.emu_steps + 2)))
         n = ctx.world_size
         hooks = {}

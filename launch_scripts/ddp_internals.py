@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mgpu_utils.checks import exact_fp32
+from mgpu_utils.checks import exact_fp32, max_abs_diff
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import ddp_recording_buckets, make_mlp
 
@@ -37,10 +37,6 @@ def now(device):
 
 def grads(model):
     return [p.grad.detach().clone() for p in model.parameters()]
-
-
-def max_diff(a, b):
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
 
 
 def norm(gs):
@@ -88,10 +84,10 @@ def bucket_sweep(model, x, y, caps, steps):
 def main():
     p = argparse.ArgumentParser(description="DDP gradient checks and bucket sweep")
     g = p.add_argument_group("checks")
-    g.add_argument("--global-batch", type=int, default=64, help="must be divisible by world size x accum steps")
-    g.add_argument("--accum-steps", type=int, default=2, help="micro-batches per rank for the no_sync check")
+    g.add_argument("--global-batch", type=int, default=64, help="must be divisible by world size x --micro-batches")
+    g.add_argument("--micro-batches", type=int, default=2, help="micro-batches per rank for the no_sync check")
     g.add_argument("--width", type=int, default=256)
-    g.add_argument("--depth", type=int, default=10)
+    g.add_argument("--layers", type=int, default=10)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dump", default="", help="rank 0 saves its gradients and the reference here (torch.save)")
     g = p.add_argument_group("bucket sweep")
@@ -102,12 +98,12 @@ def main():
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank = ctx.world_size, ctx.rank
-        if args.global_batch % (world * args.accum_steps):
+        if args.global_batch % (world * args.micro_batches):
             raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "
-                             f"x --accum-steps {args.accum_steps}")
+                             f"x --micro-batches {args.micro_batches}")
         b = args.global_batch // world
         torch.manual_seed(args.seed)
-        model = make_mlp(args.width, args.depth).to(ctx.device)
+        model = make_mlp(args.width, args.layers).to(ctx.device)
         x = torch.randn(args.global_batch, 64).to(ctx.device)         # same global batch on every rank
         y = torch.randint(0, 10, (args.global_batch,)).to(ctx.device)  # (drawn on CPU: same numbers on GPUs)
         xl, yl = x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]  # this rank's shard
@@ -121,16 +117,16 @@ def main():
         g_ddp, per_step = grads(ddp), len(calls)
 
         acc, acc_calls = ddp_recording_buckets(copy.deepcopy(model), warm=(xl, yl))  # 2. no_sync accumulation
-        accumulate(acc, xl, yl, args.accum_steps, forward_inside=True)
+        accumulate(acc, xl, yl, args.micro_batches, forward_inside=True)
         g_acc = grads(acc)
         bug, bug_calls = ddp_recording_buckets(copy.deepcopy(model), warm=(xl, yl))  # ... forward outside no_sync
-        accumulate(bug, xl, yl, args.accum_steps, forward_inside=False)
+        accumulate(bug, xl, yl, args.micro_batches, forward_inside=False)
 
         bad, _ = ddp_recording_buckets(copy.deepcopy(model))                          # 3. the mistake
         (F.cross_entropy(bad(xl), yl) * world).backward()
         g_bad = grads(bad)
 
-        diffs = torch.tensor([max_diff(g_ddp, g_ref), max_diff(g_acc, g_ref)], device=ctx.device)
+        diffs = torch.tensor([max_abs_diff(g_ddp, g_ref), max_abs_diff(g_acc, g_ref)], device=ctx.device)
         if dist.is_initialized():
             dist.all_reduce(diffs, op=dist.ReduceOp.MAX)            # worst rank
         if args.dump and ctx.is_main:
@@ -142,7 +138,7 @@ def main():
         ctx.log(f"max |grad_ddp - grad_ref| = {diffs[0]:.2e}, no_sync: {diffs[1]:.2e},\n  "
                 f"loss x world_size: grad norm ratio {norm(g_bad) / norm(g_ref):.3f}")
         emit_result({"world_size": world, "global_batch": args.global_batch, "local_batch": b,
-                     "accum_steps": args.accum_steps, "params": n_params,
+                     "micro_batches": args.micro_batches, "params": n_params,
                      "allreduce_calls": {"one_step": per_step, "no_sync": len(acc_calls),
                                          "no_sync_forward_outside": len(bug_calls)}, "grad_bytes": n_params * 4,
                      "max_diff_ddp": diffs[0].item(), "max_diff_no_sync": diffs[1].item(),

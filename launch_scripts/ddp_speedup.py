@@ -1,7 +1,7 @@
 """Strong and weak scaling of one DDP training step on real digits (notebooks/03_ddp.ipynb, section 5b;
 notebooks/10_benchmarking.ipynb and benchmarks/scaling.py).
 
-The step is compute-bound on purpose: an MLP of --depth hidden layers of --width units on the
+The step is compute-bound on purpose: an MLP of --layers hidden layers of --width units on the
 1,438 training digits, a global batch of --global-batch samples split evenly over the ranks, and
 each rank limited to --threads intra-op threads (default 1). One process with one thread on the
 whole global batch is world size 1 of the same script, so the speed-up N ranks give is
@@ -57,7 +57,7 @@ def main():
     g.add_argument("--global-batch", type=int, default=2048, help="samples per step over all ranks (strong)")
     g.add_argument("--per-rank-batch", type=int, default=None, help="samples per rank instead (weak scaling)")
     g.add_argument("--width", type=int, default=1024, help="hidden units per layer")
-    g.add_argument("--depth", type=int, default=3, help="hidden layers")
+    g.add_argument("--layers", type=int, default=3, help="hidden layers")
     g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     g = p.add_argument_group("timing")
     g.add_argument("--steps", type=int, default=12, help="timed steps (the median is reported)")
@@ -79,7 +79,7 @@ def main():
         train, _ = load_data()
         x_all, y_all = train.tensors
         torch.manual_seed(0)
-        model = make_mlp(args.width, args.depth, flatten=True).to(device)
+        model = make_mlp(args.width, args.layers, flatten=True).to(device)
         ids = [ctx.local_rank] if device.type == "cuda" else None
         ddp = DDP(model, device_ids=ids) if dist.is_initialized() else model
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
@@ -101,6 +101,7 @@ def main():
             sync(device)
             return time.perf_counter() - t0
 
+        # region step
         def ddp_step():
             nonlocal loss
             loss = F.cross_entropy(ddp(x), y)
@@ -119,6 +120,7 @@ def main():
             if step >= args.warmup:
                 times.append(t)
                 compute.append(c)
+        # endregion
 
         own_gpu = [str(torch.cuda.get_device_properties(device).uuid)] if device.type == "cuda" else None
         meter = EnergyMeter(gpus=own_gpu)         # NVML by UUID: its indices need not match CUDA's

@@ -5,7 +5,7 @@ Data: 1,797 real 8x8 handwritten digits shipped with scikit-learn (no download),
 the training set through DistributedSampler (set_epoch every epoch: a new shuffle per epoch),
 DDP averages the gradients with an all-reduce during backward, and every rank takes the same step.
 
-`--single N` runs the same training in ONE process with the global batch (N x --batch-size) made of
+`--single N` runs the same training in ONE process with the global batch (N x --per-rank-batch) made of
 exactly the samples that N ranks would see: the reference for the equivalence check.
 
 Rank 0 prints one JSON line (MGPU_RESULT) with per-epoch loss, test accuracy, samples/s, and each
@@ -46,7 +46,7 @@ def main():
     p = argparse.ArgumentParser(description="DDP on digits")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=8)
-    g.add_argument("--batch-size", type=int, default=16, help="per rank; global batch = world size x this")
+    g.add_argument("--per-rank-batch", type=int, default=16, help="per rank; global batch = world size x this")
     g.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (momentum 0.9)")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("DDP and checks")
@@ -63,6 +63,7 @@ def main():
                              f"(got world size {world})")
         virtual = args.single or world            # how many ranks' batches make one step
         train, test = load_data()
+        # region train
         torch.manual_seed(args.seed)              # same init everywhere (DDP also broadcasts rank 0's)
         model = SmallCNN().to(device)             # move to the device first, then wrap
         ids = [ctx.local_rank] if device.type == "cuda" else None
@@ -74,7 +75,7 @@ def main():
             t0, loss_sum, n_sum = synced_clock(device), torch.zeros((), device=device), 0
             # batches this process computes per step: its own shard, or all N shards when --single
             ranks = range(virtual) if args.single else [rank]
-            per_rank = [shard_batches(train, virtual, r, epoch, args.batch_size, args.seed) for r in ranks]
+            per_rank = [shard_batches(train, virtual, r, epoch, args.per_rank_batch, args.seed) for r in ranks]
             for step in range(len(per_rank[0])):
                 idx = [i for b in per_rank for i in b[step]]
                 x, y = (t.to(device) for t in train[idx])
@@ -85,6 +86,7 @@ def main():
                 loss_sum += loss.detach() * len(idx)
                 n_sum += len(idx)
                 seen += len(idx)
+        # endregion
             stats = torch.stack([loss_sum, torch.tensor(float(n_sum), device=device)])
             if dist.is_initialized():
                 dist.all_reduce(stats)
@@ -103,7 +105,7 @@ def main():
         if dist.is_initialized():
             dist.barrier()                            # the file exists before anyone reads it
         emit_result({"world_size": world, "backend": ctx.backend, "single": args.single,
-                     "global_batch": virtual * args.batch_size, "samples_per_rank": counts,
+                     "global_batch": virtual * args.per_rank_batch, "samples_per_rank": counts,
                      "train_size": len(train), "test_size": len(test), **hist})
 
 

@@ -1,7 +1,7 @@
 """A rank dies, torchrun restarts the job, and it resumes exactly (notebooks/11_fault_tolerance.ipynb).
 
 DDP training of a small MLP with dropout on the digits: each rank takes its shard of every global batch
-(shard_batches, as DistributedSampler), SGD with momentum, a StepLR schedule. Every --every steps the
+(shard_batches, as DistributedSampler), SGD with momentum, a StepLR schedule. Every --snapshot-every steps the
 job writes a snapshot: model, optimizer (momentum), LR scheduler, the step, the position in the data
 (epoch and batch) and every rank's RNG states (CPU, and the GPU's on cuda: dropout draws from them),
 gathered to rank 0, which writes one file atomically (torch.save to a temporary name in the same folder,
@@ -71,7 +71,7 @@ def rng_state(device):
 
 
 def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
-    """Train args.steps steps; with a snapshot path, resume from it and write it every args.every steps;
+    """Train args.steps steps; with a snapshot path, resume from it and write it every args.snapshot_every steps;
     return before step ``stop_at`` if it is reached. Returns (model, info)."""
     world, rank, device = ctx.world_size, ctx.rank, ctx.device
     model, opt, sched = make_job(args, device)            # the same initial weights on every rank
@@ -79,6 +79,7 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
     ddp = DDP(model) if dist.is_initialized() else model
     train_set, _ = load_data()
     step, epoch, pos, seen, resumed_from, save_s, saved_world = 0, 0, 0, [], None, [], None
+    # region resume
     if snapshot is not None and snapshot.exists():
         s = torch.load(snapshot, map_location="cpu", weights_only=False)
         model.load_state_dict(s["model"])
@@ -93,15 +94,16 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
         else:                                              # without it: the epoch starts over
             epoch, pos = step // args.steps_per_epoch, 0
         if saved_world != world:                           # elastic: the global batch stays, each rank's share changes
-            ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch {args.batch // saved_world} -> "
-                    f"{args.batch // world};\n  the RNG states are per rank and are not restored")
+            ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch {args.global_batch // saved_world} -> "
+                    f"{args.global_batch // world};\n  the RNG states are per rank and are not restored")
         elif "rng" in s:
             cpu, gpu = s["rng"][rank]
             torch.set_rng_state(cpu)
             if gpu is not None:
                 torch.cuda.set_rng_state(gpu, device)
+    # endregion
     while step < args.steps and step != stop_at:
-        batches = shard_batches(train_set, world, rank, epoch, args.batch // world, args.seed)[:args.steps_per_epoch]
+        batches = shard_batches(train_set, world, rank, epoch, args.global_batch // world, args.seed)[:args.steps_per_epoch]
         while pos < len(batches) and step < args.steps and step != stop_at:
             if snapshot is not None and attempt == 0 and rank == args.kill_rank and step == args.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)      # no Python error, no cleanup: a hardware fault
@@ -116,7 +118,8 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
             sched.step()
             seen.append((epoch, pos))
             step, pos = step + 1, pos + 1
-            if snapshot is not None and step % args.every == 0:
+            # region snapshot
+            if snapshot is not None and step % args.snapshot_every == 0:
                 t0 = time.perf_counter()
                 rngs = [None] * world
                 if dist.is_initialized():
@@ -135,6 +138,7 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
                 if dist.is_initialized():
                     dist.barrier()                        # nobody runs ahead of a snapshot being written
                 save_s.append(time.perf_counter() - t0)
+            # endregion
         epoch, pos = epoch + 1, 0
     info = {"resumed_from_step": resumed_from, "snapshot_world_size": saved_world, "lr_at_end": sched.get_last_lr()[0],
             "batches_trained_twice": len(seen) - len(set(seen)), "snapshot_seconds": save_s}
@@ -143,29 +147,32 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ckpt-dir", required=True, help="folder for the snapshot (created if missing)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--every", type=int, default=5, help="snapshot every this many steps")
-    p.add_argument("--batch", type=int, default=64, help="global batch, divisible by the world size")
-    p.add_argument("--steps-per-epoch", type=int, default=8, help="batches per epoch (a short epoch: several epochs)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--lr-step", type=int, default=6, help="StepLR: halve the learning rate every this many steps")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dropout", type=float, default=0.2, help="0: no per-rank randomness (resume on another world size exactly)")
-    p.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step (a slower job)")
-    p.add_argument("--log-snapshots", action="store_true", help="rank 0 prints a line at every snapshot")
-    p.add_argument("--kill-rank", type=int, default=-1)
-    p.add_argument("--kill-step", type=int, default=-1)
-    p.add_argument("--hang-rank", type=int, default=-1)
-    p.add_argument("--hang-step", type=int, default=-1)
-    p.add_argument("--drop", nargs="*", default=[], choices=PARTS, help="parts left out of the snapshot")
-    p.add_argument("--resume-at", type=int, default=-1,
+    g = p.add_argument_group("snapshot")
+    g.add_argument("--ckpt-dir", required=True, help="folder for the snapshot (created if missing)")
+    g.add_argument("--snapshot-every", type=int, default=5, help="snapshot every this many steps")
+    g.add_argument("--drop", nargs="*", default=[], choices=PARTS, help="parts left out of the snapshot")
+    g.add_argument("--log-snapshots", action="store_true", help="rank 0 prints a line at every snapshot")
+    g.add_argument("--resume-at", type=int, default=-1,
                    help="stop before this step and resume from the snapshot in the same processes")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=30)
+    g.add_argument("--global-batch", type=int, default=64, help="global batch, divisible by the world size")
+    g.add_argument("--steps-per-epoch", type=int, default=8, help="batches per epoch (a short epoch: several epochs)")
+    g.add_argument("--lr", type=float, default=0.1)
+    g.add_argument("--lr-step", type=int, default=6, help="StepLR: halve the learning rate every this many steps")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--dropout", type=float, default=0.2, help="0: no per-rank randomness (resume on another world size exactly)")
+    g.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step (a slower job)")
+    g = p.add_argument_group("failure injection")
+    g.add_argument("--kill-rank", type=int, default=-1)
+    g.add_argument("--kill-step", type=int, default=-1)
+    g.add_argument("--hang-rank", type=int, default=-1)
+    g.add_argument("--hang-step", type=int, default=-1)
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
-        if args.batch % ctx.world_size:
-            raise ValueError(f"--batch {args.batch} is not divisible by the world size {ctx.world_size}: "
+        if args.global_batch % ctx.world_size:
+            raise ValueError(f"--global-batch {args.global_batch} is not divisible by the world size {ctx.world_size}: "
                              f"use a multiple of {ctx.world_size}")
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         snapshot = Path(args.ckpt_dir) / "snapshot.pt"
@@ -182,7 +189,7 @@ def main():
         diff = max((a - b).abs().max().item() for a, b in zip(model.state_dict().values(),
                                                               reference.state_dict().values()))
         ctx.log(f"resumed from step {info['resumed_from_step']}; max |param - uninterrupted| = {diff:.1e}")
-        emit_result({"world_size": ctx.world_size, "restarts": attempt, "steps": args.steps, "every": args.every,
+        emit_result({"world_size": ctx.world_size, "restarts": attempt, "steps": args.steps, "every": args.snapshot_every,
                      "dropped": args.drop, "max_param_diff_vs_uninterrupted": diff,
                      "snapshot_bytes": snapshot.stat().st_size if snapshot.exists() else 0, **info})
 

@@ -1,15 +1,15 @@
 """Gradient accumulation with no_sync, and activation checkpointing under DDP (notebooks/07_memory.ipynb).
 
-Each rank takes its --global-batch / world_size digits and splits them into --micro micro-batches
-(loss divided by --micro, so the accumulated gradient is the mean over the rank's samples):
+Each rank takes its --global-batch / world_size digits and splits them into --micro-batches micro-batches
+(loss divided by --micro-batches, so the accumulated gradient is the mean over the rank's samples):
 
-  every     DDP all-reduces after every micro-batch's backward: --micro rounds of all-reduces
-  no_sync   the first --micro - 1 micro-batches (forward and backward) under ddp.no_sync(): one round
+  every     DDP all-reduces after every micro-batch's backward: --micro-batches rounds of all-reduces
+  no_sync   the first --micro-batches - 1 micro-batches (forward and backward) under ddp.no_sync(): one round
 
 A DDP communication hook counts the all-reduce calls and bytes of one optimizer step. Both give the
 gradient of one process on the whole global batch (computed by every rank as the reference).
 
-Checkpointing: the same MLP run by mgpu_utils.measure.memory.Checkpointed in segments of --every layers
+Checkpointing: the same MLP run by mgpu_utils.measure.memory.Checkpointed in segments of --segment-layers layers
 (torch.utils.checkpoint, use_reentrant=False) under DDP: the gradients equal the reference, and the
 bytes autograd saved (mgpu_utils.measure.memory.SavedTensorCounter) are reported per segment size.
 
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mgpu_utils.checks import exact_fp32
+from mgpu_utils.checks import exact_fp32, max_abs_diff
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.measure.memory import SavedTensorCounter, checkpointed
@@ -40,35 +40,31 @@ def accumulate(ddp, x, y, k, use_no_sync):
             (F.cross_entropy(ddp(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb]) / k).backward()
 
 
-def max_diff(model, ref_grads):
-    return max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), ref_grads))
-
-
 def main():
     p = argparse.ArgumentParser(description="no_sync accumulation and checkpointing under DDP")
     g = p.add_argument_group("model and data")
     g.add_argument("--width", type=int, default=256)
-    g.add_argument("--depth", type=int, default=8, help="hidden Linear+ReLU layers")
+    g.add_argument("--layers", type=int, default=8, help="hidden Linear+ReLU layers")
     g.add_argument("--global-batch", type=int, default=128, help="digits per optimizer step, all ranks")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("accumulation and checkpointing")
-    g.add_argument("--micro", type=int, default=4, help="micro-batches per rank per step")
-    g.add_argument("--every", default="2,4,8",
+    g.add_argument("--micro-batches", type=int, default=4, help="micro-batches per rank per step")
+    g.add_argument("--segment-layers", default="2,4,8",
                    help="comma-separated checkpoint segment sizes in layers (a Linear and a ReLU are 2 layers)")
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
-        if args.global_batch % (world * args.micro):
+        if args.global_batch % (world * args.micro_batches):
             raise ValueError(f"--global-batch {args.global_batch} must be divisible by world size {world} "
-                             f"x --micro {args.micro}: use --nproc-per-node 2, 4 or 8, or change --global-batch")
+                             f"x --micro-batches {args.micro_batches}: use --nproc-per-node 2, 4 or 8, or change --global-batch")
         train, _ = load_data()
         x, y = (t[:args.global_batch].clone().to(device) for t in train.tensors)
         x = x.flatten(1)
         b = args.global_batch // world
         xl, yl = x[rank * b:(rank + 1) * b].clone(), y[rank * b:(rank + 1) * b].clone()  # own storage
         torch.manual_seed(args.seed)
-        base = make_mlp(args.width, args.depth).to(device)
+        base = make_mlp(args.width, args.layers).to(device)
         grad_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
 
         ref = copy.deepcopy(base)                                    # 1 process x the global batch
@@ -78,18 +74,18 @@ def main():
         res, errs = {}, []
         for name, use_no_sync in (("every", False), ("no_sync", True)):
             ddp, sizes = ddp_recording_buckets(copy.deepcopy(base), warm=(xl, yl))     # hook records each bucket's bytes
-            accumulate(ddp, xl, yl, args.micro, use_no_sync)
+            accumulate(ddp, xl, yl, args.micro_batches, use_no_sync)
             res[name] = {"allreduce_calls": len(sizes), "allreduce_bytes": sum(sizes)}
-            errs.append(max_diff(ddp, g_ref))
+            errs.append(max_abs_diff([p.grad for p in ddp.parameters()], g_ref))
 
         ckpt = []
-        for every in [0] + [int(e) for e in args.every.split(",") if e]:
+        for every in [0] + [int(e) for e in args.segment_layers.split(",") if e]:
             model = copy.deepcopy(base)
             ddp, _ = ddp_recording_buckets(checkpointed(model, every), warm=(xl, yl))
             with SavedTensorCounter(exclude=ddp.parameters()) as saved:
                 loss = F.cross_entropy(ddp(xl), yl)
             loss.backward()
-            errs.append(max_diff(ddp, g_ref))
+            errs.append(max_abs_diff([p.grad for p in ddp.parameters()], g_ref))
             ckpt.append({"every": every, "saved_bytes": saved.bytes, "saved_tensors": len(saved.records)})
 
         errs = torch.tensor(errs, device=device)
@@ -98,7 +94,7 @@ def main():
         ctx.log(f"all-reduce per step: every micro-batch {res['every']},\n  no_sync {res['no_sync']}; "
                 f"max |grad - ref| {errs.max().item():.1e}")
         emit_result({"world_size": world, "backend": ctx.backend, "global_batch": args.global_batch,
-                     "micro_batches": args.micro, "micro_batch_size": b // args.micro, "grad_bytes": grad_bytes,
+                     "micro_batches": args.micro_batches, "micro_batch_size": b // args.micro_batches, "grad_bytes": grad_bytes,
                      "accumulation": res, "max_grad_diff_accumulation": errs[:2].max().item(),
                      "checkpointing": ckpt, "max_grad_diff_checkpointing": errs[2:].max().item()})
 

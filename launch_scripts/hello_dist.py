@@ -27,12 +27,14 @@ def main() -> None:
         ctx.log(f"pid {os.getpid()}, node {node}, local rank {ctx.local_rank}, device {ctx.device}", all_ranks=True)
         if ctx.rank == args.fail_rank:
             raise ValueError("boom")
+        # region hello
         t = torch.tensor([float(ctx.rank)], device=ctx.device)
         pids, nodes = [os.getpid()] * ctx.world_size, [node] * ctx.world_size
         if dist.is_initialized():
             dist.all_reduce(t)                      # sum over ranks, result on every rank
             dist.all_gather_object(pids, os.getpid())
             dist.all_gather_object(nodes, node)
+        # endregion
         emit_result({"world_size": ctx.world_size, "backend": ctx.backend, "reason": ctx.reason,
                      "sum_of_ranks": int(t.item()), "pids": pids, "node_of_rank": nodes})
 

@@ -104,8 +104,7 @@ def train(model, batches, lr, dp_group=None, comm=None):
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     with torch.no_grad():
         for q in model.parameters() if dp > 1 else []:
-            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q,
-                           group=dp_group, group_src=0)
+            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q, group=dp_group, group_src=0)
     losses = []
     for step, xb in enumerate(batches):
         with (comm if (comm is not None and step == 0) else contextlib.nullcontext(),
@@ -133,18 +132,20 @@ def train(model, batches, lr, dp_group=None, comm=None):
 
 def main():
     p = argparse.ArgumentParser(description="2-D (data x tensor) parallel GPT-2")
-    p.add_argument("--layouts", default="auto", help="comma list of DPxTP meshes run one after the other "
+    g = p.add_argument_group("layouts")
+    g.add_argument("--layouts", default="auto", help="comma list of DPxTP meshes run one after the other "
                    "(product = world size); auto: (world/2)x2, or world x 1 for an odd world size or head count")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--embd", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64, help="sequence length in bytes (= n_positions)")
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per step, split over dp")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (3e-3: near the edge of stability)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-reference", dest="reference", action="store_false",
-                   help="skip the single-process reference on rank 0")
+    g.add_argument("--no-reference", dest="reference", action="store_false", help="skip rank 0's 1-process reference")
+    g = p.add_argument_group("model")
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--width", type=int, default=64, help="d_model (hidden size)")
+    g.add_argument("--heads", type=int, default=4)
+    g.add_argument("--seq", type=int, default=64, help="sequence length in bytes (= n_positions)")
+    g = p.add_argument_group("training")
+    g.add_argument("--global-batch", type=int, default=8, help="sequences per step, split over dp")
+    g.add_argument("--steps", type=int, default=30)
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (3e-3: near the edge of stability)")
+    g.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
@@ -153,7 +154,7 @@ def main():
         train_bytes, val_bytes = split(byte_corpus())
         batches = [get_batch(train_bytes, step, n, args.seq - 1, args.seed).to(device) for step in range(args.steps)]
         val_x = get_batch(val_bytes, 10**6, 32, args.seq - 1, args.seed).to(device)
-        mk = lambda: make_model(args.layers, args.embd, args.heads, args.seq, args.seed).to(device)
+        mk = lambda: make_model(args.layers, args.width, args.heads, args.seq, args.seed).to(device)
         out = {"world_size": world, "backend": ctx.backend, "corpus_bytes": len(train_bytes) + len(val_bytes),
                "corpus_sha256": corpus_sha256(torch.cat([train_bytes, val_bytes])), "layouts": {}}
         for dp, tp in layouts:
@@ -190,7 +191,7 @@ def main():
                 out["reference"]["val_loss"] = ref(val_x, labels=val_x).loss.item()
             out["reference"]["grad_norms_step0"] = train(swapped, batches[:1], args.lr)[1]   # the meshes' names
 
-        out.update(layers=args.layers, embd=args.embd, heads=args.heads, seq=args.seq, steps=args.steps,
+        out.update(layers=args.layers, embd=args.width, heads=args.heads, seq=args.seq, steps=args.steps,
                    global_batch=n, lr=args.lr)
         emit_result(out)
 

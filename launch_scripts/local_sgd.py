@@ -2,7 +2,7 @@
 (notebooks/08_sync_vs_async.ipynb).
 
 Every rank trains its own copy of lesson 08's small MLP (mgpu_utils.models.make_mlp(128, 1, flatten=True))
-on its own shard with plain SGD (--lr per local step of --batch-size samples); every H steps the ranks average their parameters with one
+on its own shard with plain SGD (--lr per local step of --per-rank-batch samples); every H steps the ranks average their parameters with one
 all-reduce. H=1 is synchronous data parallelism: averaging the parameters after one step from the same
 parameters equals one step with the averaged gradient. With --with-sync a last run, "sync", all-reduces the gradients
 every step (the reference for H=1). Between runs the model restarts from the same initial parameters.
@@ -75,7 +75,7 @@ def main():
     g = p.add_argument_group("training")
     g.add_argument("--H", type=int, nargs="+", default=[1, 4, 16], help="averaging periods to compare")
     g.add_argument("--steps", type=int, default=96, help="local steps per rank (a multiple of every H)")
-    g.add_argument("--batch-size", type=int, default=16, help="per rank and step")
+    g.add_argument("--per-rank-batch", type=int, default=16, help="per rank and step")
     g.add_argument("--lr", type=float, default=0.3, help="plain SGD learning rate of every local step")
     g.add_argument("--eval-every", type=int, default=16, help="steps between snapshots (a multiple of every H)")
     g.add_argument("--seed", type=int, default=0)
@@ -98,7 +98,7 @@ def main():
         model = make_mlp(128, 1, flatten=True).to(device)
         theta0 = parameters_to_vector(model.parameters()).detach().clone()
         P = theta0.numel()
-        batches = list(itertools.islice(batch_stream(train, world, rank, a.batch_size, a.seed), a.steps))
+        batches = list(itertools.islice(batch_stream(train, world, rank, a.per_rank_batch, a.seed), a.steps))
         runs, finals = {}, {}
         for H in [*a.H, *([0] if a.with_sync else [])]:
             name = f"H={H}" if H else "sync"
@@ -122,7 +122,7 @@ def main():
         if dist.is_initialized():
             dist.barrier()
         emit_result({"world_size": world, "backend": ctx.backend, "params": P, "steps": a.steps,
-                     "batch_size": a.batch_size, "lr": a.lr, "runs": runs})
+                     "per_rank_batch": a.per_rank_batch, "lr": a.lr, "runs": runs})
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ whole model on every rank (loss, last-stage output, every parameter gradient; th
 ranks is reported), then once timed, with every stage forward also sleeping --stage-ms and every
 backward twice that (a rank with v chunks sleeps 1/v of it per chunk), so that the measured
 per-rank timeline shows the schedule (on a few shared CPU cores real compute mostly shows contention;
-on GPUs use --stage-ms 0 and a larger --dim):
+on GPUs use --stage-ms 0 and a larger --width):
 
   naive     layer split, no micro-batches: send/recv of activations forward, gradients backward
-  gpipe     hand-written executor, all forwards then all backwards, --micro micro-batches
+  gpipe     hand-written executor, all forwards then all backwards, --micro-batches micro-batches
   1f1b      hand-written executor, one forward one backward (mgpu_utils.parallel.schedules action lists)
   lib_gpipe, lib_1f1b, lib_interleaved   torch.distributed.pipelining: ScheduleGPipe,
             Schedule1F1B, ScheduleInterleaved1F1B (--chunks stages per rank)
@@ -38,12 +38,12 @@ def parse():
     p = argparse.ArgumentParser(description="layer split, GPipe, 1F1B (hand-written and torch.distributed.pipelining)")
     g = p.add_argument_group("model and data")
     g.add_argument("--layers", type=int, default=8, help="Linear+Tanh blocks; divisible by world size x chunks")
-    g.add_argument("--dim", type=int, default=64, help="width d of every layer")
-    g.add_argument("--batch", type=int, default=32, help="samples per step (divisible by --micro)")
+    g.add_argument("--width", type=int, default=64, help="width d of every layer")
+    g.add_argument("--global-batch", type=int, default=32, help="samples per step (divisible by --micro-batches)")
     g = p.add_argument_group("schedules")
-    g.add_argument("--micro", type=int, default=8, help="micro-batches m (interleaved: a multiple of the world size)")
+    g.add_argument("--micro-batches", type=int, default=8, help="micro-batches m (interleaved: a multiple of the world size)")
     g.add_argument("--chunks", type=int, default=2, help="stages per rank in the interleaved schedule")
-    g.add_argument("--parts", default="naive,gpipe,1f1b," + ",".join(LIBRARY), help="which parts to run")
+    g.add_argument("--schedules", default="naive,gpipe,1f1b," + ",".join(LIBRARY), help="which schedules to run")
     g.add_argument("--stage-ms", type=float, default=30.0, help="sleep per stage forward when timed (x2 backward)")
     return p.parse_args()
 
@@ -59,22 +59,22 @@ def main():
     args = parse()
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
         r, p, dev = ctx.rank, ctx.world_size, ctx.device
-        parts = [s for s in args.parts.split(",") if s]
+        parts = [s for s in args.schedules.split(",") if s]
         try:
-            check_args(args.layers, args.batch, args.micro, args.chunks, p, parts)
+            check_args(args.layers, args.global_batch, args.micro_batches, args.chunks, p, parts)
         except ValueError as e:
             raise SystemExit(str(e)) from None
         if dist.is_initialized():
             dist.barrier()      # NCCL: every rank joins the first call (batch_isend_irecv's first use must)
-        model = build_model(args.layers, args.dim).to(dev)
+        model = build_model(args.layers, args.width).to(dev)
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(args.batch, args.dim, generator=g).to(dev)
-        y = torch.randn(args.batch, args.dim, generator=g).to(dev)
+        x = torch.randn(args.global_batch, args.width, generator=g).to(dev)
+        y = torch.randn(args.global_batch, args.width, generator=g).to(dev)
         loss_fn = nn.MSELoss()
         ref_out = model(x)                                   # the single-device reference, on every rank
         ref_loss = loss_fn(ref_out, y)
         ref_loss.backward()
-        x_mbs, y_mbs = list(x.chunk(args.micro)), list(y.chunk(args.micro))
+        x_mbs, y_mbs = list(x.chunk(args.micro_batches)), list(y.chunk(args.micro_batches))
         rec = Recorder()
         checks, timelines, step_s = {}, {}, {}
 
@@ -85,17 +85,19 @@ def main():
             copies, refs = split_stages(copy.deepcopy(model), n), split_stages(model, n)
             return {s: Timed(copies[s], s, rec) for s in range(r, n, p)}, refs, n
 
+        # region run-schedule
         def run(part, mods, n, sched):
             """One step of ``part``; returns (loss on the last stage or None, output or None)."""
             if part == "naive":
                 out, loss = layer_split_step(mods[r], x, y, loss_fn, r, p)
                 return loss, out
             if part in ("gpipe", "1f1b"):
-                return run_schedule(schedule_actions(part, p, args.micro)[r], mods, x_mbs, y_mbs, loss_fn, r, p)
+                return run_schedule(schedule_actions(part, p, args.micro_batches)[r], mods, x_mbs, y_mbs, loss_fn, r, p)
             losses = []
             kw = {"target": y, "losses": losses} if (n - 1) in mods else {}
             out = sched.step(*((x,) if 0 in mods else ()), **kw)     # the merged output on the last stage
             return (sum(losses) / len(losses) if losses else None), (out if (n - 1) in mods else None)
+        # endregion
 
         for part in parts:
             mods, refs, n = setup(part)
@@ -104,10 +106,12 @@ def main():
                 if not dist.is_initialized():
                     ctx.log(f"SKIPPED {part}: torch.distributed.pipelining needs a process group (run under torchrun)")
                     continue
+                # region library
                 from torch.distributed import pipelining
                 stages = [pipelining.PipelineStage(mods[s], s, n, dev) for s in sorted(mods)]
                 cls = getattr(pipelining, LIBRARY[part])
-                sched = cls(stages[0] if len(stages) == 1 else stages, args.micro, loss_fn=loss_fn)
+                sched = cls(stages[0] if len(stages) == 1 else stages, args.micro_batches, loss_fn=loss_fn)
+                # endregion
             loss, out = run(part, mods, n, sched)            # 1) real compute only: check
             errs = [0.0, 0.0, 0.0, 0.0]                      # last: 1 if the last stage returned no output
             if loss is not None:
@@ -143,8 +147,8 @@ def main():
             step_s[part] = max_over_ranks([t1], dev)[0]
             timelines[part] = gathered
             ctx.log(f"{part:16s} loss err {loss_err:.1e}  grad err {grad_err:.1e}  timed step {step_s[part]:.3f} s")
-        emit_result({"world_size": p, "backend": ctx.backend, "layers": args.layers, "dim": args.dim,
-                     "batch": args.batch, "micro": args.micro, "chunks": args.chunks, "stage_ms": args.stage_ms,
+        emit_result({"world_size": p, "backend": ctx.backend, "layers": args.layers, "dim": args.width,
+                     "batch": args.global_batch, "micro": args.micro_batches, "chunks": args.chunks, "stage_ms": args.stage_ms,
                      "checks": checks, "timelines": timelines, "step_s": step_s})
 
 

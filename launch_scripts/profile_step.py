@@ -3,7 +3,7 @@
 A byte-level GPT-2 (transformers, random init; mgpu_utils.models.byte_gpt2) trains with DDP on stdlib
 docstrings, --threads intra-op threads per rank. Each step is four named phases (torch.profiler's
 record_function): "data" (this rank's batch), "forward", "backward" (DDP all-reduces gradient buckets
-during it) and "optimizer" (AdamW). After --warmup untraced steps, --steps steps run under torch.profiler
+during it) and "optimizer" (AdamW). After --warmup untraced steps, --traced-steps steps run under torch.profiler
 on every rank, and each rank writes its own Chrome/Perfetto trace, <--trace-dir>/trace_rank<r>.json.
 
 MFU: the model FLOPs of one rank's step are counted with torch.utils.flop_counter.FlopCounterMode
@@ -56,14 +56,14 @@ def main():
     p = argparse.ArgumentParser(description="profile a DDP step of a byte-level GPT-2")
     g = p.add_argument_group("the model and batch (defaults: about 0.3 s per step with one thread)")
     g.add_argument("--layers", type=int, default=4)
-    g.add_argument("--embd", type=int, default=256, help="d_model")
+    g.add_argument("--width", type=int, default=256, help="d_model (hidden size)")
     g.add_argument("--heads", type=int, default=4)
     g.add_argument("--seq", type=int, default=64, help="context length (bytes)")
-    g.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    g.add_argument("--per-rank-batch", type=int, default=8, help="sequences per rank per step")
     g = p.add_argument_group("timing and tracing")
     g.add_argument("--warmup", type=int, default=2, help="untraced steps first")
-    g.add_argument("--timed", type=int, default=4, help="untraced timed steps (the median is step_seconds)")
-    g.add_argument("--steps", type=int, default=3, help="traced steps")
+    g.add_argument("--steps", type=int, default=4, help="untraced timed steps (the median is step_seconds)")
+    g.add_argument("--traced-steps", type=int, default=3, help="traced steps")
     g.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     g.add_argument("--trace-dir", default="build/traces", help="one trace_rank<r>.json per rank")
     args = p.parse_args()
@@ -72,12 +72,12 @@ def main():
         world, rank, device = ctx.world_size, ctx.rank, ctx.device
         torch.set_num_threads(args.threads)
         data = byte_corpus()
-        model = byte_gpt2(args.layers, args.embd, args.heads, args.seq).to(device)
+        model = byte_gpt2(args.layers, args.width, args.heads, args.seq).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() \
             else model
         opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
 
-        xb = get_batch(data, 0, args.batch, args.seq - 1, seed=rank).to(device)  # windows of --seq bytes
+        xb = get_batch(data, 0, args.per_rank_batch, args.seq - 1, seed=rank).to(device)  # windows of --seq bytes
         # one rank's forward + backward, without DDP's hooks; attention through SDPA's math backend: the same
         # FLOPs, but the counter has no formula for the fused CPU kernel and would miss the T x T products
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
@@ -86,13 +86,14 @@ def main():
         flops_rank = counter.get_total_flops()
         embed = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
         n_params = sum(q.numel() for q in model.parameters())
-        tokens_rank = args.batch * args.seq
+        tokens_rank = args.per_rank_batch * args.seq
 
         losses = []
 
+        # region profiled-step
         def step(i):
             with record_function("data"):
-                xb = get_batch(data, i, args.batch, args.seq - 1, seed=rank).to(device)
+                xb = get_batch(data, i, args.per_rank_batch, args.seq - 1, seed=rank).to(device)
             with record_function("forward"):
                 loss = ddp(xb, labels=xb).loss
             with record_function("backward"):
@@ -103,7 +104,7 @@ def main():
             losses.append(loss.item())
 
         times = []
-        for i in range(args.warmup + args.timed):
+        for i in range(args.warmup + args.steps):
             if dist.is_initialized():
                 dist.barrier()
             t0 = synced_clock(device)
@@ -119,11 +120,12 @@ def main():
         if dist.is_initialized():
             dist.barrier()
         with profile(activities=acts) as prof:
-            for i in range(args.warmup + args.timed, args.warmup + args.timed + args.steps):
+            for i in range(args.warmup + args.steps, args.warmup + args.steps + args.traced_steps):
                 step(i)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         prof.export_chrome_trace(trace)            # every rank its own file: the rank is in the name
+        # endregion
 
         step_s = statistics.median(times[args.warmup:])
         flops = torch.tensor([flops_rank, peak], dtype=torch.float64, device=device)
@@ -139,7 +141,7 @@ def main():
                      "params": n_params, "non_embedding_params": n_params - embed,
                      "tokens_per_step": tokens_rank * world, "flops_per_step": flops[0].item(),
                      "flops_6n": 6 * (n_params - embed) * tokens_rank * world, "layers": args.layers,
-                     "seq": args.seq, "embd": args.embd, "heads": args.heads, "vocab": model.config.vocab_size,
+                     "seq": args.seq, "embd": args.width, "heads": args.heads, "vocab": model.config.vocab_size,
                      "step_seconds": step_s, "peak_flops_per_s": flops[1].item() / world,
                      "peak_source": peak_source, "mfu": flops[0].item() / step_s / flops[1].item(),
                      "losses": losses, "traces": traces}, rank)

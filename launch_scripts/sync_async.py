@@ -51,7 +51,7 @@ def accuracy(model, theta, x, y):
 def run_sync(a, ctx, model, theta0, data, workers, W, delay):
     """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, seconds, theta)]."""
     X, Y, train = data
-    stream, theta = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed), theta0.to(ctx.device).clone()
+    stream, theta = batch_stream(train, W, ctx.rank - 1, a.per_rank_batch, a.seed), theta0.to(ctx.device).clone()
     dist.barrier(group=workers)                           # the workers start the clock together
     snaps, step_s, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     for step in range(1, a.steps + 1):
@@ -92,7 +92,7 @@ def run_ps(a, theta0, group, W, proj):
 def run_worker(a, ctx, model, data, group, W, delay, proj):
     """Ranks 1..W in async mode: pull, compute, push until the PS says stop. Returns pushes and step times."""
     X, Y, train = data
-    stream = batch_stream(train, W, ctx.rank - 1, a.batch_size, a.seed)
+    stream = batch_stream(train, W, ctx.rank - 1, a.per_rank_batch, a.seed)
     msg, reply = torch.zeros(proj.numel() + 3), torch.empty(proj.numel() + 2)
     dist.send(msg, dst=0, group=group)                    # kind 0: hello, send me the parameters
     dist.recv(reply, src=0, group=group)
@@ -115,7 +115,7 @@ def main():
     p = argparse.ArgumentParser(description="sync all-reduce vs async parameter server, with a straggler")
     g = p.add_argument_group("training and straggler")
     g.add_argument("--steps", type=int, default=80, help="sync steps; async applies steps x W updates")
-    g.add_argument("--batch-size", type=int, default=16, help="per worker and gradient")
+    g.add_argument("--per-rank-batch", type=int, default=16, help="per worker and gradient")
     g.add_argument("--lr", type=float, default=0.1, help="per gradient of one batch (sync: x W)")
     g.add_argument("--eval-every", type=int, default=5, help="sync steps (async: x W updates) between snapshots")
     g.add_argument("--seed", type=int, default=0)
@@ -163,7 +163,7 @@ def main():
             torch.save(finals, a.dump)
         dist.barrier(group=ps_group)
         emit_result({"world_size": world, "workers": W, "backend": ctx.backend, "params": P,
-                     "batch_size": a.batch_size, "lr": a.lr, "steps": a.steps, "delay_ms": a.delay_ms,
+                     "per_rank_batch": a.per_rank_batch, "lr": a.lr, "steps": a.steps, "delay_ms": a.delay_ms,
                      "straggler": a.straggler, "runs": runs})
 
 

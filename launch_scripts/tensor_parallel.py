@@ -72,10 +72,10 @@ def compare(dense, par, x, dy, pairs, seq_slice, mode=None):
 
 def main():
     p = argparse.ArgumentParser(description="tensor parallel MLP and attention, from scratch and with DTensor")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size h")
+    p.add_argument("--width", type=int, default=64, help="d_model h (hidden size)")
     p.add_argument("--heads", type=int, default=8, help="attention heads a (divisible by the world size)")
     p.add_argument("--ffn", type=int, default=256, help="MLP inner size (divisible by the world size)")
-    p.add_argument("--batch", type=int, default=2, help="batch b")
+    p.add_argument("--global-batch", type=int, default=2, help="sequences b per step (every rank sees all of them)")
     p.add_argument("--seq", type=int, default=16, help="sequence length s (divisible by the world size)")
     args = p.parse_args()
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared
@@ -84,15 +84,15 @@ def main():
         if t not in ok:
             raise SystemExit(f"needs a world size dividing heads={args.heads}, ffn={args.ffn} and seq={args.seq}, "
                              f"got {t}: use --nproc-per-node one of {ok}")
-        if args.hidden % args.heads:
-            raise SystemExit(f"--hidden {args.hidden} is not divisible by --heads {args.heads}: "
+        if args.width % args.heads:
+            raise SystemExit(f"--width {args.width} is not divisible by --heads {args.heads}: "
                              f"use a multiple of {args.heads}")
-        h, s = args.hidden, args.seq
+        h, s = args.width, args.seq
         torch.manual_seed(0)                                  # the same dense layers on every rank
         mlp, attn, block = tp.MLP(h, args.ffn).to(dev), tp.Attention(h, args.heads).to(dev), Block(h, args.ffn).to(dev)
         g = torch.Generator().manual_seed(1)
-        x = torch.randn(args.batch, s, h, generator=g).to(dev)
-        dy = torch.randn(args.batch, s, h, generator=g).to(dev)   # upstream gradient: loss = sum(y * dy)
+        x = torch.randn(args.global_batch, s, h, generator=g).to(dev)
+        dy = torch.randn(args.global_batch, s, h, generator=g).to(dev)   # upstream gradient: loss = sum(y * dy)
         mine = tp.sequence_slice(s, r, t)
 
         def chunk(w, dim):
@@ -108,6 +108,7 @@ def main():
                 [(m.wo.grad, chunk(d.o.weight, 1)), (m.bo.grad, d.o.bias.grad)]
 
         errors, comm, placements = {}, {}, {}                 # placements: of dtensor block_sp's grads
+        # region scratch-and-library
         for name, dense, make, pairs, sl in [
                 ("mlp", mlp, lambda d: tp.TPMLP(d), mlp_pairs, None),
                 ("attention", attn, lambda d: tp.TPAttention(d, args.heads), attn_pairs, None),
@@ -141,6 +142,7 @@ def main():
                     return [(a.grad.full_tensor(), b.grad) for a, b in zip(m.parameters(), d.parameters())]
 
                 errors["dtensor_" + name], comm["dtensor_" + name] = compare(d, par, x, dy, pairs, sl, CommDebugMode)
+        # endregion
 
         else:
             ctx.log("SKIPPED DTensor part: init_device_mesh needs a process group (run under torchrun)")
@@ -152,10 +154,10 @@ def main():
         for n in names:
             ctx.log(f"{n:22s} max error: output {errors[n]['out']:.1e}, input grad {errors[n]['x_grad']:.1e}, "
                     f"param grads {errors[n]['param_grad']:.1e}")
-        emit_result({"world_size": t, "backend": ctx.backend, "batch": args.batch, "seq": s, "hidden": h,
+        emit_result({"world_size": t, "backend": ctx.backend, "batch": args.global_batch, "seq": s, "hidden": h,
                      "heads": args.heads, "ffn": args.ffn, "errors": errors, "comm": comm,
                      "grad_placements": placements,
-                     "formula": {k: tp.tp_bytes_per_layer(args.batch, s, h, t, 4, k == "sp") for k in ("tp", "sp")}})
+                     "formula": {k: tp.tp_bytes_per_layer(args.global_batch, s, h, t, 4, k == "sp") for k in ("tp", "sp")}})
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ def main():
     p = argparse.ArgumentParser(description="per-rank memory of DDP, ZeRO-1, FSDP2")
     g = p.add_argument_group("model and data")
     g.add_argument("--width", type=int, default=256, help="hidden width of the MLP")
-    g.add_argument("--depth", type=int, default=9, help="hidden layers (64 -> width ... -> 10)")
+    g.add_argument("--layers", type=int, default=9, help="hidden layers (64 -> width ... -> 10)")
     g.add_argument("--global-batch", type=int, default=64, help="digits per step, split over the ranks")
     g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     g.add_argument("--seed", type=int, default=0)
@@ -127,7 +127,7 @@ def main():
         b = args.global_batch // world
         xl, yl = x[rank * b:(rank + 1) * b].clone(), y[rank * b:(rank + 1) * b].clone()  # own storage
         torch.manual_seed(args.seed)
-        base = make_mlp(args.width, args.depth).to(device)
+        base = make_mlp(args.width, args.layers).to(device)
         n_params = sum(p.numel() for p in base.parameters())
 
         ref = copy.deepcopy(base)                               # 1 process x the full batch
@@ -150,7 +150,7 @@ def main():
             out[mode] = {"zero_stage": STAGE[mode], "per_rank": per_rank, "max_grad_diff": errs[0].item(),
                          "max_param_diff": errs[1].item(), "max_grad_norm_ratio_error": errs[2].item()}
         emit_result({"world_size": world, "backend": ctx.backend, "device": device.type, "params": n_params,
-                     "global_batch": args.global_batch, "width": args.width, "depth": args.depth, "modes": out})
+                     "global_batch": args.global_batch, "width": args.width, "depth": args.layers, "modes": out})
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ At the top, what launch scripts and notebooks share:
 * ``env``        - what this machine has, which tier (CPU / 1 GPU / many GPUs) the course uses, where it is.
 * ``course``     - every lesson's setup call (``start``), and ``make course``.
 * ``colab``      - the Colab badges and the setup cell of every lesson (``python -m mgpu_utils.colab``).
+* ``source``     - the course's code read in a lesson: ``show_code`` before a launch, ``load_script``.
 
 Subpackages (where a new function goes):
 

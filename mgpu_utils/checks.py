@@ -52,6 +52,25 @@ def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> flo
     return worst
 
 
+def max_abs_diff(a, b) -> float:
+    """Largest ``|a - b|`` over two tensors or two nested containers of them (dicts with the same keys, lists,
+    tuples), in float64; other leaves (ints, strings) must be equal. 0.0 for empty containers and tensors.
+    The launch scripts' "max diff vs the reference" numbers (lessons 03, 07, 11).
+
+    Raises:
+        AssertionError: the two structures differ (keys, lengths, or a non-tensor value).
+    """
+    import torch
+
+    if isinstance(a, (dict, list, tuple)):
+        assert len(a) == len(b) and (not isinstance(a, dict) or a.keys() == b.keys()), "different structures"
+        return max([max_abs_diff(a[k], b[k]) for k in (a if isinstance(a, dict) else range(len(a)))] or [0.0])
+    if isinstance(a, torch.Tensor):
+        return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    assert a == b, (a, b)
+    return 0.0
+
+
 @contextmanager
 def exact_fp32():
     """Turn TF32 off for fp32 matmuls and convolutions inside the block (and cuDNN deterministic), and

@@ -51,6 +51,25 @@ def test_amdahl_fit_recovers_the_serial_fraction():
         scaling.fit_amdahl([1, 2], [1.0])
 
 
+def test_two_level_allreduce_by_hand():
+    """Lesson 10's nodes: NVLink inside a node of 8, one NIC per GPU between nodes."""
+    from mgpu_utils.costs.bandwidth import hierarchical_allreduce_model, ring_allreduce_model
+
+    nv, ib, s = (1e-6, 450e9), (2e-6, 50e9), 256e6
+    inside = 2 * 7 * 1e-6 + 2 * 7 / 8 * s / 450e9                  # reduce-scatter + all-gather over NVLink
+    across = 2 * 7 * 2e-6 + 2 * 7 / 8 * (s / 8) / 50e9              # 8 nodes, each GPU's eighth on its NIC
+    assert hierarchical_allreduce_model(s, 64, 8, nv, ib) == pytest.approx(inside + across)
+    assert hierarchical_allreduce_model(s, 8, 8, nv, ib) == pytest.approx(ring_allreduce_model(s, 8, *nv))
+    # a node injects 8 NICs: far faster than one flat ring at one NIC's bandwidth
+    assert hierarchical_allreduce_model(s, 64, 8, nv, ib) < 0.25 * ring_allreduce_model(s, 64, *ib)
+    with pytest.raises(ValueError, match="do not fill nodes of 8: use a multiple of 8"):
+        hierarchical_allreduce_model(s, 12, 8, nv, ib)
+    step = scaling.predict_step(64, 0.015, s, *nv, mode="weak", gpus_per_node=8, inter_node=ib)
+    assert step == pytest.approx(0.015 + inside + across)
+    with pytest.raises(ValueError, match="together"):
+        scaling.predict_step(64, 0.015, s, *nv, gpus_per_node=8)
+
+
 def test_predicted_step_strong_weak_and_overlap():
     comm2 = 2 * 1e-4 + 1.0 * 8e6 / 1e9                 # 2 ranks: 2(n-1) alpha + 2(n-1)/n * S / B
     assert scaling.predict_step(1, 0.2, 8e6, 1e-4, 1e9) == pytest.approx(0.2)   # no communication alone
@@ -149,7 +168,7 @@ def test_a_gpu_trace_is_read_on_the_device_timeline(tmp_path):
 # --- launches ---
 
 def test_weak_scaling_run_and_its_all_reduce_sweep(starts_processes):
-    args = ["--per-rank-batch", 32, "--width", 64, "--depth", 2, "--steps", 2, "--warmup", 1,
+    args = ["--per-rank-batch", 32, "--width", 64, "--layers", 2, "--steps", 2, "--warmup", 1,
             "--sweep-bytes", "4096,65536"]
     one = launch("ddp_speedup.py", nproc=1, args=args, show="none", threads_per_rank=1)
     two = launch("ddp_speedup.py", nproc=2, args=args, show="none", threads_per_rank=1)
@@ -166,8 +185,8 @@ def test_weak_scaling_run_and_its_all_reduce_sweep(starts_processes):
 def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_path, starts_processes):
     cfg = dict(layers=2, embd=64, heads=2, seq=32)
     res = launch("profile_step.py", nproc=2, threads_per_rank=1, show="none",
-                 args=["--layers", 2, "--embd", 64, "--heads", 2, "--seq", 32, "--batch", 4, "--warmup", 1,
-                       "--timed", 2, "--steps", 2, "--trace-dir", tmp_path])
+                 args=["--layers", 2, "--width", 64, "--heads", 2, "--seq", 32, "--per-rank-batch", 4, "--warmup", 1,
+                       "--steps", 2, "--traced-steps", 2, "--trace-dir", tmp_path])
     assert res["traces"] == [str(trace_file(tmp_path, r)) for r in (0, 1)]
     for r in (0, 1):
         t = load_spans(res["traces"][r])

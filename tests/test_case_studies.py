@@ -4,7 +4,7 @@ import pytest
 
 from mgpu_utils.launch.launcher import launch
 
-RESNET_SMALL = ["--epochs", 1, "--size", 8, "--batch", 8, "--check-grads", "--max-steps", 2]
+RESNET_SMALL = ["--epochs", 1, "--size", 8, "--per-rank-batch", 8, "--check-grads", "--max-steps", 2]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -20,7 +20,7 @@ def test_resnet_first_step_is_the_per_shard_reference(nproc, starts_processes):
 
 def test_resnet_sync_bn_on_cpu_is_caught_and_reported(starts_processes):
     r = launch("case_resnet.py", nproc=2, backend="gloo", show="none", threads_per_rank=1,
-               args=["--epochs", 2, "--size", 8, "--batch", 8, "--sync-bn", "--max-steps", 2])
+               args=["--epochs", 2, "--size", 8, "--per-rank-batch", 8, "--sync-bn", "--max-steps", 2])
     assert r["sync_bn"] != "on" and ("GPU" in r["sync_bn"] or "CUDA" in r["sync_bn"]), r["sync_bn"]
     assert len(r["epoch_losses"]) == 1                        # --max-steps ends the run, training went on
 

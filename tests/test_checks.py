@@ -76,3 +76,17 @@ def test_exact_fp32_asks_cudnn_for_deterministic_algorithms_and_restores():
     with exact_fp32():
         assert b.cudnn.deterministic and not b.cudnn.benchmark
     assert (b.cudnn.deterministic, b.cudnn.benchmark) == before
+
+
+def test_max_abs_diff_walks_nested_states():
+    import torch
+
+    from mgpu_utils.checks import max_abs_diff
+
+    a = {"model": {"w": torch.zeros(3)}, "optim": {"state": [torch.ones(2), torch.empty(0)], "lr": 0.1}}
+    b = {"model": {"w": torch.tensor([0.0, -0.5, 0.25])}, "optim": {"state": [torch.ones(2), torch.empty(0)], "lr": 0.1}}
+    assert max_abs_diff(a, b) == 0.5 and max_abs_diff(a, a) == 0.0 and max_abs_diff([], []) == 0.0
+    with pytest.raises(AssertionError):
+        max_abs_diff(a, {"model": a["model"]})                  # a missing key is not a zero difference
+    with pytest.raises(AssertionError):
+        max_abs_diff({"lr": 0.1}, {"lr": 0.2})

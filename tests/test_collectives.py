@@ -77,7 +77,7 @@ def test_alpha_beta_fit_recovers_the_model():
 def test_bench_rows_csv_and_factors(tmp_path, starts_processes):
     out = tmp_path / "bench.csv"
     res = launch("collectives_bench.py", nproc=2, show="none",
-                 args=["--ops", "all_reduce,all_gather", "--max-mib", 1, "--iters", 1, "--warmup", 1, "--csv", out])
+                 args=["--ops", "all_reduce,all_gather", "--max-mib", 1, "--repeats", 1, "--warmup", 1, "--csv", out])
     rows = res["rows"]
     assert len(rows) == 2 * 6                                          # 1 KiB .. 1 MiB in x4 steps
     by_hand = {"all_reduce": 2 * (2 - 1) / 2, "all_gather": (2 - 1) / 2}     # nccl-tests factors at n = 2

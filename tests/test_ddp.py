@@ -24,7 +24,7 @@ def reference_grads(global_batch, width, depth, seed=0):
 def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path, starts_processes):
     dump = tmp_path / "grads.pt"
     res = launch("ddp_internals.py", nproc=nproc, show="none",
-                 args=["--global-batch", 48, "--width", 32, "--depth", 3, "--accum-steps", 2, "--caps", "",
+                 args=["--global-batch", 48, "--width", 32, "--layers", 3, "--micro-batches", 2, "--caps", "",
                        "--dump", dump])
     ref = reference_grads(48, 32, 3)
     got = torch.load(dump, map_location="cpu")
@@ -41,14 +41,14 @@ def test_ddp_and_no_sync_gradients_equal_single_process(nproc, tmp_path, starts_
 
 def test_bucket_sweep_accounts_for_every_byte(starts_processes):
     res = launch("ddp_internals.py", nproc=2, show="none",
-                 args=["--global-batch", 8, "--width", 128, "--depth", 4, "--caps", "0.05,25", "--steps", 2])
+                 args=["--global-batch", 8, "--width", 128, "--layers", 4, "--caps", "0.05,25", "--steps", 2])
     small, big = res["buckets"]
     assert big["buckets_per_step"] == 1 and small["buckets_per_step"] > 1
     assert sum(small["bucket_bytes"]) == sum(big["bucket_bytes"]) == res["grad_bytes"]
 
 
 def test_ddp_training_matches_single_process_with_global_batch(starts_processes):
-    args = ["--epochs", 2, "--batch-size", 16]
+    args = ["--epochs", 2, "--per-rank-batch", 16]
     ddp = launch("ddp_train.py", nproc=2, args=args, show="none")
     single = launch("ddp_train.py", nproc=1, args=args + ["--single", 2], show="none")
     assert ddp["global_batch"] == single["global_batch"] == 32
@@ -80,7 +80,7 @@ def test_speedup_script_times_the_same_training_at_every_world_size(starts_proce
     """ddp_speedup.py: N ranks train exactly what one rank trains on the same global batch, and report
     a step time that includes communication (step >= compute share is not guaranteed by noise, so the
     contract checked is the equivalence and the fields the notebook reads)."""
-    args = ["--global-batch", 64, "--width", 32, "--depth", 2, "--steps", 4, "--warmup", 1]
+    args = ["--global-batch", 64, "--width", 32, "--layers", 2, "--steps", 4, "--warmup", 1]
     one = launch("ddp_speedup.py", nproc=1, args=args, show="none", threads_per_rank=1)
     two = launch("ddp_speedup.py", nproc=2, args=args, show="none", threads_per_rank=1)
     assert (one["local_batch"], two["local_batch"]) == (64, 32)

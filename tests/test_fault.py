@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from mgpu_utils.costs.fault import job_mtbf_s, lost_fraction, young_daly_interval
+from mgpu_utils.costs.fault import daly_interval, daly_lost_fraction, job_mtbf_s, lost_fraction, young_interval
 from mgpu_utils.launch.launcher import LaunchError, launch, run_torchrun
 
 
 def test_young_interval_and_lost_work_by_hand():
-    assert young_daly_interval(50, 3600) == pytest.approx(600)             # sqrt(2 * 50 * 3600)
+    assert young_interval(50, 3600) == pytest.approx(600)             # sqrt(2 * 50 * 3600)
     assert lost_fraction(600, 50, 3600) == pytest.approx(50 / 600 + 600 / 7200)
     assert lost_fraction(600, 50, 3600, restart_s=36) == pytest.approx(50 / 600 + 600 / 7200 + 0.01)
     taus = np.geomspace(10, 36000, 2001)
@@ -21,9 +21,34 @@ def test_young_interval_and_lost_work_by_hand():
     assert job_mtbf_s(50_000, 10_000) == pytest.approx(18_000)             # 50,000 h per GPU, 10,000 GPUs: 5 h
     for bad in (0, -1, "1", True):
         with pytest.raises(ValueError, match="must be a number > 0"):
-            young_daly_interval(bad, 10)
+            young_interval(bad, 10)
     with pytest.raises(ValueError, match="restart_s must be >= 0"):
         lost_fraction(10, 1, 10, restart_s=-1)
+
+
+@pytest.mark.parametrize("c, m", [(60, 180_000), (60, 18_000), (60, 1_800), (50, 3_600), (120, 21_600)])
+def test_daly_interval_minimises_dalys_model(c, m):
+    """Daly's interval is the optimum of his exponential model (found here by a grid), shorter than Young's."""
+    taus = np.geomspace(1, 10 * m, 200_001)
+    best = taus[np.argmin(daly_lost_fraction(taus, c, m))]
+    assert daly_interval(c, m) == pytest.approx(best, rel=2e-3)
+    assert daly_interval(c, m) < young_interval(c, m)
+    # the restart time does not move the optimum, it adds to the loss
+    assert taus[np.argmin(daly_lost_fraction(taus, c, m, restart_s=600))] == pytest.approx(best, rel=2e-3)
+    assert daly_lost_fraction(best, c, m, restart_s=600) > daly_lost_fraction(best, c, m)
+
+
+def test_daly_model_by_hand_and_its_first_order_limit():
+    # C = 60 s, M = 1800 s: sqrt(2CM) = 464.76; x = C / 2M = 1/60
+    x = 1 / 60
+    assert daly_interval(60, 1800) == pytest.approx(np.sqrt(2 * 60 * 1800) * (1 + np.sqrt(x) / 3 + x / 9) - 60)
+    assert daly_interval(4000, 1800) == 1800.0                             # C >= 2M: snapshot every M
+    tau, c, m, r = 1000.0, 1.0, 1e8, 1000.0                              # C, tau, R << M: first order
+    assert daly_lost_fraction(tau, c, m, r) == pytest.approx(lost_fraction(tau, c, m, r), rel=2e-3)
+    wall = 1800 * np.exp(600 / 1800) * np.expm1((400 + 60) / 1800) / 400  # Daly's T_wall / T_solve
+    assert daly_lost_fraction(400, 60, 1800, 600) == pytest.approx(1 - 1 / wall)
+    with pytest.raises(ValueError, match="restart_s must be >= 0"):
+        daly_lost_fraction(10, 1, 10, restart_s=-1)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -127,13 +152,13 @@ def test_checkpoint_formats_and_dcp_resharding(tmp_path, starts_processes):
     """Saved by 4 ranks: rank 0's file equals every replica, ZeRO-1 refuses an unconsolidated state_dict and
     resumes exactly from the consolidated one, DCP writes one shard per rank; loaded by 2 and by 3 ranks
     (resharded, 3 unevenly), parameters and Adam states equal the gathered reference exactly."""
-    save = run_torchrun("checkpoint_formats.py", 4, ["--phase", "save", "--dir", tmp_path, "--repeats", "1"],
+    save = run_torchrun("checkpoint_formats.py", 4, ["--phase", "save", "--ckpt-dir", tmp_path, "--repeats", "1"],
                         show="none").result
     assert save["torch_save_max_diff"] == 0.0 and save["zero1_resume_max_diff"] == 0.0
     assert "consolidate_state_dict" in save["zero1_error"]
     assert sorted(save["dcp_files"]) == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
     for n in (2, 3):
-        load = run_torchrun("checkpoint_formats.py", n, ["--phase", "load", "--dir", tmp_path, "--repeats", "1"],
+        load = run_torchrun("checkpoint_formats.py", n, ["--phase", "load", "--ckpt-dir", tmp_path, "--repeats", "1"],
                             show="none").result
         assert load["world_size"] == n
         assert load["max_param_diff"] == 0.0 and load["max_optim_diff"] == 0.0
@@ -143,7 +168,7 @@ def test_checkpoint_formats_and_dcp_resharding(tmp_path, starts_processes):
     params[name] += 1e-3
     next(iter(optim["state"].values()))["exp_avg"] += 1e-3
     torch.save((params, optim), tmp_path / "reference.pt")
-    load = run_torchrun("checkpoint_formats.py", 2, ["--phase", "load", "--dir", tmp_path, "--repeats", "1"],
+    load = run_torchrun("checkpoint_formats.py", 2, ["--phase", "load", "--ckpt-dir", tmp_path, "--repeats", "1"],
                         show="none").result
     assert load["max_param_diff"] == pytest.approx(1e-3, rel=1e-2)
     assert load["max_optim_diff"] == pytest.approx(1e-3, rel=1e-2)

@@ -157,7 +157,7 @@ def test_zero1_and_fsdp_equal_single_process_and_shard_as_predicted(nproc, start
 
 
 def test_no_sync_counts_and_checkpointing_under_ddp(starts_processes):
-    r = launch("grad_accumulation.py", nproc=2, args=["--micro", "4", "--global-batch", "64"], show="none",
+    r = launch("grad_accumulation.py", nproc=2, args=["--micro-batches", "4", "--global-batch", "64"], show="none",
                timeout_s=300)
     every, quiet = r["accumulation"]["every"], r["accumulation"]["no_sync"]
     assert quiet["allreduce_bytes"] == r["grad_bytes"]

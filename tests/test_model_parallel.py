@@ -94,19 +94,19 @@ def test_argument_validation_names_the_fix():
     from mgpu_utils.parallel.pipeline import check_args
     parts = ["naive", "lib_interleaved"]
     check_args(16, 32, 8, 2, 4, parts)                         # valid: no error
-    with pytest.raises(ValueError, match="--micro a multiple of the world size 4, got 6: use --micro"):
+    with pytest.raises(ValueError, match="--micro-batches a multiple of the world size 4, got 6: use --micro-batches"):
         check_args(24, 36, 6, 2, 4, parts)
     check_args(24, 36, 6, 2, 4, ["naive", "gpipe"])            # fine without the interleaved part
     with pytest.raises(ValueError, match="--layers 12 does not split into 8 .*use a multiple of 8"):
         check_args(12, 32, 8, 2, 4, parts)
-    with pytest.raises(ValueError, match="--batch 30 is not divisible by --micro 8"):
+    with pytest.raises(ValueError, match="--global-batch 30 is not divisible by --micro-batches 8"):
         check_args(16, 30, 8, 2, 4, parts)
     assert tp.sequence_slice(12, 1, 4) == slice(3, 6)
     with pytest.raises(ValueError, match="sequence length 10 does not split evenly over 4 ranks: use .*multiple of 4"):
         tp.sequence_slice(10, 0, 4)
     assert tp.valid_world_sizes(8, 256, 12) == [1, 2, 4]
     assert tp.valid_world_sizes(6, 24, 18) == [1, 2, 3, 6]
-    with pytest.raises(ValueError, match="hidden size 30 .* 4 ranks: use --hidden a multiple of --heads 4"):
+    with pytest.raises(ValueError, match="hidden size 30 .* 4 ranks: use --width a multiple of --heads 4"):
         tp.Attention(30, 4)
     with pytest.raises(ValueError, match="size 10 does not split evenly over 4 ranks: use a sequence length"):
         tp.check_split(torch.zeros(2, 10, 3).shape[1], 4, "dimension 1 of size", "use a sequence length divisible")
@@ -215,7 +215,7 @@ def test_tensor_parallel_layers_equal_dense(nproc, starts_processes):
 
 def test_scripts_run_as_plain_python(starts_processes):
     """World size 1 without torchrun: the hand-written parts run, the library parts say SKIPPED."""
-    for script, args in (("pipeline_parallel.py", ["--stage-ms", "0", "--parts", "naive,gpipe,1f1b,lib_1f1b"]),
+    for script, args in (("pipeline_parallel.py", ["--stage-ms", "0", "--schedules", "naive,gpipe,1f1b,lib_1f1b"]),
                          ("tensor_parallel.py", [])):
         out = subprocess.run([sys.executable, str(REPO_ROOT / "launch_scripts" / script), *args],
                              capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,

@@ -271,7 +271,7 @@ def test_gpu_ranks_in_both_modes(starts_processes):
     if gpus == 0:
         pytest.skip("SKIPPED: needs a CUDA GPU, found 0")
     nproc = min(2, gpus)
-    args = ["--epochs", 1, "--batch-size", 16]
+    args = ["--epochs", 1, "--per-rank-batch", 16]
     ref = run_torchrun("ddp_train.py", nproc, args, show="none", via="torchrun")
     got = run_torchrun("ddp_train.py", nproc, args, show="none", via="warm")
     assert got.via == "warm" and got.result["backend"] == ref.result["backend"] == "nccl"

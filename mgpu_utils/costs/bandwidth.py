@@ -82,6 +82,38 @@ def ring_allreduce_model(size_bytes, n: int, alpha_s: float, bandwidth_bps: floa
     return 2 * (n - 1) * alpha_s + 2 * (n - 1) / n * np.asarray(size_bytes, dtype=float) / bandwidth_bps
 
 
+def hierarchical_allreduce_model(size_bytes, n: int, gpus_per_node: int, intra: tuple[float, float],
+                                 inter: tuple[float, float]):
+    """The alpha-beta time of a two-level all-reduce over nodes of ``g = gpus_per_node`` GPUs, in seconds
+    (lesson 10's cluster prediction).
+
+    How NCCL uses a node with one NIC per GPU (DGX H100: 8 GPUs, NVLink 4, 8 ConnectX-7 NDR NICs):
+    a reduce-scatter inside each node over NVLink, so each GPU holds the node's sum of 1/g of the
+    buffer; an all-reduce of that slice across the ``k = n / g`` nodes, every GPU over its own NIC (g
+    rings at once: the node injects g NICs' bandwidth, not one); an all-gather inside the node::
+
+        t = 2(g-1) alpha_intra + 2(g-1)/g S / B_intra + 2(k-1) alpha_inter + 2(k-1)/k (S/g) / B_inter
+
+    Args:
+        size_bytes: S, scalar or array (bytes).
+        n: GPUs in all; ``n <= g`` is one node (the intra-node ring alone), else a multiple of g.
+        gpus_per_node: g.
+        intra, inter: ``(alpha_s, bandwidth_bps)`` of the link inside a node and of one GPU's NIC.
+
+    Raises:
+        ValueError: n > g and not a multiple of g, or g < 1.
+    """
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
+    if n <= gpus_per_node:
+        return ring_allreduce_model(size_bytes, n, *intra)
+    if n % gpus_per_node:
+        raise ValueError(f"{n} GPUs do not fill nodes of {gpus_per_node}: use a multiple of {gpus_per_node}")
+    k = n // gpus_per_node
+    inside = ring_allreduce_model(size_bytes, gpus_per_node, *intra)
+    return inside + ring_allreduce_model(np.asarray(size_bytes, dtype=float) / gpus_per_node, k, *inter)
+
+
 def fit_ring_allreduce(size_bytes, seconds, n: int) -> tuple[float, float]:
     """Least-squares fit of :func:`ring_allreduce_model` to measurements.
 

@@ -6,7 +6,8 @@
 * :func:`predict_step` / :func:`predict_scaling`: the step time of data-parallel training from a compute
   time and the alpha-beta model of a ring all-reduce, t = 2 (N - 1) alpha + 2 (N - 1) / N * bytes / B
   (:func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`, fitted by ``fit_ring_allreduce``, lesson 04), on
-  this machine or on GPUs and links from :mod:`mgpu_utils.costs.hardware`.
+  this machine or on GPUs and links from :mod:`mgpu_utils.costs.hardware`; on nodes with a NIC per GPU,
+  the two-level all-reduce (``hierarchical_allreduce_model``).
 
 Pure Python and numpy: no process group, no torch.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mgpu_utils.costs.bandwidth import ring_allreduce_model
+from mgpu_utils.costs.bandwidth import hierarchical_allreduce_model, ring_allreduce_model
 
 
 def speedups(rows: list[dict]) -> dict[int, dict]:
@@ -95,7 +96,8 @@ def fit_amdahl(world_sizes, speedup_values) -> float:
 
 
 def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, bandwidth_bps: float,
-                 mode: str = "strong", overlap: float = 0.0) -> float:
+                 mode: str = "strong", overlap: float = 0.0, gpus_per_node: int | None = None,
+                 inter_node: tuple[float, float] | None = None) -> float:
     """Predicted seconds per data-parallel step on ``n`` ranks.
 
     Args:
@@ -109,6 +111,10 @@ def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, ba
         mode: "strong" (the global batch is split: compute_s / n per rank) or "weak" (compute_s per rank).
         overlap: 0..1, the share of the compute under which the all-reduce can hide (DDP overlaps bucket
             all-reduces with the backward pass: about 2/3 of the step at best). 0 is no overlap.
+        gpus_per_node, inter_node: nodes of GPUs (both or neither): the all-reduce is then
+            :func:`mgpu_utils.costs.bandwidth.hierarchical_allreduce_model`, with ``alpha_s`` and
+            ``bandwidth_bps`` the link inside a node and ``inter_node`` = (alpha_s, bandwidth_bps) of each
+            GPU's own NIC between nodes. Without them: one flat ring over the one link.
 
     Returns:
         compute + max(0, comm - overlap * compute), with comm = ring_allreduce_model(grad_bytes, n, ...)
@@ -124,12 +130,21 @@ def predict_step(n: int, compute_s: float, grad_bytes: float, alpha_s: float, ba
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap is a share between 0 and 1, got {overlap}")
     compute = compute_s / n if mode == "strong" else compute_s
-    comm = float(ring_allreduce_model(grad_bytes, n, alpha_s, bandwidth_bps)) if n > 1 else 0.0
+    if (gpus_per_node is None) != (inter_node is None):
+        raise ValueError("give gpus_per_node and inter_node together (nodes and their NICs), or neither")
+    if n == 1:
+        comm = 0.0
+    elif gpus_per_node is None:
+        comm = float(ring_allreduce_model(grad_bytes, n, alpha_s, bandwidth_bps))
+    else:
+        comm = float(hierarchical_allreduce_model(grad_bytes, n, gpus_per_node, (alpha_s, bandwidth_bps),
+                                                  inter_node))
     return compute + max(0.0, comm - overlap * compute)
 
 
 def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: float, bandwidth_bps: float,
-                    mode: str = "strong", overlap: float = 0.0) -> dict[int, dict]:
+                    mode: str = "strong", overlap: float = 0.0, gpus_per_node: int | None = None,
+                    inter_node: tuple[float, float] | None = None) -> dict[int, dict]:
     """:func:`predict_step` for each world size, with the speed-up and efficiency it implies.
 
     Args:
@@ -142,10 +157,11 @@ def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: f
     Raises:
         ValueError: as :func:`predict_step`.
     """
-    base = predict_step(1, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap)
+    nodes = {"gpus_per_node": gpus_per_node, "inter_node": inter_node}
+    base = predict_step(1, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap, **nodes)
     out = {}
     for n in world_sizes:
-        step = predict_step(n, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap)
+        step = predict_step(n, compute_s, grad_bytes, alpha_s, bandwidth_bps, mode, overlap, **nodes)
         s = base / step * (n if mode == "weak" else 1)
         out[int(n)] = {"step_s": step, "speedup": s, "efficiency": s / n}
     return out

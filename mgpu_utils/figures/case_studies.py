@@ -85,8 +85,9 @@ def plot_recipe(runs: list[dict]):
     a.barh(range(len(runs)), acc, color=[rank_color(i) for i in range(len(runs))])
     for i, v in enumerate(acc):
         a.text(v + 1, i, f"{v:.1f}%", va="center", fontsize=10)
+    epochs = sorted({len(r["epoch_losses"]) for r in runs})
     a.set(yticks=range(len(runs)), yticklabels=labels, xlim=(0, 115), xlabel="test accuracy (%)",
-          title="same epochs, same images seen")
+          title=f"after {' or '.join(map(str, epochs))} epoch{'s' if epochs != [1] else ''} each")
     a.invert_yaxis()
     for i, r in enumerate(runs):
         losses = r["epoch_losses"]

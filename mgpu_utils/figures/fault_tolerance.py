@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mgpu_utils.costs.fault import lost_fraction, young_daly_interval
+from mgpu_utils.costs.fault import lost_fraction, young_interval
 
 
 def draw_restart_timeline(steps: int = 30, every: int = 5, kill_step: int = 13):  # pragma: no mutate block
@@ -43,7 +43,7 @@ def plot_lost_work(checkpoint_s: float, mtbfs_s: dict, restart_s: float = 0.0): 
         taus = np.geomspace(checkpoint_s * 1.5, m, 400)
         color = plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10]
         ax.plot(taus / 60, 100 * lost_fraction(taus, checkpoint_s, m, restart_s), color=color, label=label)
-        best = young_daly_interval(checkpoint_s, m)
+        best = young_interval(checkpoint_s, m)
         ax.plot(best / 60, 100 * lost_fraction(best, checkpoint_s, m, restart_s), "o", color=color)
         ax.annotate(f"{best / 60:.0f} min", (best / 60, 100 * lost_fraction(best, checkpoint_s, m, restart_s)),
                     textcoords="offset points", xytext=(0, 7), ha="center", fontsize=9, color=color)

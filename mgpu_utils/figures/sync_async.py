@@ -59,7 +59,7 @@ def plot_sync_async(result: dict):
         color, ls = style.get(name, (None, "-"))
         axes[0].plot(g, acc, ls, color=color, marker=".", label=name)
         axes[1].plot(s, acc, ls, color=color, marker=".", label=name)
-    axes[0].set_xlabel(f"gradients computed (batches of {result['batch_size']})")
+    axes[0].set_xlabel(f"gradients computed (batches of {result['per_rank_batch']})")
     axes[1].set_xlabel("wall-clock seconds (measured)")
     for ax in axes:
         ax.set_ylabel("test accuracy")

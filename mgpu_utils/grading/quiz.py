@@ -366,7 +366,7 @@ EXERCISES: dict[str, Exercise] = {
                                     (lambda v: abs(v - 2277) < 10, "that is seconds; the answer is in minutes")],
                       "sqrt(2 x 2 min x 360 min) = sqrt(1440) = 37.9 minutes; the snapshots then cost 2/37.9 = 5.3% "
                       "of the time and the lost work as much again"),
-        "37.95 = young_daly_interval(120, 6 * 3600) / 60 (mgpu_utils.costs.fault)."),
+        "37.95 = young_interval(120, 6 * 3600) / 60 (mgpu_utils.costs.fault)."),
     "11.2": Exercise(
         "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step index 23 (steps count from 0; "
         "the snapshot taken after 20 steps, steps 0-19, was complete). After the restart, at which step index does "

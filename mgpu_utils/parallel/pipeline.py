@@ -240,22 +240,24 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def check_args(layers: int, batch: int, micro: int, chunks: int, world_size: int, parts: list[str]) -> None:
+def check_args(layers: int, batch: int, micro: int, chunks: int, world_size: int, schedules: list[str]) -> None:
     """Validate the pipeline script's sizes up front (launch_scripts/pipeline_parallel.py).
 
     Raises:
-        ValueError: naming the argument to change, if --batch is not divisible by --micro, --layers
-            not by the number of stages (world size, times --chunks for the interleaved part), or
-            --micro not a multiple of the world size for the interleaved part.
+        ValueError: naming the argument to change, if --global-batch is not divisible by
+            --micro-batches, --layers not by the number of stages (world size, times --chunks for the
+            interleaved schedule), or --micro-batches not a multiple of the world size for the
+            interleaved schedule.
     """
     if batch % micro:
-        raise ValueError(f"--batch {batch} is not divisible by --micro {micro}: use a multiple of {micro}")
-    inter = "lib_interleaved" in parts
+        raise ValueError(f"--global-batch {batch} is not divisible by --micro-batches {micro}: "
+                         f"use a multiple of {micro}")
+    inter = "lib_interleaved" in schedules
     n = world_size * (chunks if inter else 1)
     if layers % n:
         raise ValueError(f"--layers {layers} does not split into {n} equal stages "
                          f"({world_size} ranks{f' x {chunks} chunks' if inter else ''}): use a multiple of {n}")
     if inter and micro % world_size:
-        raise ValueError(f"the interleaved schedule needs --micro a multiple of the world size {world_size}, "
-                         f"got {micro}: use --micro {world_size * max(1, round(micro / world_size))} "
-                         f"(or leave lib_interleaved out of --parts)")
+        raise ValueError(f"the interleaved schedule needs --micro-batches a multiple of the world size "
+                         f"{world_size}, got {micro}: use --micro-batches {world_size * max(1, round(micro / world_size))} "
+                         f"(or leave lib_interleaved out of --schedules)")

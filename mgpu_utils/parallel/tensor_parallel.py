@@ -170,7 +170,7 @@ class Attention(nn.Module):
 
     def __init__(self, h: int, n_heads: int):
         super().__init__()
-        check_split(h, n_heads, "hidden size", f"use --hidden a multiple of --heads {n_heads}")
+        check_split(h, n_heads, "hidden size", f"use --width a multiple of --heads {n_heads}")
         self.head_dim = h // n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
 
