@@ -32,7 +32,7 @@ from mgpu_utils.dist import distributed, emit_result
 
 
 def slowest_time(fn, device):
-    """The slowest rank's time for one fn() after a barrier, in seconds (every rank gets the same value)."""
+    """The slowest rank's time for one fn() after a barrier, in seconds (the same on every rank)."""
     dist.barrier()
     t0 = time.perf_counter()
     fn()
@@ -44,7 +44,7 @@ def slowest_time(fn, device):
 
 
 def interleaved_times(fns, repeats, device):
-    """{name: (median, best) seconds} over `repeats` rounds; each round times every fn once, in order.
+    """{name: (median, best) seconds} over `repeats` rounds; a round times every fn once, in order.
 
     Interleaving puts the same machine noise on every size; three untimed rounds warm up buffers,
     connections and caches first.

@@ -83,7 +83,8 @@ def main():
         batches = batch_stream(train, world, rank, args.per_rank_batch, seed=args.seed)
         noise = torch.Generator(device="cpu").manual_seed(1000 + rank)       # each rank its own noise
         d_start, result, d_losses, g_losses = flat(d_net).clone(), {}, [], []
-        ones, zeros = torch.ones(args.per_rank_batch, 1, device=device), torch.zeros(args.per_rank_batch, 1, device=device)
+        ones = torch.ones(args.per_rank_batch, 1, device=device)
+        zeros = torch.zeros(args.per_rank_batch, 1, device=device)
         t0 = synced_clock(device)
         for step in range(args.steps):
             idx = next(batches)

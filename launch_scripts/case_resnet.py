@@ -4,9 +4,8 @@ torchvision's resnet18 (or --arch resnet50) with a small-image stem (3x3 convolu
 scikit-learn's digits, augmented with torchvision.transforms.v2 (mgpu_utils.data.AugmentedDigits), with
 DDP and a DistributedSampler (set_epoch every epoch); each rank draws its own augmentations. SGD with
 momentum and a cosine schedule (lesson 09 asserts >= 90% test accuracy: 2 epochs, global batch 32).
-The large-batch recipe of Goyal et al. (2017) when asked: --scale-lr multiplies --lr by global batch /
---base-batch (the linear scaling rule), and --warmup-epochs ramps the rate up linearly from --lr to that
-(only when it is larger: the gradual warm-up).
+The large-batch recipe of Goyal et al. (2017) when asked: --scale-lr multiplies --lr by global batch / --base-batch
+(the linear scaling rule); --warmup-epochs ramps the rate up linearly from --lr to that (the gradual warm-up).
 
 BatchNorm under DDP: each rank normalises with its own batch's statistics, and DDP broadcasts rank 0's
 running statistics at every forward (broadcast_buffers=True; the test accuracy uses them too).
@@ -15,13 +14,11 @@ normalised on its own and the gradients averaged (what plain BatchNorm gives), a
 in one piece (what SyncBatchNorm gives). --sync-bn converts BatchNorm to SyncBatchNorm, which needs GPUs:
 on CPU ranks the error is caught and reported in the result (sync_bn), and training goes on without it.
 
---data DIR (an ImageFolder: DIR/train/<class>/*.jpg, DIR/val/...) trains the ImageNet stem at 224 pixels,
-e.g. --arch resnet50 --workers 8 on GPUs: a start for the real recipe (which also zeroes each block's last
-BatchNorm weight, and uses weight decay 1e-4, 0.1 per 256 images and a step schedule).
+--data DIR (an ImageFolder: DIR/train/<class>/*.jpg, DIR/val/...) trains the ImageNet stem at 224 pixels, e.g.
+--arch resnet50 --workers 8 on GPUs: a start for the real recipe (lesson 09 lists what it leaves out).
 
-Rank 0 prints one JSON line (MGPU_RESULT): world_size, arch, image_size, global_batch, lr, warmup_epochs,
-epoch_losses, test_accuracy, test_images, samples_per_s (training steps only), sync_bn; --check-grads adds
-grad_vs_per_shard, grad_vs_global_batch, grad_max_diff (max |DDP - the reference sync_bn calls for|), grad_scale.
+Rank 0 prints one JSON line (MGPU_RESULT): the run's settings, epoch_losses, test_accuracy, samples_per_s
+(training steps only), sync_bn; --check-grads adds grad_vs_per_shard, grad_vs_global_batch, grad_max_diff.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/case_resnet.py --scale-lr
@@ -107,15 +104,18 @@ def main():
                 model, sync_bn = nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device), "on"
             except ValueError as e:
                 sync_bn = f"{type(e).__name__}: {e}"
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if dist.is_initialized() else model
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids) if dist.is_initialized() else model
         torch.manual_seed(args.seed + 1 + rank)          # the weights are shared; augmentations per rank
         global_batch = args.per_rank_batch * world
         lr = args.lr * global_batch / args.base_batch if args.scale_lr else args.lr
         opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
         sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-        loader = DataLoader(train, batch_size=args.per_rank_batch, sampler=sampler, drop_last=True, num_workers=args.workers)
+        loader = DataLoader(train, batch_size=args.per_rank_batch, sampler=sampler, drop_last=True,
+                            num_workers=args.workers)
         if (steps_per_epoch := len(loader)) == 0:
-            raise ValueError(f"--per-rank-batch {args.per_rank_batch} exceeds a rank's shard ({len(sampler)}): use a smaller --per-rank-batch")
+            raise ValueError(f"--per-rank-batch {args.per_rank_batch} exceeds a rank's shard "
+                             f"({len(sampler)}): use a smaller --per-rank-batch")
         warm = round(args.warmup_epochs * steps_per_epoch) if lr > args.lr else 0   # only to ramp up
         total = args.epochs * steps_per_epoch
 

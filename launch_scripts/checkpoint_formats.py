@@ -72,9 +72,10 @@ def fresh_folder(path: Path, rank: int) -> None:
 
 
 def sharded(args, ctx):
-    """The seeded MLP with each Linear and then the whole model under FSDP2 over every rank, and its Adam."""
+    """The seeded MLP, each Linear and then the whole of it under FSDP2 on every rank; its Adam."""
     torch.manual_seed(args.seed)
-    model, mesh = make_mlp(args.width, args.layers).to(ctx.device), init_device_mesh(ctx.device.type, (ctx.world_size,))
+    model = make_mlp(args.width, args.layers).to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     for part in [m for m in model if isinstance(m, nn.Linear)] + [model]:
         fully_shard(part, mesh=mesh)
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)

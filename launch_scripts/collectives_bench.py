@@ -28,7 +28,7 @@ OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 
 
 def make_op(op, size_bytes, n, device):
-    """(callable, size in nccl-tests' sense) for one fp32 message; sizes are rounded to n elements."""
+    """(callable, size in nccl-tests' sense) for one fp32 message; sizes rounded to n elements."""
     count = max(n, size_bytes // 4 // n * n)        # elements in the "size" buffer, a multiple of n
     big = torch.ones(count, device=device)
     small = torch.ones(count // n, device=device)

@@ -42,14 +42,14 @@ HOOKS = {"fp32 (default)": default_hooks.allreduce_hook, "fp16": default_hooks.f
 
 
 def make_ddp(ctx, a, hook_name, link, scale, powersgd_start):
-    """A fresh DDP(SmallCNN) (same initial weights every time) with the hook registered; returns (ddp, stats)."""
+    """A fresh DDP(SmallCNN) (the same initial weights each time) and its hook: (ddp, stats)."""
     torch.manual_seed(a.seed)
     model = SmallCNN().to(ctx.device)
     ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     inner = HOOKS[hook_name]
     state = (PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
-                           start_powerSGD_iter=powersgd_start, use_error_feedback=True, warm_start=True,
-                           random_seed=a.seed)
+                           start_powerSGD_iter=powersgd_start, use_error_feedback=True,
+                           warm_start=True, random_seed=a.seed)
              if inner is powerSGD_hook else None)
     stats, hook = emulated_link_hook(inner, state, link, ctx.world_size, scale=scale)
     ddp.register_comm_hook(stats, hook)

@@ -70,8 +70,10 @@ def bucket_sweep(model, x, y, caps, steps):
             t0 = now(x.device)
             F.cross_entropy(ddp(x), y).backward()
             times.append(now(x.device) - t0)
-        rows.append({"bucket_cap_mb": "default" if cap is None else cap, "buckets_per_step": len(sizes) // steps,
-                     "bucket_bytes": sizes[:len(sizes) // steps], "step_seconds": sorted(times)[steps // 2]})
+        per_step = len(sizes) // steps
+        rows.append({"bucket_cap_mb": "default" if cap is None else cap,
+                     "buckets_per_step": per_step,
+                     "bucket_bytes": sizes[:per_step], "step_seconds": sorted(times)[steps // 2]})
     bare = copy.deepcopy(model)  # same step without any communication
     times = []
     for _ in range(steps):

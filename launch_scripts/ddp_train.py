@@ -67,7 +67,8 @@ def main():
         torch.manual_seed(args.seed)              # same init everywhere (DDP also broadcasts rank 0's)
         model = SmallCNN().to(device)             # move to the device first, then wrap
         ids = [ctx.local_rank] if device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_cap_mb) if dist.is_initialized() else model
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=args.bucket_cap_mb) if dist.is_initialized() \
+            else model
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
         hist = {"train_loss": [], "test_acc": [], "samples_per_s": [], "epoch_seconds": []}
         seen = 0
@@ -75,7 +76,8 @@ def main():
             t0, loss_sum, n_sum = synced_clock(device), torch.zeros((), device=device), 0
             # batches this process computes per step: its own shard, or all N shards when --single
             ranks = range(virtual) if args.single else [rank]
-            per_rank = [shard_batches(train, virtual, r, epoch, args.per_rank_batch, args.seed) for r in ranks]
+            per_rank = [shard_batches(train, virtual, r, epoch, args.per_rank_batch, args.seed)
+                        for r in ranks]
             for step in range(len(per_rank[0])):
                 idx = [i for b in per_rank for i in b[step]]
                 x, y = (t.to(device) for t in train[idx])

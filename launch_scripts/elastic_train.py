@@ -50,8 +50,8 @@ def make_job(args, device):
 
 
 def save_snapshot(path: Path, state: dict) -> None:
-    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto it
-    (and the folder flushed, so that after a power loss the name points at complete data)."""
+    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto
+    it (and the folder flushed, so that after a power loss the name points at complete data)."""
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -93,9 +93,10 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
             epoch, pos = s["sampler"]
         else:                                              # without it: the epoch starts over
             epoch, pos = step // args.steps_per_epoch, 0
-        if saved_world != world:                           # elastic: the global batch stays, each rank's share changes
-            ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch {args.global_batch // saved_world} -> "
-                    f"{args.global_batch // world};\n  the RNG states are per rank and are not restored")
+        if saved_world != world:         # elastic: the global batch stays, each rank's share changes
+            ctx.log(f"snapshot of {saved_world} rank(s), now {world}: per-rank batch "
+                    f"{args.global_batch // saved_world} -> {args.global_batch // world};\n"
+                    f"  the RNG states are per rank and are not restored")
         elif "rng" in s:
             cpu, gpu = s["rng"][rank]
             torch.set_rng_state(cpu)
@@ -127,9 +128,9 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
                 else:
                     rngs = [rng_state(device)]
                 if rank == 0:
-                    state = {"model": model.state_dict(), "step": step, "seen": seen, "optimizer": opt.state_dict(),
-                             "scheduler": sched.state_dict(), "sampler": (epoch, pos), "rng": rngs,
-                             "world_size": world}
+                    state = {"model": model.state_dict(), "step": step, "seen": seen,
+                             "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                             "sampler": (epoch, pos), "rng": rngs, "world_size": world}
                     for part in args.drop:
                         state.pop(part)
                     save_snapshot(snapshot, state)

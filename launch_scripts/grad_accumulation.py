@@ -35,7 +35,8 @@ def accumulate(ddp, x, y, k, use_no_sync):
     """k micro-batches of x; with use_no_sync all but the last run entirely inside ddp.no_sync()."""
     mb = len(x) // k
     for i in range(k):
-        quiet = ddp.no_sync() if use_no_sync and i < k - 1 and dist.is_initialized() else contextlib.nullcontext()
+        skip = use_no_sync and i < k - 1 and dist.is_initialized()
+        quiet = ddp.no_sync() if skip else contextlib.nullcontext()
         with quiet:  # DDP decides during forward whether this backward all-reduces
             (F.cross_entropy(ddp(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb]) / k).backward()
 

@@ -3,9 +3,8 @@
 A (dp, tp) device mesh: in a row ("tp" group) the blocks are Megatron tensor-parallel (parallelize_module:
 q, k, v and fc1 split by output columns, the attention projection and fc2 by input rows, one all-reduce
 each); across rows ("dp" group) ranks see different data and average gradients with one all-reduce per step.
-HF's Conv1D is swapped for nn.Linear first (the logits are asserted unchanged). Rank 0 then trains the plain
-GPT2LMHeadModel on the same batches (--no-reference skips it) and prints one JSON line (MGPU_RESULT):
-per-step losses and step-0 gradient norms of every --layouts mesh and of the reference.
+HF's Conv1D is swapped for nn.Linear first (the logits are asserted unchanged). Rank 0 then trains the plain GPT2LMHeadModel
+on the same batches (--no-reference skips it); its JSON line (MGPU_RESULT): losses and step-0 gradient norms per mesh.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/hybrid_gpt2.py --layouts 2x2,1x4,4x1
@@ -104,7 +103,8 @@ def train(model, batches, lr, dp_group=None, comm=None):
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     with torch.no_grad():
         for q in model.parameters() if dp > 1 else []:
-            dist.broadcast(q.to_local() if isinstance(q, DTensor) else q, group=dp_group, group_src=0)
+            local = q.to_local() if isinstance(q, DTensor) else q
+            dist.broadcast(local, group=dp_group, group_src=0)
     losses = []
     for step, xb in enumerate(batches):
         with (comm if (comm is not None and step == 0) else contextlib.nullcontext(),

@@ -37,7 +37,7 @@ from mgpu_utils.timing import synced_clock
 def train_run(model, theta0, X, Y, batches, H, lr, world, eval_every):
     """Local SGD with averaging every H steps (H=0: all-reduce gradients every step).
 
-    Returns (snapshots [(step, seconds, theta)], all-reduce calls, seconds in all-reduce, total seconds)."""
+    Returns (snapshots [(step, seconds, theta)], all-reduce calls, all-reduce seconds, seconds)."""
     with torch.no_grad():
         vector_to_parameters(theta0.clone(), model.parameters())
     params = list(model.parameters())

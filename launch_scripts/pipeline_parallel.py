@@ -92,7 +92,8 @@ def main():
                 out, loss = layer_split_step(mods[r], x, y, loss_fn, r, p)
                 return loss, out
             if part in ("gpipe", "1f1b"):
-                return run_schedule(schedule_actions(part, p, args.micro_batches)[r], mods, x_mbs, y_mbs, loss_fn, r, p)
+                actions = schedule_actions(part, p, args.micro_batches)[r]
+                return run_schedule(actions, mods, x_mbs, y_mbs, loss_fn, r, p)
             losses = []
             kw = {"target": y, "losses": losses} if (n - 1) in mods else {}
             out = sched.step(*((x,) if 0 in mods else ()), **kw)     # the merged output on the last stage

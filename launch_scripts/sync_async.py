@@ -49,9 +49,10 @@ def accuracy(model, theta, x, y):
 
 
 def run_sync(a, ctx, model, theta0, data, workers, W, delay):
-    """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, seconds, theta)]."""
+    """Workers: all-reduce SGD for a.steps steps. Returns snapshots [(gradients, s, theta)]."""
     X, Y, train = data
-    stream, theta = batch_stream(train, W, ctx.rank - 1, a.per_rank_batch, a.seed), theta0.to(ctx.device).clone()
+    stream = batch_stream(train, W, ctx.rank - 1, a.per_rank_batch, a.seed)
+    theta = theta0.to(ctx.device).clone()
     dist.barrier(group=workers)                           # the workers start the clock together
     snaps, step_s, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
     for step in range(1, a.steps + 1):
@@ -90,7 +91,7 @@ def run_ps(a, theta0, group, W, proj):
 
 
 def run_worker(a, ctx, model, data, group, W, delay, proj):
-    """Ranks 1..W in async mode: pull, compute, push until the PS says stop. Returns pushes and step times."""
+    """Ranks 1..W, async: pull, compute, push until the PS says stop. Returns pushes, step times."""
     X, Y, train = data
     stream = batch_stream(train, W, ctx.rank - 1, a.per_rank_batch, a.seed)
     msg, reply = torch.zeros(proj.numel() + 3), torch.empty(proj.numel() + 2)

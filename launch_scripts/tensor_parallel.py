@@ -120,18 +120,19 @@ def main():
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor import Replicate, Shard
             from torch.distributed.tensor.debug import CommDebugMode
-            from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                           SequenceParallel, parallelize_module)
+            from torch.distributed.tensor.parallel import (
+                ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
             mesh = init_device_mesh(dev.type, (t,))
             col, row = ColwiseParallel, RowwiseParallel
             plans = [("mlp", mlp, {"fc1": col(), "fc2": row()}, None),
                      ("attention", attn, {"q": col(), "k": col(), "v": col(), "o": row()}, None),
                      # x as one replicated DTensor for q, k and v: their input gradients add up before
                      # a single all-reduce (the f operator), instead of one all-reduce per projection
-                     ("attention_prep", attn, {"": PrepareModuleInput(input_layouts=(Replicate(),),
-                                               desired_input_layouts=(Replicate(),), use_local_output=False),
-                                               "q": col(), "k": col(), "v": col(), "o": row()}, None),
-                     ("block_sp", block, {"norm": SequenceParallel(), "mlp.fc1": col(input_layouts=Shard(1)),
+                     ("attention_prep", attn, {"": PrepareModuleInput(
+                         input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                         use_local_output=False), "q": col(), "k": col(), "v": col(), "o": row()}, None),
+                     ("block_sp", block, {"norm": SequenceParallel(),
+                                          "mlp.fc1": col(input_layouts=Shard(1)),
                                           "mlp.fc2": row(output_layouts=Shard(1))}, mine)]
             for name, dense, plan, sl in plans:
                 d, par = copy.deepcopy(dense), parallelize_module(copy.deepcopy(dense), mesh, plan)
@@ -141,7 +142,8 @@ def main():
                         placements.update({k: str(q.grad.placements[0]) for k, q in m.named_parameters()})
                     return [(a.grad.full_tensor(), b.grad) for a, b in zip(m.parameters(), d.parameters())]
 
-                errors["dtensor_" + name], comm["dtensor_" + name] = compare(d, par, x, dy, pairs, sl, CommDebugMode)
+                errors["dtensor_" + name], comm["dtensor_" + name] = compare(d, par, x, dy, pairs, sl,
+                                                                             CommDebugMode)
         # endregion
 
         else:

@@ -71,8 +71,8 @@ def wrap(mode, model, device, lr, mesh):
 def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
     """One Adam step of a copy of base in this mode: (this rank's measured bytes, tensor of errors).
 
-    The wrapped model and optimizer live only inside this function, so they are freed before the next
-    mode is measured.
+    The wrapped model and optimizer live only inside this function, so they are freed before the
+    next mode is measured.
     """
     if device.type == "cuda":                                   # the allocator's peak of this mode only
         torch.cuda.synchronize(device)
@@ -88,10 +88,12 @@ def one_step(mode, base, xl, yl, g_ref, p_ref, device, lr, mesh):
     mine = {"params_after_forward": params_fwd, "params_sharded": tensor_bytes(model.parameters()),
             "grads": grad_bytes, "optimizer": tensor_bytes(optimizer_tensors(local_opt))}
     errs = torch.tensor([max((u - v).abs().max().item() for u, v in zip(grads, g_ref)),
-                         max((full(p).detach() - q).abs().max().item() for p, q in zip(model.parameters(), p_ref)),
+                         max((full(p).detach() - q).abs().max().item()
+                             for p, q in zip(model.parameters(), p_ref)),
                          # |ratio of gradient norms - 1|: 0 if averaged, world size - 1 if summed
                          abs(torch.stack([u.norm() for u in grads]).norm().item()
-                             / torch.stack([v.norm() for v in g_ref]).norm().item() - 1)], device=device)
+                             / torch.stack([v.norm() for v in g_ref]).norm().item() - 1)],
+                        device=device)
     if device.type == "cuda":  # everything the step allocated at its peak, temporaries and buffers included
         torch.cuda.synchronize(device)
         mine["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before

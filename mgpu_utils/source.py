@@ -20,11 +20,14 @@ import importlib.util
 import inspect
 import re
 import sys
+import io
 import textwrap
+import tokenize
 from pathlib import Path
 
 from mgpu_utils.env import REPO_ROOT, SCRIPTS_DIR
 
+WIDTH = 100          # characters a lesson's code and output lines keep to (tests/test_notebook_views.py)
 _REGION = re.compile(r"^\s*# region (?P<name>[\w-]+)\s*$")
 _END = re.compile(r"^\s*# endregion\b")
 
@@ -87,6 +90,30 @@ def definitions(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+def fit_comments(code: str, width: int = WIDTH) -> str:
+    """Move the trailing comment of each line longer than ``width`` onto its own line above, at the
+    line's indentation, so that a listing fits the page; the code itself is not changed. Code that does
+    not tokenize (a fragment cut mid-statement) is returned as it is."""
+    lines = code.split("\n")
+    moves = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            row, col = tok.start
+            if (tok.type == tokenize.COMMENT and len(lines[row - 1]) > width
+                    and lines[row - 1][:col].strip()):
+                moves[row - 1] = col
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return code
+    out = []
+    for i, line in enumerate(lines):
+        if i in moves:
+            indent = line[:len(line) - len(line.lstrip())]
+            out += [indent + line[moves[i]:].strip(), line[:moves[i]].rstrip()]
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
 def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
     """The source text :func:`show_code` shows: each part under a comment that says where it is.
 
@@ -97,7 +124,8 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
         region: one ``# region NAME`` block name, or several, shown after the names.
 
     Returns:
-        the parts, dedented, each under ``# FILE, lines A-B``, separated by a blank line (str).
+        the parts, dedented, each under ``# FILE, lines A-B``, separated by a blank line (str); a
+        trailing comment that makes a line longer than :data:`WIDTH` stands on its own line above it.
 
     Raises:
         FileNotFoundError: no such launch script (the message lists them).
@@ -108,7 +136,7 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
         lines, first = inspect.getsourcelines(what)
         path = Path(inspect.getsourcefile(what))
         head = f"# {_shown_path(path)}, lines {first}-{first + len(lines) - 1}"
-        return head + "\n" + textwrap.dedent("".join(lines)).rstrip("\n")
+        return head + "\n" + fit_comments(textwrap.dedent("".join(lines)).rstrip("\n"))
     path = _script_path(what)
     text = path.read_text()
     wanted = [(n, False) for n in names] + [(r, True) for r in ([region] if isinstance(region, str) else region)]
@@ -123,7 +151,7 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
             raise ValueError(f"{path.name} has no {kind} {name!r}: it has functions {', '.join(defs)}; "
                              f"regions {', '.join(regs) or 'none'}")
         first, last = table[name]
-        body = textwrap.dedent("\n".join(lines[first - 1:last]))
+        body = fit_comments(textwrap.dedent("\n".join(lines[first - 1:last])))
         parts.append(f"# {_shown_path(path)}, lines {first}-{last}\n{body}")
     return "\n\n".join(parts)
 

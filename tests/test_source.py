@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from mgpu_utils.env import REPO_ROOT, SCRIPTS_DIR
-from mgpu_utils.source import Listing, definitions, load_script, read_code, regions, show_code
+from mgpu_utils.source import WIDTH, Listing, definitions, fit_comments, load_script, read_code, regions, show_code
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 LAUNCHERS = {"launch", "run_torchrun", "launch_nodes"}
@@ -77,7 +77,9 @@ def test_every_region_in_the_scripts_parses_and_is_shown():
                     args = [ast.literal_eval(a) for a in node.args if isinstance(a, ast.Constant)]
                     kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
                     if args and isinstance(args[0], str):
-                        read_code(args[0], *args[1:], **kw)          # raises if a name or region is gone
+                        text = read_code(args[0], *args[1:], **kw)   # raises if a name or region is gone
+                        long = [line for line in text.splitlines() if len(line) > WIDTH]
+                        assert not long, f"{path.name}: shown lines over {WIDTH} characters: {long}"
                         script = args[0] if args[0].endswith(".py") else args[0] + ".py"
                         reg = kw.get("region", ())
                         shown |= {(script, r) for r in ([reg] if isinstance(reg, str) else reg)}
@@ -143,3 +145,11 @@ def test_load_script_runs_no_main_and_is_cached():
     assert load_script("sync_async") is module and sys.modules["sync_async"] is module
     with pytest.raises(FileNotFoundError, match="one of allreduce_latency.py"):
         load_script("nope.py")
+
+
+def test_fit_comments_moves_only_long_lines_comments():
+    code = "x = 1  # short\nif x:\n    y = compute(x, x, x)  # " + "a long comment " * 6 + "\ns = '# not a comment'"
+    out = fit_comments(code, width=60)
+    assert out.splitlines() == ["x = 1  # short", "if x:", "    # " + ("a long comment " * 6).strip(),
+                                "    y = compute(x, x, x)", "s = '# not a comment'"]
+    assert fit_comments("f(1,  # cut mid-call", width=5) == "f(1,  # cut mid-call"   # does not tokenize: as is
