@@ -125,3 +125,96 @@ def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):
     assert exercise_file("04.4").read_text() == "# my edits\n"
     with pytest.raises(KeyError, match="known: 03.4"):
         exercise_file("99.9")
+
+
+CHEATS = {   # (exercise, the file a student looking for the easy way could write, the hint it must get at 3 ranks)
+    "gather imported by name": ("04.4", (
+        "import torch\nfrom torch.distributed import all_gather, get_world_size\n"
+        "def ring_all_gather(x):\n"
+        "    out = [torch.empty_like(x) for _ in range(get_world_size())]\n"
+        "    all_gather(out, x)\n    return out\n"), r"allows point-to-point only, and dist.all_gather was called"),
+    "gather through distributed_c10d": ("04.5", (
+        "import torch, torch.distributed as dist\n"
+        "def ring_reduce_scatter(x):\n"
+        "    out = torch.empty(x.numel() // dist.get_world_size())\n"
+        "    dist.distributed_c10d.reduce_scatter_tensor(out, x)\n    return out\n"),
+        r"allows point-to-point only, and dist.reduce_scatter_tensor was called"),
+    "full Adam wrapped in an attribute": ("07.4", (
+        "import torch, torch.distributed as dist\n"
+        "class ShardedAdam:\n"
+        "    def __init__(self, params, lr=1e-3):\n"
+        "        self.params = list(params)\n"
+        "        self.inner = torch.optim.Adam(self.params, lr=lr, foreach=False)\n"
+        "    def step(self):\n"
+        "        for p in self.params:\n"
+        "            dist.all_reduce(p.grad)\n"
+        "            p.grad /= dist.get_world_size()\n"
+        "        self.inner.step()\n"
+        "    def zero_grad(self):\n"
+        "        self.inner.zero_grad()\n"), r"your optimizer holds [\d,]+ bytes .*keep only this rank's slice"),
+    "full moments in a dict": ("07.4", (
+        "import torch, torch.distributed as dist\n"
+        "class ShardedAdam:\n"
+        "    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):\n"
+        "        self.params, self.lr, self.betas, self.eps, self.t = list(params), lr, betas, eps, 0\n"
+        "        self.moments = {id(p): [torch.zeros_like(p), torch.zeros_like(p)] for p in self.params}\n"
+        "    @torch.no_grad()\n"
+        "    def step(self):\n"
+        "        self.t += 1\n"
+        "        b1, b2 = self.betas\n"
+        "        for p in self.params:\n"
+        "            dist.all_reduce(p.grad)\n"
+        "            g = p.grad / dist.get_world_size()\n"
+        "            m, v = self.moments[id(p)]\n"
+        "            m.mul_(b1).add_(g, alpha=1 - b1)\n"
+        "            v.mul_(b2).addcmul_(g, g, value=1 - b2)\n"
+        "            p -= self.lr * (m / (1 - b1 ** self.t)) / ((v / (1 - b2 ** self.t)).sqrt() + self.eps)\n"
+        "    def zero_grad(self):\n"
+        "        for p in self.params:\n"
+        "            p.grad = None\n"), r"your optimizer holds [\d,]+ bytes"),
+}
+
+
+def cheat_file(tmp_path, name):
+    path = tmp_path / f"{name.replace(' ', '_')}.py"
+    path.write_text(CHEATS[name][1])
+    return path
+
+
+@pytest.mark.parametrize("name", ["gather imported by name", "gather through distributed_c10d"])
+def test_collectives_are_refused_however_they_are_reached(name, tmp_path, capsys, starts_processes):
+    exercise_id, _, want = CHEATS[name]
+    assert not check_script(exercise_id, cheat_file(tmp_path, name), world_sizes=(2,))
+    assert re.search(want, printed(capsys))
+
+
+def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
+    names = ["full Adam wrapped in an attribute", "full moments in a dict"]
+    cases = [(CHEATS[n][0], cheat_file(tmp_path, n)) for n in names]
+    cases += [("03.5", wrong(tmp_path, "03.5", "            work.wait()\n", "")),
+              ("03.6", wrong(tmp_path, "03.6", "            work.wait()\n", ""))]
+    hints = grade_many(cases, 3)
+    wanted = [CHEATS[n][2] for n in names] + [r"6 of the 6 asynchronous all-reduces were never waited for",
+                                              r"2 of the 2 asynchronous all-reduces were never waited for"]
+    for (exercise_id, path), hint, want in zip(cases, hints, wanted):
+        assert hint is not None and re.search(want, hint), (exercise_id, path.name, hint)
+
+
+def test_held_bytes_finds_every_tensor_once():
+    import torch
+
+    from mgpu_utils.grading.rank_checks import held_bytes
+
+    w = torch.nn.Parameter(torch.zeros(10))
+    w.grad = torch.ones(10)
+    m = torch.zeros(4)
+
+    class Opt:
+        def __init__(self):
+            self.params, self.m, self.alias = [w], m, m[:2]          # a view of m: the same storage
+            self.nested = {"v": [torch.zeros(3, dtype=torch.float64)]}
+            self.inner = torch.optim.Adam([w])
+    opt = Opt()
+    assert held_bytes(opt, exclude=[w]) == 4 * 4 + 3 * 8                   # m once, v; not w or its grad
+    opt.inner.step()                                                        # Adam's own state: 2 x 10 floats + step
+    assert held_bytes(opt, exclude=[w]) >= 4 * 4 + 3 * 8 + 2 * 10 * 4

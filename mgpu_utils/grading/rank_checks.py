@@ -34,21 +34,33 @@ COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all
 
 
 @contextlib.contextmanager
-def point_to_point_only(exercise):
-    """Within the block every collective of torch.distributed raises, naming itself (send/recv still work)."""
-    saved = {n: getattr(dist, n) for n in COLLECTIVES if hasattr(dist, n)}
+def point_to_point_only(exercise, fn=None):
+    """Within the block every collective of torch.distributed raises, naming itself (send/recv still work),
+    however the student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a
+    name imported into the module of ``fn`` (``from torch.distributed import all_gather``)."""
+    import torch.distributed.distributed_c10d as c10d
 
     def forbidden(name):
         def call(*args, **kwargs):
             raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
         return call
-    for name in saved:
-        setattr(dist, name, forbidden(name))
+    originals = {}
+    for module in (dist, c10d):
+        for name in COLLECTIVES:
+            if hasattr(module, name):
+                originals.setdefault(id(getattr(module, name)), name)
+    saved = []                                          # (namespace dict, key, original)
+    spaces = [vars(dist), vars(c10d)] + ([fn.__globals__] if hasattr(fn, "__globals__") else [])
+    for space in spaces:
+        for key, value in list(space.items()):
+            if callable(value) and id(value) in originals:
+                saved.append((space, key, value))
+                space[key] = forbidden(originals[id(value)])
     try:
         yield
     finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
+        for space, key, value in reversed(saved):
+            space[key] = value
 
 
 def diff(a, b) -> float:
@@ -67,7 +79,7 @@ def check_all_gather(fn, ctx, problems):
     world, rank = ctx.world_size, ctx.rank
     for length in (1, 7):
         x = torch.arange(length, dtype=torch.float32) + 1000.0 * (rank + 1)
-        with point_to_point_only("04.4"):
+        with point_to_point_only("04.4", fn):
             out = fn(x.clone())
         ref = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(ref, x)
@@ -90,7 +102,7 @@ def check_reduce_scatter(fn, ctx, problems):
     world, rank = ctx.world_size, ctx.rank
     for k in (1, 3):
         x = torch.arange(world * k, dtype=torch.float32) * (rank + 1) + rank
-        with point_to_point_only("04.5"):
+        with point_to_point_only("04.5", fn):
             out = fn(x.clone())
         ref, xs = torch.empty(k), [torch.empty_like(x) for _ in range(world)]
         reduce_scatter_single(ref, x)
@@ -146,6 +158,37 @@ def check_schedule(fn, ctx, problems, m=5):
         note(problems, {"rank": r, "kind": "param", "what": "grad", "max_diff": worst})
 
 
+def held_bytes(obj, exclude=(), depth=8) -> int:
+    """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
+    inside them, ``depth`` levels down), each storage counted once; the tensors in ``exclude`` (the model's
+    parameters) and their gradients are not counted. An optimizer wrapped in another object, or moments kept in
+    a list or dict, are found."""
+    seen_objects, storages = set(), {}
+    skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
+
+    def walk(o, d):
+        if isinstance(o, torch.Tensor):
+            ptr = o.untyped_storage().data_ptr()
+            if ptr not in skip:
+                storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
+            return
+        if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
+            return
+        seen_objects.add(id(o))
+        if isinstance(o, dict):
+            items = list(o.keys()) + list(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            items = list(o)
+        elif isinstance(o, torch.nn.Module) or callable(o) and not hasattr(o, "__dict__"):
+            return
+        else:
+            items = list(getattr(o, "__dict__", {}).values())
+        for item in items:
+            walk(item, d - 1)
+    walk(obj, depth)
+    return sum(storages.values())
+
+
 def check_sharded_adam(cls, ctx, problems, steps=3):
     """07.4: ``cls(params, lr)`` on this rank's share of the batch against Adam in one process; its tensor bytes."""
     world, rank = ctx.world_size, ctx.rank
@@ -165,7 +208,7 @@ def check_sharded_adam(cls, ctx, problems, steps=3):
         ref_opt.step()
     got = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
     want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-    held = sum(t.numel() * t.element_size() for t in vars(opt).values() if isinstance(t, torch.Tensor))
+    held = held_bytes(opt, exclude=list(mine.parameters()))
     n = want.numel()
     if diff(got, want) > 1e-5:
         first = torch.cat([p.reshape(-1) for p in start])
@@ -177,15 +220,36 @@ def check_sharded_adam(cls, ctx, problems, steps=3):
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
 
 
+class _Handle:
+    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``)."""
+
+    def __init__(self, work, call):
+        self._work, self._call = work, call
+
+    def wait(self, *args, **kwargs):
+        self._call["waited"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self._call["waited"] = True
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 @contextlib.contextmanager
 def counted_all_reduce(state: dict):
-    """Within the block, record every ``dist.all_reduce`` call: whether async, and whether ``state["backward"]``
-    was set (the check sets it while ``loss.backward()`` runs)."""
+    """Within the block, record every ``dist.all_reduce`` call: whether async, whether ``state["backward"]``
+    was set (the check sets it while ``loss.backward()`` runs), and for an async call whether its handle was
+    waited for."""
     calls, real = [], dist.all_reduce
 
     def counting(tensor, *args, **kwargs):
-        calls.append({"async": bool(kwargs.get("async_op")), "in_backward": state["backward"]})
-        return real(tensor, *args, **kwargs)
+        call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
+        calls.append(call)
+        work = real(tensor, *args, **kwargs)
+        return _Handle(work, call) if work is not None else None
     dist.all_reduce = counting
     try:
         yield calls
@@ -225,6 +289,10 @@ def against_ddp(make_sync, ctx, problems, check_calls):
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
         if step == 0:
+            unwaited = sum(c["async"] and not c["waited"] for c in calls)
+            if unwaited:                                  # first: unwaited work can also leave a gradient wrong
+                note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
+                                "unwaited": unwaited})
             for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
                 if q.grad is None or diff(q.grad, d.grad) > 1e-6:
                     got = q.grad if q.grad is not None else torch.zeros_like(d.grad)

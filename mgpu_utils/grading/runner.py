@@ -152,6 +152,9 @@ HINTS: dict[str, list[tuple]] = {
     "overlap": [(_any, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
                        "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                        "finish()")],
+    "unwaited": [(_any, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
+                        "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
+                        "all-reduce has not written yet; keep each handle and wait for it in finish()")],
     "buckets": [
         (lambda p, W: p["all_async"],
          "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
@@ -172,8 +175,9 @@ HINTS: dict[str, list[tuple]] = {
          "other ranks' updated slices never arrived; gather every slice on every rank (step 3)"),
         (_any, "rank {rank}: after three steps the parameters differ from Adam in one process by {max_diff:.3g} "
                "(world size {W}): is g the mean over the ranks of this rank's slice (step 1)?")],
-    "adam_memory": [(_any, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors; full Adam's moments are "
-                           "{full:,}: keep only this rank's slice of m and v")],
+    "adam_memory": [(_any, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors (counting every tensor it "
+                           "can reach: attributes, lists, dicts, a wrapped optimizer's state); full Adam's moments "
+                           "are {full:,}: keep only this rank's slice of m and v")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
