@@ -91,14 +91,26 @@ def test_check_script_confirms_with_the_measurements(capsys, starts_processes):
     assert held <= full / 2 * 1.05 + 256                   # two ranks: about half each
 
 
+HANG_WRONG = {   # a wrong fix of 04.6: (text of the solution, replaced by)
+    "broadcast": ("dist.all_reduce(t)  ", "dist.broadcast(t, src=0)  "),
+    "reduce to rank 0": ("dist.all_reduce(t)  ", "dist.reduce(t, dst=0)  "),
+    "closed form on every rank": ("dist.all_reduce(t)  ",
+                                  "t.fill_(ctx.world_size * (ctx.world_size + 1) / 2)  "),
+    "nothing at all": ("dist.all_reduce(t)  ", "pass  "),
+}
+
+
 @pytest.mark.parametrize("path, sizes, hint", [
     ("solution", (3,), r"\[04.6\] correct"),
     ("template", (2,), r"the job hung in a collective: rank 0 waits in all_reduce \(line \d+\)"),
-    ("broadcast", (3,), r"rank 0's total is 4, expected 24"),
+    ("broadcast", (3,), r"every rank holds rank 0's numbers .* a broadcast copies one rank's t and adds nothing"),
+    ("reduce to rank 0", (2,), r"rank 1 (still holds its own numbers|ends with) .* the sum over the ranks"),
+    ("closed form on every rank", (2,), r"rank 0 ends with \[3.0, 3.0, 3.0, 3.0\], expected the sum"),
+    ("nothing at all", (2,), r"rank 0 still holds its own numbers .* dist.all_reduce on every rank"),
 ])
 def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys, starts_processes):
-    file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template,
-            "broadcast": None}[path] or wrong(tmp_path, "04.6", "dist.all_reduce(t)  ", "dist.broadcast(t, src=0)  ")
+    file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template}.get(path) \
+        or wrong(tmp_path, "04.6", *HANG_WRONG[path])
     assert check_script("04.6", file, world_sizes=sizes) == (path == "solution")
     out = printed(capsys)
     assert re.search(hint, out), out

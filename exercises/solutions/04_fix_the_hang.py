@@ -7,17 +7,17 @@ broadcast for data rank 0 never sends. One all_reduce on every rank does the job
 Run:
     torchrun --standalone --nproc-per-node 4 exercises/solutions/04_fix_the_hang.py
 """
-import torch
 import torch.distributed as dist
 
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed
+from mgpu_utils.grading.rank_checks import emit_every_rank, start_values
 
 
 def main():
     with distributed() as ctx:
-        t = torch.full((4,), float(ctx.rank + 1))
+        t = start_values(ctx.rank)                   # 4 numbers of this rank's own
         dist.all_reduce(t)                           # every rank: the sum, on every rank
-        emit_result({"world_size": ctx.world_size, "total": t.sum().item()})
+        emit_every_rank(ctx, t)                      # (keep this line: the grader reads every rank's t)
 
 
 if __name__ == "__main__":

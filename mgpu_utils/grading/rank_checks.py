@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import time
 
@@ -23,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
+from mgpu_utils.dist import emit_result
 from mgpu_utils.models import make_mlp
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
@@ -61,6 +63,26 @@ def point_to_point_only(exercise, fn=None):
     finally:
         for space, key, value in reversed(saved):
             space[key] = value
+
+
+def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
+    """Exercise 04.6's numbers: ``n`` whole numbers (float32, shape (n,)) of rank ``rank``'s own, drawn from
+    ``seed`` (default: ``MGPU_GRADE_SEED``, 0 when unset). The grader picks a new seed for every run, so the
+    sum over the ranks cannot be written down in advance: it has to be communicated."""
+    seed = int(os.environ.get("MGPU_GRADE_SEED", "0")) if seed is None else seed
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    return torch.randint(1, 100, (n,), generator=g).float()
+
+
+def emit_every_rank(ctx, t: torch.Tensor) -> None:
+    """Exercise 04.6's result line: every rank's ``t``, gathered on rank 0 by a collective of its own (so
+    the grader sees what each rank ends with, not only rank 0)."""
+    every = [None] * ctx.world_size
+    if dist.is_initialized():
+        dist.all_gather_object(every, t.tolist())
+    else:
+        every = [t.tolist()]
+    emit_result({"world_size": ctx.world_size, "every_rank": every, "total": sum(every[0])})
 
 
 def diff(a, b) -> float:

@@ -17,6 +17,7 @@ solutions for instructors: ``exercises/solutions/``.
 
 from __future__ import annotations
 
+import random
 import re
 import shutil
 from dataclasses import dataclass
@@ -208,7 +209,8 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
 def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[str | None, list[str]]:
     """Run once at world size ``world``: (None when it passes, else the hint; what was measured, to print on
     success)."""
-    env = {"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S}
+    seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (rank_checks.start_values)
+    env = {"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S, "MGPU_GRADE_SEED": seed}
     try:
         if g.mode == "function":
             run = run_torchrun("grade_exercise.py", world, ["--exercise", exercise_id, "--solution", path],
@@ -238,12 +240,32 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[st
             measured.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
                           f"Adam's moments for the whole model are {info['full_adam_bytes']:,}")
         return (None if res.get("ok") else problem_hint(res["problems"][0], world)), measured
-    want = 4 * world * (world + 1) / 2
-    if res.get("total") != want:
-        got = res.get("total")
-        return (f"rank 0's total is {got:g}, expected {want:g} = 4 x (1 + ... + {world}) at world size {world}"
-                if isinstance(got, (int, float)) else f"rank 0 printed no total (its result: {res})"), []
-    return None, []
+    return _every_rank_hint(res, world, seed), []
+
+
+def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
+    """04.6: None when every rank ends with the element-wise sum of every rank's start values, else the hint."""
+    from mgpu_utils.grading.rank_checks import start_values
+
+    starts = [start_values(r, seed=seed).tolist() for r in range(world)]
+    want = [sum(col) for col in zip(*starts)]
+    every = res.get("every_rank")
+    if not isinstance(every, list) or len(every) != world:
+        return (f"the script reported no t for each of the {world} ranks (its result: {res}): keep its last line, "
+                f"emit_every_rank(ctx, t)")
+    copied = [j for j in range(world) if all(got == starts[j] for got in every)]
+    if copied and world > 1:
+        return (f"every rank holds rank {copied[0]}'s numbers {starts[copied[0]]}, not the sum over the ranks {want} "
+                f"(world size {world}): a broadcast copies one rank's t and adds nothing; dist.all_reduce sums")
+    for r, got in enumerate(every):
+        if got == want:
+            continue
+        if got == starts[r]:
+            return (f"rank {r} still holds its own numbers {got}, not the sum over the ranks {want} (world size "
+                    f"{world}): every rank must end with the sum; dist.reduce leaves it on the destination only, "
+                    f"dist.all_reduce on every rank")
+        return f"rank {r} ends with {got}, expected the sum over the ranks {want} (world size {world})"
+    return None
 
 
 def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: bool = False,
