@@ -97,6 +97,8 @@ HANG_WRONG = {   # a wrong fix of 04.6: (text of the solution, replaced by)
     "closed form on every rank": ("dist.all_reduce(t)  ",
                                   "t.fill_(ctx.world_size * (ctx.world_size + 1) / 2)  "),
     "nothing at all": ("dist.all_reduce(t)  ", "pass  "),
+    "the old template's last line": ("emit_every_rank(ctx, t) ",
+                                     '__import__("mgpu_utils.dist").dist.emit_result({"world_size": ctx.world_size, "total": 1}) '),
 }
 
 
@@ -107,6 +109,7 @@ HANG_WRONG = {   # a wrong fix of 04.6: (text of the solution, replaced by)
     ("reduce to rank 0", (2,), r"rank 1 (still holds its own numbers|ends with) .* the sum over the ranks"),
     ("closed form on every rank", (2,), r"rank 0 ends with \[3.0, 3.0, 3.0, 3.0\], expected the sum"),
     ("nothing at all", (2,), r"rank 0 still holds its own numbers .* dist.all_reduce on every rank"),
+    ("the old template's last line", (2,), r"reported no t for each of the 2 ranks .* start again from it"),
 ])
 def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys, starts_processes):
     file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template}.get(path) \

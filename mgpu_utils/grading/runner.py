@@ -251,8 +251,9 @@ def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
     want = [sum(col) for col in zip(*starts)]
     every = res.get("every_rank")
     if not isinstance(every, list) or len(every) != world:
-        return (f"the script reported no t for each of the {world} ranks (its result: {res}): keep its last line, "
-                f"emit_every_rank(ctx, t)")
+        return (f"the script reported no t for each of the {world} ranks (its result: {res}): end it with "
+                f"emit_every_rank(ctx, t), as exercises/04_fix_the_hang.py does (a copy made before that line "
+                f"existed: start again from it)")
     copied = [j for j in range(world) if all(got == starts[j] for got in every)]
     if copied and world > 1:
         return (f"every rank holds rank {copied[0]}'s numbers {starts[copied[0]]}, not the sum over the ranks {want} "
