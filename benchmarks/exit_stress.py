@@ -50,6 +50,7 @@ CASES = {
                        4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},
     "local_sgd.py": ["--H", 1, 2, "--with-sync", "--steps", 8, "--eval-every", 2],
     "pipeline_parallel.py": ["--stage-ms", 0],
+    "preflight.py": ["--max-mib", 1, "--repeats", 2],
     "profile_step.py": lambda: ["--layers", 1, "--width", 32, "--heads", 2, "--seq", 16, "--per-rank-batch", 2, "--warmup", 1,
                                 "--steps", 1, "--traced-steps", 1, "--trace-dir", tempfile.mkdtemp(prefix="mgpu_stress_")],
     "ring_allreduce.py": ["--sizes-kib", ""],

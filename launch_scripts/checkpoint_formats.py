@@ -31,6 +31,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.checks import exact_fp32, max_abs_diff
+from mgpu_utils.launch.cluster import shared_folder
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.models import make_mlp
@@ -168,7 +169,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_argument_group("checkpoint")
     g.add_argument("--phase", choices=("save", "load"), required=True)
-    g.add_argument("--ckpt-dir", required=True, help="checkpoint folder (created by the save phase)")
+    g.add_argument("--ckpt-dir", required=True, help="checkpoint folder every rank sees: shared storage across nodes (checked at start)")
     g.add_argument("--repeats", type=int, default=3, help="timed saves/loads per format (median reported)")
     g = p.add_argument_group("model and training")
     g.add_argument("--width", type=int, default=512, help="hidden width of the MLP")
@@ -181,7 +182,7 @@ def main():
     with distributed() as ctx, exact_fp32():
         if not dist.is_initialized():
             raise RuntimeError("checkpoint_formats.py needs a process group: run it under torchrun (any world size)")
-        Path(args.ckpt_dir).mkdir(parents=True, exist_ok=True)
+        shared_folder(args.ckpt_dir, ctx.rank, ctx.world_size)   # every rank reads files rank 0 wrote
         x, y = (t.to(ctx.device) for t in load_data()[0][:256])   # (256, 1, 8, 8) digits, (256,) labels
         out = {"phase": args.phase, "world_size": ctx.world_size,
                "parameters": sum(t.numel() for t in make_mlp(args.width, args.layers).parameters())}

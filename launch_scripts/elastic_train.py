@@ -1,23 +1,17 @@
 """A rank dies, torchrun restarts the job, and it resumes exactly (notebooks/11_fault_tolerance.ipynb).
 
-DDP training of a small MLP with dropout on the digits: each rank takes its shard of every global batch
-(shard_batches, as DistributedSampler), SGD with momentum, a StepLR schedule. Every --snapshot-every steps the
-job writes a snapshot: model, optimizer (momentum), LR scheduler, the step, the position in the data
-(epoch and batch) and every rank's RNG states (CPU, and the GPU's on cuda: dropout draws from them),
-gathered to rank 0, which writes one file atomically (torch.save to a temporary name in the same folder,
-fsync, then os.replace: a crash during a save leaves the previous snapshot, never a half-written one). Every rank resumes from it on start.
-
---kill-rank R --kill-step S: rank R sends itself SIGKILL right before step S, on the first attempt
-only (TORCHELASTIC_RESTART_COUNT = 0), as the OOM killer or a hardware fault would. torchrun stops the
-other ranks and, with --max-restarts >= 1, starts all of them again. --hang-rank R --hang-step S
-instead makes rank R sleep inside step S (first attempt): the collective timeout turns the hang into an
-error. (The variable in the command below: restarts with --standalone need it, see mgpu_utils.launch.launcher.)
---drop PART leaves one part out of the snapshot, to measure what it is for; with --resume-at S the job
-stops before step S and resumes from its snapshot in the same processes, as a restart would (a fresh
-model, optimizer and seeds, then the snapshot loaded): the same run in a second instead of a restart's
-process starts (lesson 11 compares the four parts so, after showing a real restart). At the end the same
-job runs again uninterrupted, in the same processes, and rank 0 reports the largest parameter
-difference to it (max_param_diff_vs_uninterrupted) and how many batches the run trained on twice.
+DDP training of a small MLP with dropout on the digits, each rank its shard of every global batch; SGD
+with momentum, StepLR. Every --snapshot-every steps rank 0 writes a snapshot atomically (temporary file,
+fsync, os.replace: a crash leaves the previous one): model, optimizer, scheduler, step, position in the
+data, every rank's RNG states (CPU, and cuda's: dropout). Every rank resumes from it on start.
+Faults, on the first attempt only (TORCHELASTIC_RESTART_COUNT = 0): --kill-rank R --kill-step S sends rank R
+SIGKILL before step S (OOM killer, hardware fault); torchrun stops the others and, with --max-restarts >= 1,
+starts all again. --hang-rank/--hang-step: a rank sleeps, the collective timeout turns it into an error.
+--drop PART leaves a part out of the snapshot; --resume-at S stops before step S and resumes in the same
+processes as a restart would (lesson 11 compares the parts so). At the end the same job runs uninterrupted
+and rank 0 reports max_param_diff_vs_uninterrupted and the batches trained twice. On Slurm (job.sbatch)
+the folder is $MGPU_CKPT_DIR; a file STOP in it (the time-limit signal) stops all ranks after one step with
+a snapshot, and the job requeues itself. (The variable below: mgpu_utils.launch.launcher.)
 
 Run:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 4 --max-restarts 1 launch_scripts/elastic_train.py --ckpt-dir /tmp/snap --kill-rank 1 --kill-step 13
@@ -35,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.checks import exact_fp32
+from mgpu_utils.launch.cluster import mark_stopped, shared_folder, stop_requested
 from mgpu_utils.data import load_data, shard_batches
 from mgpu_utils.dist import distributed, emit_result
 
@@ -78,7 +73,7 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
     torch.manual_seed(args.seed + 1000 * rank)            # then each rank its own dropout stream
     ddp = DDP(model) if dist.is_initialized() else model
     train_set, _ = load_data()
-    step, epoch, pos, seen, resumed_from, save_s, saved_world = 0, 0, 0, [], None, [], None
+    step, epoch, pos, seen, resumed_from, save_s, saved_world, stopped = 0, 0, 0, [], None, [], None, None
     # region resume
     if snapshot is not None and snapshot.exists():
         s = torch.load(snapshot, map_location="cpu", weights_only=False)
@@ -103,9 +98,9 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
             if gpu is not None:
                 torch.cuda.set_rng_state(gpu, device)
     # endregion
-    while step < args.steps and step != stop_at:
+    while step < args.steps and step != stop_at and stopped is None:
         batches = shard_batches(train_set, world, rank, epoch, args.global_batch // world, args.seed)[:args.steps_per_epoch]
-        while pos < len(batches) and step < args.steps and step != stop_at:
+        while pos < len(batches) and step < args.steps and step != stop_at and stopped is None:
             if snapshot is not None and attempt == 0 and rank == args.kill_rank and step == args.kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)      # no Python error, no cleanup: a hardware fault
             if snapshot is not None and attempt == 0 and rank == args.hang_rank and step == args.hang_step:
@@ -119,8 +114,9 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
             sched.step()
             seen.append((epoch, pos))
             step, pos = step + 1, pos + 1
+            stopping = snapshot is not None and stop_requested(snapshot.parent)
             # region snapshot
-            if snapshot is not None and step % args.snapshot_every == 0:
+            if snapshot is not None and (step % args.snapshot_every == 0 or stopping):
                 t0 = time.perf_counter()
                 rngs = [None] * world
                 if dist.is_initialized():
@@ -140,16 +136,18 @@ def train(args, ctx, snapshot: Path | None, attempt: int, stop_at: int = -1):
                     dist.barrier()                        # nobody runs ahead of a snapshot being written
                 save_s.append(time.perf_counter() - t0)
             # endregion
+            stopped = step if stopping else None
         epoch, pos = epoch + 1, 0
     info = {"resumed_from_step": resumed_from, "snapshot_world_size": saved_world, "lr_at_end": sched.get_last_lr()[0],
-            "batches_trained_twice": len(seen) - len(set(seen)), "snapshot_seconds": save_s}
+            "batches_trained_twice": len(seen) - len(set(seen)), "snapshot_seconds": save_s, "stopped_at_step": stopped}
     return model, info
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = p.add_argument_group("snapshot")
-    g.add_argument("--ckpt-dir", required=True, help="folder for the snapshot (created if missing)")
+    g.add_argument("--ckpt-dir", default=os.environ.get("MGPU_CKPT_DIR"), required="MGPU_CKPT_DIR" not in os.environ,
+                   help="folder for the snapshot (created if missing; default: $MGPU_CKPT_DIR, set by job.sbatch)")
     g.add_argument("--snapshot-every", type=int, default=5, help="snapshot every this many steps")
     g.add_argument("--drop", nargs="*", default=[], choices=PARTS, help="parts left out of the snapshot")
     g.add_argument("--log-snapshots", action="store_true", help="rank 0 prints a line at every snapshot")
@@ -176,9 +174,7 @@ def main():
             raise ValueError(f"--global-batch {args.global_batch} is not divisible by the world size {ctx.world_size}: "
                              f"use a multiple of {ctx.world_size}")
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        snapshot = Path(args.ckpt_dir) / "snapshot.pt"
-        if ctx.rank == 0:
-            snapshot.parent.mkdir(parents=True, exist_ok=True)
+        snapshot = shared_folder(args.ckpt_dir, ctx.rank, ctx.world_size) / "snapshot.pt"   # all ranks read it
         if attempt > 0:
             ctx.log(f"attempt {attempt}: resuming from {snapshot.name}" if snapshot.exists() else
                     f"attempt {attempt}: no snapshot yet, starting over")
@@ -186,6 +182,11 @@ def main():
             train(args, ctx, snapshot, attempt, stop_at=args.resume_at)   # stopped, then resumed as a restart would
             attempt = 1
         model, info = train(args, ctx, snapshot, attempt)
+        if info["stopped_at_step"] is not None:            # the job ends here; its next run resumes
+            mark_stopped(snapshot.parent, ctx.rank)         # job.sbatch requeues the job
+            ctx.log(f"stopped after step {info['stopped_at_step']} at a snapshot, for a requeue")
+            emit_result({"world_size": ctx.world_size, "steps": args.steps, **info})
+            return
         reference, _ = train(args, ctx, None, attempt)     # the same job, uninterrupted
         diff = max((a - b).abs().max().item() for a, b in zip(model.state_dict().values(),
                                                               reference.state_dict().values()))

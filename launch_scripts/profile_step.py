@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
+from mgpu_utils.launch.cluster import shared_folder
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.costs.hardware import GPUS, match_gpu
 from mgpu_utils.models import byte_gpt2
@@ -65,7 +66,7 @@ def main():
     g.add_argument("--steps", type=int, default=4, help="untraced timed steps (the median is step_seconds)")
     g.add_argument("--traced-steps", type=int, default=3, help="traced steps")
     g.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
-    g.add_argument("--trace-dir", default="build/traces", help="one trace_rank<r>.json per rank")
+    g.add_argument("--trace-dir", default="build/traces", help="one trace_rank<r>.json per rank; a folder every rank sees (checked)")
     args = p.parse_args()
 
     with distributed() as ctx:
@@ -115,8 +116,7 @@ def main():
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         if device.type != "cuda":                  # kineto's "gpuGetDeviceCount failed" on a CPU-only machine
             os.environ.setdefault("KINETO_LOG_LEVEL", "5")   # is not an error (read when the profiler starts)
-        os.makedirs(args.trace_dir, exist_ok=True)
-        trace = os.path.join(args.trace_dir, f"trace_rank{rank}.json")
+        trace = str(shared_folder(args.trace_dir, rank, world) / f"trace_rank{rank}.json")   # rank 0 lists them all
         if dist.is_initialized():
             dist.barrier()
         with profile(activities=acts) as prof:

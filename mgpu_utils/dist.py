@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import json
 import os
+import signal
 import sys
 import textwrap
 import time
 import traceback
 from dataclasses import dataclass
+
+from mgpu_utils.launch.cluster import srun_without_torchrun
 
 #: Prefix of the one line of JSON that rank 0 prints at the end of a launch script.
 RESULT_MARKER = "MGPU_RESULT "
@@ -78,10 +82,14 @@ def get_dist_env(environ: dict | None = None) -> DistEnv:
         A :class:`DistEnv`; world size 1 (``under_torchrun=False``) when ``RANK`` is not set.
 
     Raises:
-        ValueError: if the variables are inconsistent (e.g. ``RANK >= WORLD_SIZE``).
+        ValueError: if the variables are inconsistent (e.g. ``RANK >= WORLD_SIZE``), or the process is one of
+            several tasks that ``srun`` started without torchrun (:func:`mgpu_utils.launch.cluster.srun_without_torchrun`).
     """
     env = os.environ if environ is None else environ
     if "RANK" not in env:
+        refused = srun_without_torchrun(env)
+        if refused:
+            raise ValueError(refused)
         return DistEnv()
     try:
         rank = int(env["RANK"])
@@ -279,11 +287,20 @@ def wrap_text(text: str, width: int = LINE_WIDTH, indent: str = "  ", first: int
 
 
 def _report_error(rank: int, exc: BaseException) -> None:
-    """Print one machine-readable error line to stderr (read by the launcher).
+    """Print one machine-readable error line to stderr (read by the launcher), and under torchrun write the
+    rank's error file (``$TORCHELASTIC_ERROR_FILE``, as ``@record`` does): torchrun's failure summary then shows
+    the exception and its traceback, and keeps them under ``--log-dir`` (cluster/README.md).
 
     Python prints the traceback itself when the exception leaves the script."""
     info = {"rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000], "time": time.time()}
     print(ERROR_MARKER + json.dumps(info), file=sys.stderr, flush=True)
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        try:
+            ErrorHandler().record_exception(exc)
+        except OSError:                  # the report above still stands
+            pass
 
 
 #: The default process group's backend for each choice, per device type. With NCCL the group also
@@ -315,6 +332,10 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     why. Without torchrun: no process group, world size 1, same code path (collectives must be
     guarded by ``dist.is_initialized()`` or skipped when ``world_size == 1``).
 
+    SIGUSR2 makes the process print every thread's Python stack to stderr and go on (``faulthandler``;
+    unless the script handles SIGUSR2 itself): ``pkill -USR2 -f SCRIPT`` on each node shows where every rank
+    of a hung job waits (cluster/README.md).
+
     At the end of the ``with`` block, under torchrun, the rank ends through :func:`shutdown`: barrier
     (on success), ``destroy_process_group()``, flush, and ``os._exit`` with the true exit status, so no
     native abort at interpreter exit can turn a finished job into a failed one (the cause is written
@@ -342,6 +363,8 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     env = get_dist_env()
     if timeout_s is None:
         timeout_s = float(os.environ.get(TIMEOUT_ENV, "120"))
+    if hasattr(signal, "SIGUSR2") and signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
+        faulthandler.register(signal.SIGUSR2, all_threads=True)   # `pkill -USR2 -f SCRIPT`: every rank's stack
     try:
         chosen, reason = choose_backend(env.local_world_size, forced=backend)
         if chosen == "nccl":

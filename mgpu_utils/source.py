@@ -34,7 +34,9 @@ _END = re.compile(r"^\s*# endregion\b")
 
 def _script_path(script: str | Path) -> Path:
     path = Path(script)
-    if not path.is_absolute():
+    if not path.is_absolute() and len(path.parts) > 1:            # a file of the course: cluster/slurm/job.sbatch
+        path = REPO_ROOT / path
+    elif not path.is_absolute():
         path = SCRIPTS_DIR / (path.name if path.suffix == ".py" else f"{path.name}.py")
     if not path.is_file():
         known = ", ".join(sorted(p.name for p in SCRIPTS_DIR.glob("*.py")))
@@ -118,7 +120,8 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
     """The source text :func:`show_code` shows: each part under a comment that says where it is.
 
     Args:
-        what: a launch script's file name (``"sync_async.py"``, the ``.py`` optional), or a function,
+        what: a launch script's file name (``"sync_async.py"``, the ``.py`` optional), another file of the
+            course by its path (``"cluster/slurm/job.sbatch"``: regions only, ``#`` comments), or a function,
             class or module (of ``mgpu_utils`` or a script from :func:`load_script`).
         names: functions or classes of the script (``"run_ps"``, ``"Block.forward"``), in the order shown.
         region: one ``# region NAME`` block name, or several, shown after the names.
@@ -140,10 +143,11 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
     path = _script_path(what)
     text = path.read_text()
     wanted = [(n, False) for n in names] + [(r, True) for r in ([region] if isinstance(region, str) else region)]
+    defs = definitions(text) if path.suffix == ".py" else {}
+    regs, lines, parts = regions(text), text.splitlines(), []
     if not wanted:
         raise ValueError(f"say which part of {path.name} to show: a function name or region=NAME "
-                         f"(functions: {', '.join(definitions(text))}; regions: {', '.join(regions(text)) or 'none'})")
-    defs, regs, lines, parts = definitions(text), regions(text), text.splitlines(), []
+                         f"(functions: {', '.join(defs) or 'none'}; regions: {', '.join(regs) or 'none'})")
     for name, is_region in wanted:
         table = regs if is_region else defs
         if name not in table:
@@ -160,11 +164,11 @@ class Listing:
     """Code shown in a notebook: highlighted as Python (Markdown) where a front end renders it, the plain
     text elsewhere (a terminal, ``nbconvert --to script``)."""
 
-    def __init__(self, text: str):
-        self.text = text
+    def __init__(self, text: str, language: str = "python"):
+        self.text, self.language = text, language
 
     def _repr_markdown_(self) -> str:
-        return f"```python\n{self.text}\n```"
+        return f"```{self.language}\n{self.text}\n```"
 
     def __repr__(self) -> str:
         return self.text
@@ -176,7 +180,8 @@ def show_code(what, *names: str, region: str | tuple[str, ...] = ()) -> None:
     In a notebook it displays the code under the cell; elsewhere it prints it. Returns nothing, so it
     may end a cell without showing the code twice.
     """
-    listing = Listing(read_code(what, *names, region=region))
+    shell = isinstance(what, (str, Path)) and Path(what).suffix in (".sh", ".sbatch")
+    listing = Listing(read_code(what, *names, region=region), "bash" if shell else "python")
     if "IPython" in sys.modules:
         from IPython import get_ipython
         from IPython.display import display

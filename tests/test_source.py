@@ -153,3 +153,16 @@ def test_fit_comments_moves_only_long_lines_comments():
     assert out.splitlines() == ["x = 1  # short", "if x:", "    # " + ("a long comment " * 6).strip(),
                                 "    y = compute(x, x, x)", "s = '# not a comment'"]
     assert fit_comments("f(1,  # cut mid-call", width=5) == "f(1,  # cut mid-call"   # does not tokenize: as is
+
+
+def test_a_shell_file_of_the_course_is_shown_by_region(capsys):
+    """Lesson 11 shows parts of cluster/slurm/job.sbatch: regions in a bash file, highlighted as bash."""
+    text = read_code("cluster/slurm/job.sbatch", region="requeue")
+    assert text.startswith("# cluster/slurm/job.sbatch, lines ") and "scontrol requeue" in text
+    with pytest.raises(ValueError, match="has no region 'nope'.*regions signal, agents, requeue"):
+        read_code("cluster/slurm/job.sbatch", region="nope")
+    with pytest.raises(ValueError, match="say which part"):
+        read_code("cluster/slurm/job.sbatch")
+    assert Listing(text, "bash")._repr_markdown_().startswith("```bash\n")
+    show_code("cluster/slurm/job.sbatch", region="signal")
+    assert "trap stop_requested USR1" in capsys.readouterr().out

@@ -31,6 +31,32 @@ def draw_restart_timeline(steps: int = 30, every: int = 5, kill_step: int = 13):
     return fig
 
 
+def draw_requeue_timeline(steps: int = 30, every: int = 5, signal_step: int = 13):  # pragma: no mutate block
+    """Concept picture of section 9: run 0 of a Slurm job trains and snapshots every ``every`` steps; the
+    signal before the time limit arrives during step ``signal_step``; every rank stops after it with a snapshot,
+    and the job requeues itself; run 1 (the same job id) resumes from that snapshot: no step is lost.
+    Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 2.6))
+    stop = signal_step + 1
+    ax.barh(1, stop, left=0, height=0.5, color="#4C72B0", label="training")
+    ax.barh(0, steps - stop, left=stop, height=0.5, color="#4C72B0")
+    marks = [s for s in range(every, steps + 1, every) if s != stop] + [stop]
+    for s in marks:
+        y = 1 if s <= stop else 0
+        ax.plot([s, s], [y - 0.32, y + 0.32], color="#55A868", lw=3, label="snapshot" if s == every else None)
+    ax.plot(signal_step + 0.5, 1.45, "v", color="#DD8452", ms=12, label="Slurm's signal (--signal=B:USR1@120)")
+    ax.annotate("STOP: all ranks stop after this step, with a snapshot;\nthe job requeues itself, run 1 resumes",
+                xy=(stop, 0.25), xytext=(stop + 1.5, 0.95), fontsize=9, arrowprops=dict(arrowstyle="->", color="0.3"))
+    ax.set(yticks=[0, 1], yticklabels=["run 1", "run 0"], xlabel="training step", xlim=(-0.5, steps + 0.5),
+           ylim=(-0.5, 1.8), title=f"A job at its time limit: snapshot on the signal, requeue, resume at step {stop}"
+                                   " (nothing lost)")
+    ax.legend(loc="upper left", fontsize=8, ncol=3, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def plot_lost_work(checkpoint_s: float, mtbfs_s: dict, restart_s: float = 0.0):  # pragma: no mutate block
     """Lost share of the time against the snapshot interval, one curve per cluster (``{label: MTBF s}``),
     each with its Young interval marked. Returns the Figure."""

@@ -391,6 +391,18 @@ EXERCISES: dict[str, Exercise] = {
         "32 = 768 / 24: the 24 remaining GPUs share the same global batch, so each takes more (24 -> 32) and every "
         "step averages over the same 768 samples. Keeping 24 per GPU instead would shrink the global batch to 576, "
         "a different run, and by the linear scaling rule the learning rate should shrink by the same factor, 0.75."),
+    "11.4": Exercise(
+        "A training run needs 20 hours of training. The partition's time limit is 4 hours per job; job.sbatch asks "
+        "for the signal 120 s before the limit (the snapshot is written in that time), and every run of the job "
+        "spends its first 5 minutes starting (preflight, rendezvous, loading the snapshot). How many runs of the "
+        "job does the training take (the job requeues itself as in section 9)?",
+        _int_answer(6, {5: "5 = 20 / 4 counts every minute of a run as training: each run loses 5 minutes at the "
+                           "start and 2 minutes before its limit",
+                        "default": "each run trains 240 - 5 - 2 minutes; how many such runs cover 1,200 minutes?"},
+                    "6 = ceil(1200 / 233)"),
+        "6: each run trains 4 h - 5 min - 2 min = 233 minutes, and 20 h = 1,200 minutes; 1200 / 233 = 5.15, so a "
+        "sixth run trains the last 35 minutes. The 7 minutes per run are 3% here; with a 30-minute limit they "
+        "would be 23%, which is why long runs ask for the longest time limit the cluster allows."),
 }
 
 
