@@ -209,6 +209,12 @@ def test_missing_slurm_names_the_install_command(monkeypatch):
     assert INSTALL in missing_programs() and "slurmctld" in missing_programs()
 
 
+def test_not_root_is_said_with_the_fix(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr("os.getuid", lambda: 1000)
+    assert "runs its daemons as root" in missing_programs() and "job.sbatch" in missing_programs()
+
+
 def test_sigusr2_prints_where_a_rank_waits(starts_processes):
     """A hung rank on a cluster: `pkill -USR2 -f SCRIPT` makes every rank print its stack and go on."""
     code = ("import time\nfrom mgpu_utils.dist import distributed\nwith distributed(quiet=True):\n"

@@ -12,7 +12,7 @@ that stand for two nodes: ``cluster/slurm/job.sbatch`` starts one torchrun agent
         job = slurm.submit(["--ntasks", "2", "cluster/slurm/job.sbatch", "launch_scripts/ddp_train.py"])
         info = slurm.wait(job)            # scontrol's fields: JobState, ExitCode, Restarts, ...
 
-Run as root (containers, CI) the daemons and jobs run as root; as another user, as that user.
+It runs as root (a container, CI): :func:`missing_programs` says so elsewhere.
 """
 
 from __future__ import annotations
@@ -32,9 +32,16 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 
 def missing_programs() -> str | None:
-    """None when Slurm and munge are installed, else a message naming what is missing and the install command."""
+    """None when Slurm and munge are installed and this process runs as root, else a message naming what is
+    missing and the fix (the install command; or root: slurmd starts job steps as their user, which takes root,
+    so the one-host cluster runs where the course runs as root, in a container or CI)."""
     gone = [p for p in PROGRAMS if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
-    return f"not installed: {', '.join(gone)}; install with: {INSTALL}" if gone else None
+    if gone:
+        return f"not installed: {', '.join(gone)}; install with: {INSTALL}"
+    if hasattr(os, "getuid") and os.getuid() != 0:
+        return ("the one-host Slurm runs its daemons as root (slurmd starts job steps as their user): run this "
+                "as root, e.g. in a container, or submit cluster/slurm/job.sbatch on a real cluster")
+    return None
 
 
 def _program(name: str) -> str:
@@ -81,7 +88,7 @@ class LocalSlurm:
         key = f / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         os.chmod(key, 0o400)
-        user = os.environ.get("USER") or ("root" if os.getuid() == 0 else str(os.getuid()))
+        user = "root"
         sock = f / "munge" / "munge.socket"
         self.conf.write_text(f"""ClusterName=mgpu
 SlurmctldHost={self.node}(127.0.0.1)
