@@ -269,6 +269,26 @@ def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
     return None
 
 
+def grade(exercise_id: str, path: str | Path, *, world_sizes: tuple[int, ...] | None = None) -> tuple[bool, str]:
+    """Grade one file, print nothing: (True, what was checked) when it passes at every world size, else (False,
+    the hint of the first world size where it fails). Used by :func:`check_script` and the class grader
+    (:mod:`mgpu_utils.grading.bulk`).
+
+    Raises:
+        KeyError: unknown exercise id. FileNotFoundError: ``path`` does not exist.
+    """
+    g = _get(exercise_id)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: exercise_file({exercise_id!r}) makes your copy")
+    sizes = tuple(world_sizes or g.world_sizes)
+    for world in sizes:
+        hint, _ = _grade_once(exercise_id, g, path.resolve(), world)
+        if hint:
+            return False, hint
+    return True, f"{g.what} (world sizes {', '.join(map(str, sizes))})"
+
+
 def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: bool = False,
                  world_sizes: tuple[int, ...] | None = None) -> bool:
     """Grade your solution of a coding exercise under torchrun; print a hint or a confirmation.
