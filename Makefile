@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 KERNEL := mgpu-course
 NPROC  ?= $(or $(MGPU_NPROC),4)
 
-.PHONY: lab lab-config course test gpu-check mutation setup clean
+.PHONY: lab lab-config course slides class-copy test gpu-check mutation setup clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,18 @@ lab: lab-config
 
 course: $(STAMP)
 	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks
+
+# A copy of the course for students, without the worked solutions (exercises/solutions/): the graders compare
+# with PyTorch, not with them. The copy is the last commit (git archive HEAD). make class-copy DEST=../students
+class-copy:
+	@test -n "$(DEST)" || { echo "usage: make class-copy DEST=folder (a new or empty folder)"; exit 2; }
+	@test ! -e "$(DEST)" || [ -z "$$(ls -A "$(DEST)")" ] || { echo "$(DEST) is not empty: give a new folder"; exit 2; }
+	@mkdir -p "$(DEST)" && git archive HEAD | tar -x -C "$(DEST)" && rm -rf "$(DEST)/exercises/solutions"
+	@echo "$(DEST): the course at commit $$(git rev-parse --short HEAD), without exercises/solutions/"
+
+# Each lesson as a slide deck (headings, text and figures; from the stored outputs, nothing runs): build/slides/
+slides: $(STAMP)
+	$(PY) -m mgpu_utils.course --slides --out build/slides notebooks
 
 test: $(STAMP)
 	$(PY) -m pytest

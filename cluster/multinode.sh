@@ -56,5 +56,6 @@ if [ "${PREFLIGHT:-1}" = 1 ]; then
 fi
 "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc-per-node "$ranks" \
     --rdzv-backend c10d --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" \
+    --rdzv-conf is_host=$([ "$NODE_RANK" = 0 ] && echo 1 || echo 0) \
     --max-restarts "${MAX_RESTARTS:-1}" --log-dir "$LOG_DIR/torchrun/node$NODE_RANK" --tee 3 \
     "$@" 2>&1 | tee "$LOG_DIR/node$NODE_RANK.log"

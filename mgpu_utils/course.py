@@ -9,6 +9,7 @@ Usage::
 
     python -m mgpu_utils.course --out build notebooks            # all notebooks
     python -m mgpu_utils.course --out build notebooks/03_ddp.ipynb
+    python -m mgpu_utils.course --slides --out build/slides notebooks   # slide decks (make slides)
 """
 
 from __future__ import annotations
@@ -110,12 +111,43 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
     return seconds, status
 
 
+def slide_deck(path: Path, out_dir: Path) -> Path:
+    """A lesson as a reveal.js slide deck (``make slides``; for instructors): ``out_dir/NAME.slides.html``.
+
+    Made from the notebook as stored (its committed outputs: nothing runs). Each ``#`` or ``##`` heading opens a
+    slide, each further text cell and each figure a slide below it; code is left out, and so are code cells
+    without a figure (their numbers are in the lesson). The deck loads reveal.js from a CDN when opened.
+
+    Returns:
+        the path of the deck.
+    """
+    import nbformat
+    from nbconvert import SlidesExporter
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        figure = cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+        if cell.cell_type == "markdown":
+            kind = "slide" if cell.source.startswith(("# ", "## ")) else "subslide"
+        else:
+            kind = "subslide" if figure else "skip"
+        cell.metadata["slideshow"] = {"slide_type": kind}
+    exporter = SlidesExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    html, _ = exporter.from_notebook_node(nb)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deck = out_dir / f"{path.stem}.slides.html"
+    deck.write_text(html)
+    return deck
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Execute the course notebooks headless.")
     parser.add_argument("paths", nargs="+", help="notebook files or folders")
     parser.add_argument("--out", default="build", help="output folder for executed .ipynb and .html")
     parser.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
     parser.add_argument("--no-progress", action="store_true", help="no per-cell progress bar")
+    parser.add_argument("--slides", action="store_true",
+                        help="write each lesson's slide deck from its stored outputs instead (nothing runs)")
     args = parser.parse_args(argv)
     notebooks = []
     for p in map(Path, args.paths):
@@ -123,6 +155,10 @@ def main(argv=None) -> int:
     if not notebooks:
         print("no notebooks found in", args.paths, file=sys.stderr)
         return 1
+    if args.slides:
+        for nb in notebooks:
+            print(f"slides: {slide_deck(nb, Path(args.out))}")
+        return 0
     rows = []
     for nb in notebooks:
         print(f"running {nb} ...", flush=True)

@@ -1,7 +1,12 @@
-"""`make course` (mgpu_utils.course): executes notebooks, writes build files, exits non-zero on failure."""
+"""`make course` (mgpu_utils.course): executes notebooks, writes build files, exits non-zero on failure; `make
+slides` (slide decks from the stored lessons)."""
+import html
+
 import nbformat
+import pytest
 
 from mgpu_utils import course
+from mgpu_utils.env import REPO_ROOT
 
 
 def _nb(path, code):
@@ -26,3 +31,20 @@ def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd, starts_proc
     assert executed.cells[1].outputs[0]["text"] == "42\n"
     assert (out / "01_ok.html").stat().st_size > 0 and (out / "02_bad.html").exists()
     assert course.main(["--out", str(out), str(src / "01_ok.ipynb")]) == 0
+
+
+@pytest.mark.parametrize("name", ["00_setup", "11_fault_tolerance"])
+def test_a_lesson_becomes_a_slide_deck_without_running(tmp_path, name):
+    """make slides: every heading and every figure of the stored lesson is in the deck, no code (nothing runs:
+    this test may not start a process)."""
+    path = REPO_ROOT / "notebooks" / f"{name}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    deck = course.slide_deck(path, tmp_path).read_text()
+    headings = [c.source.splitlines()[0].lstrip("# ") for c in nb.cells
+                if c.cell_type == "markdown" and c.source.startswith(("# ", "## "))]
+    figures = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert headings and figures
+    assert deck.count('<img alt="No description has been provided for this image" class="" src="data:image/png') == figures
+    text = html.unescape(deck)
+    assert "Reveal.initialize" in deck and "from mgpu_utils.course import start" not in text   # no code shown
+    assert all(h.split("`")[0].strip()[:30] in text for h in headings), headings

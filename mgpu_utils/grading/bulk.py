@@ -1,4 +1,5 @@
-"""Grade a whole class: every student's workspace, every coding exercise, one CSV (instructors; docs/instructors.md).
+"""Grade a whole class: every student's workspace, every coding exercise of lessons 03-07, one CSV (for
+instructors: docs/instructors.md).
 
     python -m mgpu_utils.grading.bulk SUBMISSIONS --out grades.csv [--exercises 04.4,04.5] [--timeout 300]
 
@@ -89,7 +90,7 @@ def grade_class(folder, exercises=None, timeout_s: float = DEFAULT_TIMEOUT_S,
     return rows
 
 
-def write_csv(rows: list[dict], path) -> None:
+def write_grades(rows: list[dict], path) -> None:
     """The rows as CSV (:data:`FIELDS`; passed as 1/0)."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
                        progress=lambda r: print(f"{r['student']:<20} {r['exercise']:<6} "
                                                 f"{'passed' if r['passed'] else 'not yet'} ({r['seconds']:.0f} s)",
                                                 flush=True))
-    write_csv(rows, args.out)
+    write_grades(rows, args.out)
     print(summary(rows))
     print(f"{len(rows)} rows in {args.out}; {time.perf_counter() - t0:.0f} s")
     return 0

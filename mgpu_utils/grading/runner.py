@@ -7,6 +7,7 @@ point are written). In a notebook::
     from mgpu_utils.grading.runner import check_script, exercise_file
     path = exercise_file("04.4")     # your copy: workspace/04_ring_all_gather.py (git ignores workspace/)
     check_script("04.4")             # edit your copy, run this cell again
+    reset_exercise("04.4")           # start over from the template (your copy kept in workspace/old/)
 
 ``check_script`` launches your code with the course's launcher at the world sizes the exercise needs,
 compares it with the library's result (``launch_scripts/grade_exercise.py``) or with the output the
@@ -88,6 +89,23 @@ def exercise_file(exercise_id: str) -> Path:
         WORKSPACE.mkdir(exist_ok=True)
         shutil.copy(EXERCISES_DIR / g.template, mine)
     return mine
+
+
+def reset_exercise(exercise_id: str) -> Path:
+    """Start an exercise over: your copy is moved to ``workspace/old/<name>.<n>.py`` (nothing is lost) and a fresh
+    copy of the template takes its place. Returns the path of the fresh copy.
+
+    Raises:
+        KeyError: unknown exercise id (the message lists the known ones).
+    """
+    g = _get(exercise_id)
+    mine = WORKSPACE / g.template
+    if mine.exists():
+        old = WORKSPACE / "old"
+        old.mkdir(parents=True, exist_ok=True)
+        n = 1 + sum(1 for _ in old.glob(f"{mine.stem}.*.py"))
+        shutil.move(mine, old / f"{mine.stem}.{n}.py")
+    return exercise_file(exercise_id)
 
 
 def _frames(stderr: str, path: Path) -> list[tuple[int, str]]:
