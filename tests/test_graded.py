@@ -122,6 +122,25 @@ def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys, starts_processes
     assert re.search(hint, out), out
 
 
+BLOCKING = {   # the ring with blocking calls, send then receive on every rank: buffered for a few elements only
+    "04.4": ("        ops = [dist.P2POp(dist.isend, out[send_index], right), dist.P2POp(dist.irecv, out[recv_index], "
+             "left)]\n        for work in dist.batch_isend_irecv(ops):\n            work.wait()\n",
+             "        dist.send(out[send_index], right)\n        dist.recv(out[recv_index], left)\n"),
+    "04.5": ("        ops = [dist.P2POp(dist.isend, chunks[send_index], right), dist.P2POp(dist.irecv, incoming, left)]\n"
+             "        for work in dist.batch_isend_irecv(ops):\n            work.wait()\n",
+             "        dist.send(chunks[send_index], right)\n        dist.recv(incoming, left)\n"),
+}
+
+
+@pytest.mark.parametrize("exercise_id", ["04.4", "04.5"])
+def test_a_blocking_ring_deadlocks_on_the_large_message(tmp_path, exercise_id, capsys, starts_processes):
+    """Blocking send-then-receive on every rank passes with a few elements (gloo buffers them) and must fail:
+    the grader's 16 MiB message makes it deadlock, and the hint says where it waits."""
+    path = wrong(tmp_path, exercise_id, *BLOCKING[exercise_id])
+    assert not check_script(exercise_id, path, world_sizes=(2,))
+    assert re.search(r"hung", printed(capsys))
+
+
 def test_collectives_are_refused_where_the_exercise_is_point_to_point(tmp_path, capsys, starts_processes):
     path = tmp_path / "cheat.py"
     path.write_text("import torch, torch.distributed as dist\n"

@@ -96,10 +96,17 @@ def note(problems: list, problem: dict) -> None:
         problems.append(problem)
 
 
+#: Elements of the large message of 04.4 and 04.5: 4 Mi float32, 16 MiB, more than a TCP socket buffers (Linux: at
+#: most 4 MiB sent and 6 MiB received by default), so a blocking send waits for its receiver.
+LARGE = 1 << 22
+
+
 def check_all_gather(fn, ctx, problems):
-    """04.4: ``fn(x)`` against ``dist.all_gather`` for lengths 1 and 7 (float32), point-to-point only."""
+    """04.4: ``fn(x)`` against ``dist.all_gather`` for lengths 1, 7 and :data:`LARGE` (float32), point-to-point
+    only. The large message outgrows the sockets' buffers: two blocking calls in the same order on every rank
+    (send, then receive) deadlock there, as they would on NCCL at any size."""
     world, rank = ctx.world_size, ctx.rank
-    for length in (1, 7):
+    for length in (1, 7, LARGE):
         x = torch.arange(length, dtype=torch.float32) + 1000.0 * (rank + 1)
         with point_to_point_only("04.4", fn):
             out = fn(x.clone())
@@ -120,16 +127,22 @@ def check_all_gather(fn, ctx, problems):
 
 
 def check_reduce_scatter(fn, ctx, problems):
-    """04.5: ``fn(x)``, x of world_size * k elements, against reduce-scatter for k = 1 and 3, point-to-point only."""
+    """04.5: ``fn(x)``, x of world_size * k elements, against reduce-scatter for k = 1, 3 and :data:`LARGE`,
+    point-to-point only (the large chunks deadlock blocking calls, as in :func:`check_all_gather`)."""
     world, rank = ctx.world_size, ctx.rank
-    for k in (1, 3):
-        x = torch.arange(world * k, dtype=torch.float32) * (rank + 1) + rank
+    for k in (1, 3, LARGE):
+        x = (torch.arange(world * k) % 251).float() * (rank + 1) + rank   # small integers: every sum is exact
         with point_to_point_only("04.5", fn):
             out = fn(x.clone())
-        ref, xs = torch.empty(k), [torch.empty_like(x) for _ in range(world)]
+        ref = torch.empty(k)
         reduce_scatter_single(ref, x)
-        dist.all_gather(xs, x)
-        if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        wrong_shape = not isinstance(out, torch.Tensor) or out.shape != ref.shape
+        bad = torch.tensor([float(wrong_shape or bool(diff(out, ref)))])
+        dist.all_reduce(bad)                          # every rank gathers the inputs below, or none does
+        xs = [torch.empty_like(x) for _ in range(world)]
+        if bad.item():
+            dist.all_gather(xs, x)
+        if wrong_shape:
             note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(out, "shape", type(out).__name__)),
                             "want": str(ref.shape)})
         elif diff(out, ref):

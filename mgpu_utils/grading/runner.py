@@ -55,9 +55,11 @@ GRADED = {
     "03.6": Graded("03_buckets.py", "function", (2, 3),
                    "DDP's gradients and parameters, with one asynchronous all-reduce per bucket"),
     "04.4": Graded("04_ring_all_gather.py", "function", (2, 3, 4),
-                   "equal to dist.all_gather for lengths 1 and 7, with point-to-point messages only"),
+                   "equal to dist.all_gather for lengths 1, 7 and 4 Mi elements (where blocking calls deadlock), "
+                   "with point-to-point messages only"),
     "04.5": Graded("04_ring_reduce_scatter.py", "function", (2, 3, 4),
-                   "equal to reduce-scatter for chunks of 1 and 3 elements, with point-to-point messages only"),
+                   "equal to reduce-scatter for chunks of 1, 3 and 4 Mi elements (where blocking calls deadlock), "
+                   "with point-to-point messages only"),
     "05.4": Graded("05_one_f_one_b.py", "function", (2, 3, 4),
                    "complete, deadlock-free, the bubble (p-1)/(m+p-1) with at most min(p-r, m) micro-batches in "
                    "flight, and the gradients of one process when run on real ranks"),
