@@ -55,9 +55,10 @@ def check_nodes(args):
     store.add("signed_in", 1)
     if k != 0:
         store.wait(["verdict"], wait + datetime.timedelta(seconds=10))   # node 0 waits up to --timeout
-        print(f"{me} reached the rendezvous at {args.endpoint}: {store.get('verdict').decode()}", flush=True)
-        store.add("read", 1)
-        return 0 if store.get("verdict").decode().startswith("all") else 1
+        verdict = store.get("verdict").decode()
+        store.add("read", 1)                          # the last call: node 0 may close the store after it
+        print(f"{me} reached the rendezvous at {args.endpoint}: {verdict}", flush=True)
+        return 0 if verdict.startswith("all") else 1
     deadline = time.monotonic() + args.timeout
     while store.add("signed_in", 0) < n and time.monotonic() < deadline:
         time.sleep(0.1)
