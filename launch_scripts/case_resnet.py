@@ -1,24 +1,24 @@
 """Case study: a torchvision ResNet trained with DDP on real images (for lesson 09, case studies).
 
-torchvision's resnet18 (or --arch resnet50) with a small-image stem (3x3 convolution, no max-pool) learns
-scikit-learn's digits, augmented with torchvision.transforms.v2 (mgpu_utils.data.AugmentedDigits), with
-DDP and a DistributedSampler (set_epoch every epoch); each rank draws its own augmentations. SGD with
-momentum and a cosine schedule (lesson 09 asserts >= 90% test accuracy: 2 epochs, global batch 32).
+torchvision's resnet18 (or --arch resnet50) with a small-image stem (3x3 convolution, no max-pool) learns scikit-learn's
+digits, augmented with torchvision.transforms.v2 (mgpu_utils.data.AugmentedDigits), with DDP and a DistributedSampler
+(set_epoch every epoch); each rank draws its own augmentations. SGD with momentum and a cosine schedule (lesson 09
+asserts >= 90% test accuracy: 2 epochs, global batch 32).
 The large-batch recipe of Goyal et al. (2017) when asked: --scale-lr multiplies --lr by global batch / --base-batch
 (the linear scaling rule); --warmup-epochs ramps the rate up linearly from --lr to that (the gradual warm-up).
 
 BatchNorm under DDP: each rank normalises with its own batch's statistics, and DDP broadcasts rank 0's
 running statistics at every forward (broadcast_buffers=True; the test accuracy uses them too).
---check-grads compares DDP's first-step gradients with two single-process references: each rank's shard
-normalised on its own and the gradients averaged (what plain BatchNorm gives), and the whole global batch
-in one piece (what SyncBatchNorm gives). --sync-bn converts BatchNorm to SyncBatchNorm, which needs GPUs:
-on CPU ranks the error is caught and reported in the result (sync_bn), and training goes on without it.
+--check-grads compares DDP's first-step gradients with two single-process references: each rank's shard normalised on
+its own and the gradients averaged (what plain BatchNorm gives), and the whole global batch in one piece (what
+SyncBatchNorm gives). --sync-bn converts BatchNorm to SyncBatchNorm, which needs GPUs: on CPU ranks the error is
+caught and reported in the result (sync_bn), and training goes on without it.
 
 --data DIR (an ImageFolder: DIR/train/<class>/*.jpg, DIR/val/...) trains the ImageNet stem at 224 pixels, e.g.
 --arch resnet50 --workers 8 on GPUs: a start for the real recipe (lesson 09 lists what it leaves out).
 
-Rank 0 prints one JSON line (MGPU_RESULT): the run's settings, epoch_losses, test_accuracy, samples_per_s
-(training steps only), sync_bn; --check-grads adds grad_vs_per_shard, grad_vs_global_batch, grad_max_diff.
+Rank 0 prints one JSON line (MGPU_RESULT): the run's settings, epoch_losses, step_losses (rank 0's own shard),
+test_accuracy, samples_per_s (training steps only), sync_bn; --check-grads adds grad_vs_* and grad_max_diff.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/case_resnet.py --scale-lr
@@ -126,10 +126,8 @@ def main():
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         # endregion
 
-        result, losses, step, seen, t0 = {}, [], 0, 0, synced_clock(device)
-        for epoch in range(args.epochs):
-            if args.max_steps and step >= args.max_steps:
-                break
+        result, losses, step_losses, step, seen, t0 = {}, [], [], 0, 0, synced_clock(device)
+        for epoch in range(min(args.epochs, math.ceil(args.max_steps / steps_per_epoch)) if args.max_steps else args.epochs):
             sampler.set_epoch(epoch)
             total_loss = torch.zeros(2, device=device)
             for x, y in loader:
@@ -145,16 +143,18 @@ def main():
                 sched.step()
                 opt.zero_grad(set_to_none=True)
                 total_loss += torch.stack([loss.detach() * len(y), torch.tensor(float(len(y)), device=device)])
+                step_losses.append(loss.detach())         # this rank's shard only (no extra sync)
                 step, seen = step + 1, seen + len(y) * world
             if dist.is_initialized():
                 dist.all_reduce(total_loss)
             losses.append((total_loss[0] / total_loss[1]).item())
             ctx.log(f"epoch {epoch}: loss {losses[-1]:.3f}")
-        elapsed = synced_clock(device) - t0
+        elapsed, step_losses = synced_clock(device) - t0, [v.item() for v in step_losses]
         acc, n_test = accuracy(ddp, test, world, rank, device, args.workers)   # rank 0's BatchNorm statistics
-        result.update(world_size=world, arch=args.arch, image_size=args.size if not args.data else 224,
-                      global_batch=global_batch, lr=lr, warmup_epochs=warm / steps_per_epoch, epoch_losses=losses,
-                      test_accuracy=acc, test_images=n_test, samples_per_s=seen / elapsed, sync_bn=sync_bn)
+        result.update(world_size=world, arch=args.arch, image_size=args.size if not args.data else 224, lr=lr,
+                      global_batch=global_batch, warmup_epochs=warm / steps_per_epoch, epoch_losses=losses,
+                      step_losses=step_losses, test_accuracy=acc, test_images=n_test, sync_bn=sync_bn,
+                      samples_per_s=seen / elapsed)
         emit_result(result, rank)
 
 
@@ -181,8 +181,7 @@ def check_first_step(reference, model, x, y, world, synced: bool) -> dict:
 
 
 def accuracy(model, test, world, rank, device, workers) -> tuple[float, int]:
-    """(test accuracy, images scored): each rank scores every world-th image in batches of 256, an
-    all-reduce adds the counts."""
+    """(test accuracy, images scored): each rank scores every world-th image, an all-reduce adds the counts."""
     model.eval()
     mine = torch.utils.data.Subset(test, range(rank, len(test), world))
     correct = torch.zeros(2, device=device)

@@ -113,3 +113,23 @@ def test_case_plots_draw_every_figure():
     assert len(case_plots.plot_images([samples[0], samples[1]], ["x", "y"]).axes) == 2
     assert plot_losses({"loss": [3, 2, 1]}, "t").axes[0].get_title() == "t"
     plt.close("all")
+
+
+@pytest.mark.parametrize("nproc, gpus, cores", [(8, 8, 64), (4, 4, 16), (2, 0, 2), (4, 0, 1), (8, 1, 4)])
+def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypatch):
+    """Lesson 09's ResNet asserts were measured with 16 images per rank (the global batch 32 on 2 ranks):
+    its rank count, from its setup cell run with MGPU_NPROC=8 on an 8-GPU node (and other machines), must
+    keep that, where BatchNorm's per-rank statistics would otherwise come from 4 images."""
+    import json
+    from pathlib import Path
+
+    import mgpu_utils.env as env
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "09_case_studies.ipynb").read_text())["cells"]
+    setup = next("".join(c["source"]) for c in cells if "RN = cpu_ranks(" in "".join(c["source"]))
+    monkeypatch.setattr(env, "default_nproc", lambda: nproc)
+    monkeypatch.setattr(env, "usable_gpus", lambda: gpus)
+    monkeypatch.setattr(env, "usable_physical_cores", lambda: cores)
+    scope = {}
+    exec(compile(setup, "09 setup", "exec"), scope)
+    assert scope["RN"] >= 2 and 32 // scope["RN"] >= 16, scope["RN"]

@@ -19,6 +19,7 @@ TEMPLATE_HINTS = {
     "04.5": r"returned its own share of chunk \d, unchanged",
     "05.4": r"rank 0 holds 5 micro-batches' activations at once .* at most min\(p - r, m\) = 2",
     "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
+    "08.4": r"the ranks never communicated: after steps \[3, 6\]",
 }
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
@@ -34,6 +35,56 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "05.4": ("warmup = min(p - r - 1, m)", "warmup = min(p - r, m)", r"rank 0 holds 4 micro-batches.* = 3: start"),
     "07.4": ("        reduce_scatter_single(g, grads)\n        g /= self.world",
              "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
+    "08.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
+}
+
+
+MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "broadcast instead of all-reduce": ("03.4", "dist.all_reduce(p.grad)  ", "dist.broadcast(p.grad, src=0)  ",
+                                        r"is rank 0's own gradient .* a broadcast copies one rank's gradient"),
+    "maximum instead of sum": ("03.4", "dist.all_reduce(p.grad)  ", "dist.all_reduce(p.grad, op=dist.ReduceOp.MAX)  ",
+                               r"is the element-wise maximum over the ranks .*dist.ReduceOp.SUM"),
+    "all-reduce of a copy": ("03.4", "dist.all_reduce(p.grad)  ", "dist.all_reduce(p.grad.clone())  ",
+                             r"is this rank's own divided by 3: the all-reduce's result was not kept"),
+    "divide on rank 0 only": ("03.4", "p.grad /= world", "p.grad /= world if dist.get_rank() == 0 else 1",
+                              r"rank [12]: the gradient of .* is 3 times DDP's"),
+    "03.5 without the division": ("03.5", "            p.grad /= self.world\n", "",
+                                  r"is 3 times DDP's .* divide by the world size"),
+    "pending work never cleared": ("03.5", "        self.pending.clear()\n", "",
+                                   r"parameters differ from DDP's .* although the first step's gradients matched: "
+                                   r"does something carry over"),
+    "the last bucket forgotten": ("03.6", "        if self.bucket:                                   "
+                                          "# what is left after backward\n            self.send(self.bucket)\n"
+                                          "            self.bucket = []\n", "",
+                                  r"is still this rank's own .* all-reduce it"),
+    "03.6 without the division": ("03.6", "            flat /= self.world\n", "",
+                                  r"is 3 times DDP's .* divide by the world size"),
+    "buckets counted in elements": ("03.6", "q.grad.numel() * q.grad.element_size() for", "q.grad.numel() for",
+                                    r"the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+    "backward before forward in the steady state": ("05.4", '[("F", warmup + i, r), ("B", i, r)]',
+                                                    '[("B", i, r), ("F", warmup + i, r)]', r"deadlocks"),
+    "no warm-up": ("05.4", "warmup = min(p - r - 1, m)", "warmup = 0",
+                   r"the bubble is .*, more than 1F1B's \(p-1\)/\(m\+p-1\) .* \(rank 0 runs 1 forward\(s\) before"),
+    "the same warm-up on every rank": ("05.4", "warmup = min(p - r - 1, m)", "warmup = min(p - 1, m)",
+                                       r"the bubble is 0.545, more than .* \(rank 1 runs 3 forward\(s\) before its "
+                                       r"first backward; 1F1B's rank r runs min\(p - r, m\) = 2\)"),
+    "a cool-down over the wrong micro-batches": ("05.4", "range(m - warmup, m)", "range(warmup, m)",
+                                                 r"must hold \('F', i, r\) and \('B', i, r\) exactly once"),
+    "averaging after every step": ("08.4", "        if self.steps % self.period:                      "
+                                           "# not an averaging step: no communication at all\n            return\n", "",
+                                   r"communicated after steps \[1, 2, 3, 4, 5, 6, 7\]; with period 3"),
+    "averaging from the first step": ("08.4", "if self.steps % self.period:", "if (self.steps - 1) % self.period:",
+                                      r"communicated after steps \[1, 4, 7\]; .* the first averaging follows step 3"),
+    "every step, all_reduce imported by name": (
+        "08.4", ["import torch.distributed as dist\n", "dist.all_reduce(p)  ", "dist.get_world_size()",
+                 "        if self.steps % self.period:                      "
+                 "# not an averaging step: no communication at all\n            return\n"],
+        ["from torch.distributed import all_reduce, get_world_size\n", "all_reduce(p)  ", "get_world_size()", ""],
+        r"communicated after steps \[1, 2, 3, 4, 5, 6, 7\]"),
+    "parameters broadcast from rank 0": ("08.4", "dist.all_reduce(p)  ", "dist.broadcast(p, src=0)  ",
+                                         r"after step 3 the parameters are rank 0's own .* a broadcast copies"),
+    "all-reduce of a copy of the parameters": ("08.4", "dist.all_reduce(p)  ", "dist.all_reduce(p.clone())  ",
+                                               r"after step 3 the parameters are still this rank's own"),
 }
 
 
@@ -81,6 +132,20 @@ def test_typical_mistakes_get_their_hints(tmp_path, starts_processes):
     hints = grade_many([(i, wrong(tmp_path, i, *MISTAKES[i][:2])) for i in FUNCTIONS], 3)
     for i, hint in zip(FUNCTIONS, hints):
         assert hint and re.search(MISTAKES[i][2], hint), (i, hint)
+
+
+def test_more_mistakes_get_their_hints(tmp_path, starts_processes):
+    """The common mistakes beyond the first: each wrong solution fails at 3 ranks with the hint that names it."""
+    names = list(MORE_MISTAKES)
+    cases = []
+    for k, name in enumerate(names):
+        exercise_id, old, new, _ = MORE_MISTAKES[name]
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        cases.append((exercise_id, wrong(folder, exercise_id, old, new)))
+    hints = grade_many(cases, 3)
+    for name, hint in zip(names, hints):
+        assert hint and re.search(MORE_MISTAKES[name][3], hint), (name, hint)
 
 
 def test_check_script_confirms_with_the_measurements(capsys, starts_processes):
@@ -270,3 +335,19 @@ def test_held_bytes_finds_every_tensor_once():
     assert held_bytes(opt, exclude=[w]) == 4 * 4 + 3 * 8                   # m once, v; not w or its grad
     opt.inner.step()                                                        # Adam's own state: 2 x 10 floats + step
     assert held_bytes(opt, exclude=[w]) >= 4 * 4 + 3 * 8 + 2 * 10 * 4
+
+
+def test_every_graded_exercise_has_four_wrong_solutions_in_tests():
+    """Issue 33's bar: the untouched template plus at least three more known-wrong solutions per exercise, each
+    graded above with the hint it must get."""
+    count = {i: 1 for i in GRADED}                                  # the template
+    for i in MISTAKES:
+        count[i] += 1
+    for exercise_id, *_ in list(MORE_MISTAKES.values()) + list(CHEATS.values()):
+        count[exercise_id] += 1
+    for i in BLOCKING:
+        count[i] += 1
+    count["04.6"] += len(HANG_WRONG)
+    count["03.5"] += 1                                              # never waited for (easy ways round)
+    count["03.6"] += 1
+    assert all(n >= 4 for n in count.values()), count

@@ -1,6 +1,7 @@
 """Lesson 01/02 helpers: the spec tables, timing and arithmetic intensity, gpu_check's behaviour."""
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -63,12 +64,81 @@ def test_gpu_check_skips_without_a_gpu_and_measures_with_one(starts_processes):
     assert proc.returncode == (0 if on_file else proc.returncode), proc.stdout
 
 
-def test_gpu_smoke_script_skips_visibly_without_a_gpu(starts_processes):
-    """`make gpu-check` on a machine without a GPU: one SKIPPED line, exit 0. On a GPU machine it runs for
-    minutes, so here only its syntax is checked (run `make gpu-check` itself there)."""
-    script = ROOT / "benchmarks" / "gpu_smoke.sh"
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    if torch.cuda.is_available():
-        return
-    proc = subprocess.run(["bash", str(script), sys.executable], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.startswith("SKIPPED: needs a CUDA GPU, found 0"), proc.stdout
+def gpu_smoke():
+    """benchmarks/gpu_smoke.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "benchmarks" / "gpu_smoke.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_check_skips_visibly_without_a_gpu_and_its_dry_run_lists_every_step(tmp_path, starts_processes):
+    """`make gpu-check` on a machine without a GPU: one SKIPPED line, exit 0. Its dry run writes the summary
+    with every step and why it would be skipped here, without a traceback."""
+    script = ROOT / "benchmarks" / "gpu_smoke.py"
+    if not torch.cuda.is_available():
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.splitlines() == [
+            "SKIPPED: needs a CUDA GPU, found 0 (make gpu-check runs the checks that only a GPU can do; "
+            "--dry-run lists them)"], proc.stdout + proc.stderr
+    summary = tmp_path / "summary.md"
+    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--summary", str(summary)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    rows = [ln for ln in summary.read_text().splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    names = [s.name for s in gpu_smoke().plan(2, "X")]
+    assert [r.split(" | ")[0][2:] for r in rows] == names
+    assert all(" | skipped | 0 | " in r for r in rows)
+    if not torch.cuda.is_available():
+        assert all("GPU(s), found 0" in r for r in rows)
+
+
+def test_gpu_check_on_a_simulated_two_gpu_machine(tmp_path, monkeypatch, capsys):
+    """The steps' commands faked: every step runs in order, a failing one is reported with its exit code and
+    makes the check fail, a missing module is a skip that names the pip package, and the key numbers of a
+    passing step come from its result line."""
+    import importlib.util
+
+    smoke = gpu_smoke()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(smoke.importlib.util, "find_spec", lambda m, *a: None if m == "pynvml" else real_find(m, *a))
+    ran = []
+
+    def fake_run(argv, **kwargs):
+        ran.append(argv)
+        bad = "collective_errors" in " ".join(map(str, argv))
+        return subprocess.CompletedProcess(argv, 1 if bad else 0, 'MGPU_RESULT {"busbw_GBps": 1.0}\n', "")
+    monkeypatch.setattr(smoke.subprocess, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--summary", str(tmp_path / "s.md")])
+    assert smoke.main() == 1
+    text = (tmp_path / "s.md").read_text()
+    assert "NVIDIA H100 80GB HBM3 x 2" in text
+    assert "| a hang on NCCL reported as the collective timeout | failed |" in text and "exit 1" in text
+    assert "| NVML energy over 3 s of matmuls | skipped | 0 | needs pynvml (pip install nvidia-ml-py) |" in text
+    assert '| NCCL collectives bench on 2 GPUs | passed |' in text and 'MGPU_RESULT {"busbw_GBps": 1.0}' in text
+    assert len(ran) == len(smoke.plan(2, "X")) - 1                     # all but the skipped one
+
+
+def test_a_notebook_runs_cell_by_cell_without_jupyter(tmp_path, monkeypatch):
+    """On a GPU image without Jupyter the lessons run as plain Python: cells share one scope, in order, and a
+    failing cell stops the run with its traceback naming the cell."""
+    import nbformat
+
+    smoke = gpu_smoke()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# x"), nbformat.v4.new_code_cell("a = 2"),
+                                         nbformat.v4.new_code_cell("b = a * 3\nprint('b', b)")])
+    path = tmp_path / "ok.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MGPU_PLAIN_CELLS", "1")
+    assert smoke.run_notebook(path) == 0
+    nb.cells.append(nbformat.v4.new_code_cell("assert b == 7, 'the third cell fails'"))
+    nbformat.write(nb, path)
+    with pytest.raises(AssertionError, match="the third cell fails") as e:
+        smoke.run_notebook(path)
+    assert any(f.filename == "ok.ipynb[3]" for f in traceback.extract_tb(e.tb))

@@ -264,7 +264,7 @@ def test_warm_up_starts_the_template_in_the_background(monkeypatch, starts_proce
 
 def test_gpu_ranks_in_both_modes(starts_processes):
     """On a GPU machine: ranks forked from the template initialise CUDA and NCCL themselves (the template never
-    did), and train as torchrun's ranks do. Part of `make gpu-check` (benchmarks/gpu_smoke.sh)."""
+    did), and train as torchrun's ranks do. Part of `make gpu-check` (benchmarks/gpu_smoke.py)."""
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,4 +1,4 @@
-"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05 and 07 (run by
+"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05, 07 and 08 (run by
 launch_scripts/grade_exercise.py under torchrun).
 
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
@@ -35,34 +35,58 @@ COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all
                "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
 
 
+def _namespaces(obj) -> list[dict]:
+    """The module globals that the student's function or class ``obj`` sees (where ``from torch.distributed
+    import all_reduce`` put a name)."""
+    if hasattr(obj, "__globals__"):
+        return [obj.__globals__]
+    funcs = [v for v in vars(obj).values() if hasattr(v, "__globals__")] if isinstance(obj, type) else []
+    return [funcs[0].__globals__] if funcs else []
+
+
 @contextlib.contextmanager
-def point_to_point_only(exercise, fn=None):
-    """Within the block every collective of torch.distributed raises, naming itself (send/recv still work),
-    however the student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a
-    name imported into the module of ``fn`` (``from torch.distributed import all_gather``)."""
+def patched_collectives(replace, fn=None):
+    """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
+    student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
+    the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``)."""
     import torch.distributed.distributed_c10d as c10d
 
-    def forbidden(name):
-        def call(*args, **kwargs):
-            raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
-        return call
     originals = {}
     for module in (dist, c10d):
         for name in COLLECTIVES:
             if hasattr(module, name):
                 originals.setdefault(id(getattr(module, name)), name)
     saved = []                                          # (namespace dict, key, original)
-    spaces = [vars(dist), vars(c10d)] + ([fn.__globals__] if hasattr(fn, "__globals__") else [])
-    for space in spaces:
+    for space in [vars(dist), vars(c10d)] + (_namespaces(fn) if fn is not None else []):
         for key, value in list(space.items()):
             if callable(value) and id(value) in originals:
                 saved.append((space, key, value))
-                space[key] = forbidden(originals[id(value)])
+                space[key] = replace(originals[id(value)], value)
     try:
         yield
     finally:
         for space, key, value in reversed(saved):
             space[key] = value
+
+
+def point_to_point_only(exercise, fn=None):
+    """Within the block every collective raises, naming itself (send/recv still work), however it is reached
+    (:func:`patched_collectives`)."""
+    def forbidden(name, original):
+        def call(*args, **kwargs):
+            raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
+        return call
+    return patched_collectives(forbidden, fn)
+
+
+def counted_collectives(calls: list, fn=None):
+    """Within the block every collective still runs, and its name is appended to ``calls``."""
+    def counting(name, original):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return call
+    return patched_collectives(counting, fn)
 
 
 def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
@@ -178,8 +202,12 @@ def check_schedule(fn, ctx, problems, m=5):
         return note(problems, {"rank": r, "kind": "deadlock", "p": p, "m": m, "detail": str(e)[:300]})
     bubble, peak = bubble_fraction(timeline), peak_in_flight(acts)
     if bubble > bubble_formula(p, m) + 1e-9:
+        warm = [next((i for i, a in enumerate(acts[q]) if a[0] == "B"), m) for q in range(p)]
+        q = next((q for q in range(p) if warm[q] != min(p - q, m)), None)
+        why = "" if q is None else (f" (rank {q} runs {warm[q]} forward(s) before its first backward; 1F1B's "
+                                    f"rank r runs min(p - r, m) = {min(p - q, m)})")
         return note(problems, {"rank": r, "kind": "bubble", "p": p, "m": m, "bubble": bubble,
-                               "formula": bubble_formula(p, m)})
+                               "formula": bubble_formula(p, m), "warmup": why})
     if any(peak[q] > min(p - q, m) for q in range(p)):
         q = next(q for q in range(p) if peak[q] > min(p - q, m))
         return note(problems, {"rank": q, "kind": "memory", "p": p, "m": m, "peak": peak[q], "limit": min(p - q, m)})
@@ -292,6 +320,34 @@ def counted_all_reduce(state: dict):
         dist.all_reduce = real
 
 
+def every_rank_gradients(model, x, y, world) -> list[dict]:
+    """Each rank's own gradients (name -> tensor) of ``model`` on its shard ``x[r::world]``, computed here on a
+    copy: what a rank holds after backward and before any communication. Used to name a wrong result."""
+    grads = []
+    for r in range(world):
+        m = copy.deepcopy(model)
+        F.cross_entropy(m(x[r::world]), y[r::world]).backward()
+        grads.append({n: q.grad.detach().clone() for n, q in m.named_parameters()})
+    return grads
+
+
+def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
+    """Which wrong result ``got`` is, given every rank's own gradient ``locals_``: ``copied_from`` (another
+    rank's own gradient, or it divided by the world size: a broadcast), ``max_over_ranks`` (the element-wise
+    maximum, or it divided: ReduceOp.MAX), ``own_over_world`` (this rank's own divided: the all-reduce's result
+    was not kept). Empty when none fits."""
+    world = len(locals_)
+    for s, g in enumerate(locals_):
+        if s != rank and min(diff(got, g), diff(got, g / world)) < tol:
+            return {"copied_from": s}
+    top = torch.stack(locals_).amax(0)
+    if min(diff(got, top), diff(got, top / world)) < tol:
+        return {"max_over_ranks": True}
+    if world > 1 and diff(got, locals_[rank] / world) < tol:
+        return {"own_over_world": True}
+    return {}
+
+
 def against_ddp(make_sync, ctx, problems, check_calls):
     """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
     ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
@@ -304,8 +360,9 @@ def against_ddp(make_sync, ctx, problems, check_calls):
     for q in mine.parameters():                           # registered first: fires first, records the order
         q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
     sync = make_sync(mine)
-    x, y = load_data()[0][:48]
-    x, y = x.flatten(1)[rank::world], y[rank::world]
+    x_all, y_all = load_data()[0][:48]
+    x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
+    shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
     times = {"yours_ms": [], "ddp_ms": []}
     for step in range(3):
@@ -333,10 +390,15 @@ def against_ddp(make_sync, ctx, problems, check_calls):
                     got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
                     note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
                                     "summed": diff(got, world * d.grad) < 1e-5,
-                                    "local": g is not None and diff(got, g) == 0})
+                                    "local": g is not None and diff(got, g) == 0,
+                                    **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
             bad = check_calls(calls, list(ready))
             if bad:
                 note(problems, {"rank": rank, **bad})
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                        # every rank stops together once any rank found one:
+            if found.item():                              # a wrong solution may not survive more steps
+                break
         for opt in opts:
             opt.step()
     worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
@@ -365,17 +427,68 @@ def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
     return calls + (held > 0)
 
 
-def check_buckets(cls, ctx, problems, bucket_bytes=2048):
-    """03.6: ``cls(model, bucket_bytes)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule."""
-    def calls_ok(calls, ready):
-        want = expected_buckets(ready, bucket_bytes)
+def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
+    """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, for each
+    bucket size b: 2 KiB gives full buckets only (the last gradient is the largest), 1 MiB one bucket that is
+    still open when backward ends (only finish() can send it)."""
+    def calls_ok(calls, ready, b):
+        want = expected_buckets(ready, b)
         if len(calls) != want or not all(c["async"] for c in calls):
-            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
+            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": b,
                     "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
-    return against_ddp(lambda model: cls(model, bucket_bytes), ctx, problems, calls_ok)
+    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: calls_ok(c, r, b))
+             for b in bucket_bytes]
+    return times[0]
+
+
+def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
+    """08.4: ``cls(model, period)`` with ``.after_step()`` after every SGD step, against W replicas trained in this
+    process on the ranks' shards and averaged after steps period, 2 period, ...; and silent in between."""
+    world, rank = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    model = make_mlp(32, 1)
+    x, y = load_data()[0][:world * steps * batch]
+    shards = [(x.flatten(1)[r::world], y[r::world]) for r in range(world)]
+    replicas, mine = [copy.deepcopy(model) for _ in range(world)], copy.deepcopy(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in replicas + [mine]]
+    flat = lambda m: torch.cat([q.detach().reshape(-1) for q in m.parameters()])
+
+    def sgd(m, opt, r, s):                                # one local step of rank r's replica on its batch s
+        (xs, ys), b = shards[r], slice(s * batch, (s + 1) * batch)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(m(xs[b]), ys[b]).backward()
+        opt.step()
+    sync, talked, wrong = cls(mine, period), [], None
+    for s in range(1, steps + 1):
+        for r, m in enumerate(replicas):
+            sgd(m, opts[r], r, s - 1)
+        before = [flat(m) for m in replicas]              # each rank's own parameters, before any averaging
+        if s % period == 0:
+            with torch.no_grad():
+                for qs in zip(*(m.parameters() for m in replicas)):
+                    mean = torch.stack(qs).mean(0)
+                    for q in qs:
+                        q.copy_(mean)
+        sgd(mine, opts[-1], rank, s - 1)
+        calls = []
+        with counted_collectives(calls, cls):
+            sync.after_step()
+        talked += [s] if calls else []
+        got, want = flat(mine), flat(replicas[rank])
+        if wrong is None and diff(got, want) > 1e-5:
+            total = torch.stack(before).sum(0)
+            near = lambda t: min(diff(got, t), diff(got, t / world)) < 1e-6     # t, or t divided by the world
+            wrong = {"step": s, "max_diff": diff(got, want), "own": near(before[rank]),
+                     "summed": diff(got, total) < 1e-4,
+                     "copied_from": next((q for q in range(world) if q != rank and near(before[q])), None)}
+    expected = [s for s in range(1, steps + 1) if s % period == 0]
+    if talked != expected:
+        note(problems, {"rank": rank, "kind": "talked", "talked": talked, "want": expected, "period": period})
+    elif wrong:
+        note(problems, {"rank": rank, "kind": "local_sgd", **wrong})
 
 
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
-          "03.6": ("BucketedGradients", check_buckets)}
+          "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd)}

@@ -1,4 +1,4 @@
-"""Graded coding exercises (lessons 03, 04, 05 and 07): your script, run for real under torchrun,
+"""Graded coding exercises (lessons 03, 04, 05, 07 and 08): your script, run for real under torchrun,
 checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
@@ -65,6 +65,9 @@ GRADED = {
                    "flight, and the gradients of one process when run on real ranks"),
     "07.4": Graded("07_zero1.py", "function", (2, 3),
                    "three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks"),
+    "08.4": Graded("08_local_sgd.py", "function", (2, 3),
+                   "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
+                   "and 6), with no communication in between"),
     "04.6": Graded("04_fix_the_hang.py", "script", (2, 3),
                    "every rank ends with the sum, and the job finishes"),
 }
@@ -169,6 +172,15 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["summed"],
          "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
          "so divide by the world size"),
+        (lambda p, W: p.get("copied_from") is not None,
+         "rank {rank}: the gradient of {param} is rank {copied_from}'s own gradient (or it divided by {W}), not the "
+         "mean over the ranks: a broadcast copies one rank's gradient; all_reduce adds every rank's"),
+        (lambda p, W: p.get("max_over_ranks"),
+         "rank {rank}: the gradient of {param} is the element-wise maximum over the ranks (world size {W}): use "
+         "all_reduce's default operation, a sum (dist.ReduceOp.SUM), then divide by the world size"),
+        (lambda p, W: p.get("own_over_world"),
+         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
+         "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
         (_any, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
     "overlap": [(_any, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
                        "started inside backward with async_op=True: start one per parameter from its hook, wait in "
@@ -187,7 +199,7 @@ HINTS: dict[str, list[tuple]] = {
                        "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
     "deadlock": [(_any, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
     "bubble": [(_any, "with p = {p} and m = {m} the bubble is {bubble:.3f}, more than 1F1B's (p-1)/(m+p-1) = "
-                      "{formula:.3f}: a stage waits for a backward it could have run earlier")],
+                      "{formula:.3f}: a stage waits for a backward it could have run earlier{warmup}")],
     "memory": [(_any, "rank {rank} holds {peak:g} micro-batches' activations at once (p = {p}, m = {m}); 1F1B holds "
                       "at most min(p - r, m) = {limit}: start the backwards after fewer warm-up forwards")],
     "adam": [
@@ -199,11 +211,33 @@ HINTS: dict[str, list[tuple]] = {
     "adam_memory": [(_any, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors (counting every tensor it "
                            "can reach: attributes, lists, dicts, a wrapped optimizer's state); full Adam's moments "
                            "are {full:,}: keep only this rank's slice of m and v")],
+    "talked": [
+        (lambda p, W: not p["talked"],
+         "rank {rank}: the ranks never communicated: after steps {want} (every {period} steps) replace each "
+         "parameter by its mean over the ranks"),
+        (_any, "rank {rank}: the ranks communicated after steps {talked}; with period {period} they average after "
+               "steps {want} only (count the steps from 1: the first averaging follows step {period}) and do not "
+               "communicate in between")],
+    "local_sgd": [
+        (lambda p, W: p["own"],
+         "rank {rank}: after step {step} the parameters are still this rank's own (or them divided by {W}): the "
+         "all-reduce's result was not kept (all_reduce works in place on the tensor it is given: pass the parameter "
+         "itself)"),
+        (lambda p, W: p["summed"],
+         "rank {rank}: after step {step} the parameters are the sum over the ranks, {W} times the mean: divide by "
+         "the world size"),
+        (lambda p, W: p["copied_from"] is not None,
+         "rank {rank}: after step {step} the parameters are rank {copied_from}'s own (or them divided by {W}): a "
+         "broadcast copies one rank's "
+         "parameters; the mean needs all_reduce (a sum) and a division by {W}"),
+        (_any, "rank {rank}: after step {step} the parameters differ from local SGD's by {max_diff:.3g} (world size "
+               "{W})")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
         (_any, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
-               "although the first step's gradients matched")],
+               "although the first step's gradients matched: does something carry over from one step to the next "
+               "(a list of pending work never cleared, a bucket never emptied)?")],
 }
 
 
@@ -215,6 +249,15 @@ def problem_hint(p: dict, world: int) -> str:
     return f"rank {p.get('rank')}: {p}"
 
 
+def telling(problems: list[dict]) -> dict:
+    """The problem to hint at: the first one that names another rank's data (a broadcast shows as "rank 1
+    holds rank 0's gradient" on the other ranks, while the source rank's own result only looks unreduced),
+    else the first about the first step (a gradient divided on rank 0 only is wrong on rank 1 at once; rank 0
+    only drifts later), else the first reported."""
+    return next((p for p in problems if p.get("copied_from") is not None), None) \
+        or next((p for p in problems if p.get("kind") != "param"), problems[0])
+
+
 def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
     """Grade several function-mode exercises in one launch at world size ``world`` (used by the tests: one
     torchrun start instead of one per file). ``cases``: ``[(exercise_id, path), ...]``; returns each case's hint,
@@ -223,7 +266,7 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
     res = run_torchrun("grade_exercise.py", world, args, show="none", timeout_s=300,
                        env={"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S}).result
     results = res["results"] if "results" in res else [res]
-    return [None if r["ok"] else problem_hint(r["problems"][0], world) for r in results]
+    return [None if r["ok"] else problem_hint(telling(r["problems"]), world) for r in results]
 
 
 def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[str | None, list[str]]:
@@ -259,7 +302,7 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[st
         if res.get("ok") and "optimizer_bytes" in info:
             measured.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
                           f"Adam's moments for the whole model are {info['full_adam_bytes']:,}")
-        return (None if res.get("ok") else problem_hint(res["problems"][0], world)), measured
+        return (None if res.get("ok") else problem_hint(telling(res["problems"]), world)), measured
     return _every_rank_hint(res, world, seed), []
 
 
