@@ -53,6 +53,8 @@ def test_gan_without_the_discriminator_step_never_trains_it(starts_processes):
 
 def test_augmented_digits_without_augmentation_is_the_resized_image():
     import torch
+
+    pytest.importorskip("torchvision", reason="AugmentedDigits uses torchvision (not installed: make test-floor)")
     from mgpu_utils.data import AugmentedDigits, load_data
 
     plain, aug = AugmentedDigits(8, train=False, augment=False), AugmentedDigits(8, train=False)
@@ -76,6 +78,8 @@ def test_bert_first_step_is_one_process_on_the_global_batch(nproc, starts_proces
 
 def test_bert_tokenizer_is_deterministic_and_round_trips():
     import sys
+
+    pytest.importorskip("tokenizers", reason="BERT's WordPiece comes with transformers (not installed: make test-floor)")
 
     from mgpu_utils.env import SCRIPTS_DIR
     from mgpu_utils.text_data import stdlib_docstrings

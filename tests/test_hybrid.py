@@ -156,6 +156,7 @@ def test_parse_layouts_one_message_per_failed_check():
 
 
 def test_tensor_parallel_checks_before_touching_the_mesh():
+    pytest.importorskip("transformers", reason="the GPT-2 is transformers' (not installed: make test-floor)")
     from hybrid_gpt2 import tensor_parallel, to_linear_gpt2
     from mgpu_utils.models import byte_gpt2 as make_model
 

@@ -1,5 +1,4 @@
-"""Figures of notebooks/09_case_studies.ipynb: one DDP step of each case, the large-batch recipe and warm-up,
-GAN samples.
+"""Figures of notebooks/09_case_studies.ipynb: one DDP step of each case, the large-batch recipe, GAN samples.
 
 Every function draws on a new figure and returns it; nothing is drawn at import.
 """
@@ -118,29 +117,3 @@ def plot_gan_samples(samples, real=None):
     fig.tight_layout()
     return fig
 
-
-def plot_warmup(runs: list[dict], warm_steps: int):
-    """Where warm-up prevents divergence: rank 0's training loss at every step (log scale) of each run.
-
-    ``runs``: dicts with ``label`` and a case_resnet.py result (``step_losses``); ``warm_steps``: the steps
-    of the warm-up, marked by a dotted line. A loss that is not finite (the run diverged) is drawn as a
-    cross at the top of the axes. Returns the figure.
-    """
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    finite = [v for r in runs for v in r["step_losses"] if np.isfinite(v)]
-    top = max(finite) * 3 if finite else 10.0
-    for i, r in enumerate(runs):
-        losses = np.asarray(r["step_losses"], dtype=float)
-        steps = np.arange(1, len(losses) + 1)
-        ok = np.isfinite(losses)
-        ax.plot(steps[ok], losses[ok], "o-", ms=3, color=rank_color(i), label=r["label"])
-        if (~ok).any():
-            ax.plot(steps[~ok], np.full((~ok).sum(), top), "x", ms=8, color=rank_color(i),
-                    label=f"{r['label']}: loss not finite")
-    ax.axvline(warm_steps + 0.5, color="0.4", ls=":", lw=1)
-    ax.text(warm_steps + 0.7, top, "end of warm-up", va="top", fontsize=9, color="0.3")
-    ax.set(yscale="log", xlabel="step", ylabel="training loss (rank 0's shard)", ylim=(None, top * 1.5),
-           title="the same large rate, from step 1 or after a warm-up")
-    ax.legend(fontsize=9, loc="lower left")
-    fig.tight_layout()
-    return fig
