@@ -20,6 +20,7 @@ TEMPLATE_HINTS = {
     "05.4": r"rank 0 holds 5 micro-batches' activations at once .* at most min\(p - r, m\) = 2",
     "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
     "08.4": r"the ranks never communicated: after steps \[3, 6\]",
+    "09.5": r"neither G nor D changed in 2 steps",
 }
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
@@ -36,8 +37,16 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "07.4": ("        reduce_scatter_single(g, grads)\n        g /= self.world",
              "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
     "08.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
+    "09.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
 }
 
+
+GAN_D_BLOCK = ("    d_loss = F.binary_cross_entropy_with_logits(D(real), ones) \\\n"
+               "        + F.binary_cross_entropy_with_logits(D(fake.detach()), zeros)      "
+               "# detach: G stays out of D's backward\n"
+               "    opt_d.zero_grad(set_to_none=True)\n    d_loss.backward()\n    opt_d.step()\n")
+GAN_G_BLOCK = ("    g_loss = F.binary_cross_entropy_with_logits(D(fake), ones)             # through the updated D\n"
+               "    opt_g.zero_grad(set_to_none=True)\n    g_loss.backward()\n    opt_g.step()\n")
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
     "broadcast instead of all-reduce": ("03.4", "dist.all_reduce(p.grad)  ", "dist.broadcast(p.grad, src=0)  ",
@@ -81,6 +90,13 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                  "# not an averaging step: no communication at all\n            return\n"],
         ["from torch.distributed import all_reduce, get_world_size\n", "all_reduce(p)  ", "get_world_size()", ""],
         r"communicated after steps \[1, 2, 3, 4, 5, 6, 7\]"),
+    "G stepped before D": ("09.5", GAN_D_BLOCK + GAN_G_BLOCK, GAN_G_BLOCK + GAN_D_BLOCK,
+                           r"the parameters are those of G stepping before D"),
+    "G's fakes labelled fake": ("09.5", "D(fake), ones)", "D(fake), zeros)", r"G's loss labels its fakes 0"),
+    "D's gradients never zeroed": ("09.5", "    opt_d.zero_grad(set_to_none=True)\n", "",
+                                   r"D's gradients carried over from the step before"),
+    "G's gradients never zeroed": ("09.5", "    opt_g.zero_grad(set_to_none=True)\n", "",
+                                   r"G's gradients accumulated over the steps"),
     "parameters broadcast from rank 0": ("08.4", "dist.all_reduce(p)  ", "dist.broadcast(p, src=0)  ",
                                          r"after step 3 the parameters are rank 0's own .* a broadcast copies"),
     "all-reduce of a copy of the parameters": ("08.4", "dist.all_reduce(p)  ", "dist.all_reduce(p.clone())  ",

@@ -143,3 +143,21 @@ def test_a_notebook_runs_cell_by_cell_without_jupyter(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="the third cell fails") as e:
         smoke.run_notebook(path)
     assert any(f.filename == "ok.ipynb[3]" for f in traceback.extract_tb(e.tb))
+
+def test_gpu_check_verdicts():
+    """gpu_check.py's exit status: 4 without a datasheet; a T4 or L4 (70-72 W) is judged on its copy only, its
+    matmul reported (its peak assumes a boost clock it cannot hold under that cap); other GPUs on both."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    slow_matmul = {"matmul_fraction": 0.45, "copy_fraction": 0.85}
+    assert check.verdict(slow_matmul, None, 0.7)[0] == 4
+    code, line = check.verdict(slow_matmul, "T4", 0.7)
+    assert code == 0 and "70 W part" in line and "not judged" in line
+    assert check.verdict({"matmul_fraction": 0.45, "copy_fraction": 0.5}, "L4", 0.7)[0] == 1
+    code, line = check.verdict(slow_matmul, "H100", 0.7)
+    assert code == 1 and "matmul_fraction below 70%" in line
+    assert check.verdict({"matmul_fraction": 0.75, "copy_fraction": 0.9}, "H100", 0.7) == (
+        0, "ok: copy_fraction and matmul_fraction at least 70% of the datasheet")

@@ -62,6 +62,12 @@ LINKS: dict[str, dict] = {
 }
 
 
+#: Board power (W) of the low-power parts among GPUS (their datasheets): their tensor-core peak assumes the boost
+#: clock, which a dense matmul cannot hold under this cap, so benchmarks/gpu_check.py reports their matmul
+#: fraction without judging it (the copy bandwidth is still judged).
+LOW_POWER_W = {"T4": 70, "L4": 72}
+
+
 #: (pattern on the upper-cased CUDA device name, key of GPUS), first match wins: the specific variants
 #: come before the generic name ("A100-SXM4-40GB" is the 40GB part, "NVIDIA L40S" is not an L4).
 _NAME_RULES = [

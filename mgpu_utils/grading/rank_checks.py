@@ -1,4 +1,4 @@
-"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05, 07 and 08 (run by
+"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05, 07, 08 and 09 (run by
 launch_scripts/grade_exercise.py under torchrun).
 
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
@@ -488,7 +488,77 @@ def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
         note(problems, {"rank": rank, "kind": "local_sgd", **wrong})
 
 
+#: Exercise 09.5's reference procedures, in one process: the right step and the typical wrong ones, so that a
+#: student's result can be named (the first that matches wins).
+GAN_VARIANTS = ("right", "g_first", "g_labels_fake", "no_zero_d", "no_zero_g", "no_d_step", "no_g_step", "nothing")
+
+
+def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str) -> None:
+    """One step of ``variant`` (see :data:`GAN_VARIANTS`) on plain modules: D on real (1) and detached fakes (0),
+    then G through the updated D (1); the wrong variants change one thing."""
+    bce, ones, zeros = F.binary_cross_entropy_with_logits, torch.ones(len(real), 1), torch.zeros(len(real), 1)
+    fake = G(z)
+
+    def d_step():
+        if variant != "no_zero_d":
+            opt_d.zero_grad(set_to_none=True)
+        (bce(D(real), ones) + bce(D(fake.detach()), zeros)).backward()
+        if variant != "no_d_step":
+            opt_d.step()
+
+    def g_step():
+        if variant != "no_zero_g":
+            opt_g.zero_grad(set_to_none=True)
+        bce(D(fake), zeros if variant == "g_labels_fake" else ones).backward()
+        if variant != "no_g_step":
+            opt_g.step()
+    if variant == "nothing":
+        return
+    for step in ((g_step, d_step) if variant == "g_first" else (d_step, g_step)):
+        step()
+
+
+def check_gan_step(fn, ctx, problems, steps=2, batch=8):
+    """09.5: ``fn(G, D, opt_g, opt_d, real, z)`` on DDP-wrapped G and D, two steps, against
+    :func:`gan_reference_step` in one process on every rank's samples at once."""
+    world, rank = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    g0 = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
+    d0 = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2), torch.nn.Linear(32, 1))
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(world * batch, 16, generator=gen) + 2, torch.randn(world * batch, 8, generator=gen))
+            for _ in range(steps)]
+    flat = lambda *ms: torch.cat([q.detach().reshape(-1) for m in ms for q in m.parameters()])
+    g, d = copy.deepcopy(g0), copy.deepcopy(d0)
+    gd, dd = DDP(g), DDP(d)
+    opt_g, opt_d = torch.optim.SGD(gd.parameters(), lr=0.05), torch.optim.SGD(dd.parameters(), lr=0.05)
+    error = ""
+    try:
+        for real, z in data:
+            fn(gd, dd, opt_g, opt_d, real[rank::world], z[rank::world])
+    except RuntimeError as e:                             # DDP's own error, the same on every rank
+        if not any(k in str(e) for k in ("only once", "finished reduction", "second time")):
+            raise
+        error = str(e).strip().splitlines()[0][:200]
+    if error:
+        return note(problems, {"rank": rank, "kind": "gan_ddp", "error": error})
+    got = flat(g, d)
+    for variant in GAN_VARIANTS:
+        rg, rd = copy.deepcopy(g0), copy.deepcopy(d0)
+        og, od = torch.optim.SGD(rg.parameters(), lr=0.05), torch.optim.SGD(rd.parameters(), lr=0.05)
+        for real, z in data:
+            gan_reference_step(rg, rd, og, od, real, z, variant)
+        if diff(got, flat(rg, rd)) < 1e-5:
+            if variant != "right":
+                note(problems, {"rank": rank, "kind": "gan", "variant": variant, "steps": steps})
+            return
+        if variant == "right":
+            worst = diff(got, flat(rg, rd))
+    note(problems, {"rank": rank, "kind": "gan", "variant": "other", "steps": steps, "max_diff": worst})
+
+
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
-          "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd)}
+          "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
+          "09.5": ("gan_step", check_gan_step)}

@@ -1,4 +1,4 @@
-"""Graded coding exercises (lessons 03, 04, 05, 07 and 08): your script, run for real under torchrun,
+"""Graded coding exercises (lessons 03, 04, 05, 07, 08 and 09): your script, run for real under torchrun,
 checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
@@ -68,6 +68,9 @@ GRADED = {
     "08.4": Graded("08_local_sgd.py", "function", (2, 3),
                    "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
                    "and 6), with no communication in between"),
+    "09.5": Graded("09_gan_step.py", "function", (2, 3),
+                   "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
+                   "detached fakes first, then G through the updated D)"),
     "04.6": Graded("04_fix_the_hang.py", "script", (2, 3),
                    "every rank ends with the sum, and the job finishes"),
 }
@@ -232,6 +235,26 @@ HINTS: dict[str, list[tuple]] = {
          "parameters; the mean needs all_reduce (a sum) and a division by {W}"),
         (_any, "rank {rank}: after step {step} the parameters differ from local SGD's by {max_diff:.3g} (world size "
                "{W})")],
+    "gan_ddp": [(_any, "rank {rank}: the step failed: {error}. D's backward went through G, so G's backward ran "
+                       "twice in one step (its graph was freed, and DDP marks each parameter ready once). Keep the "
+                       "fakes out of D's backward: D(fake.detach())")],
+    "gan": [
+        (lambda p, W: p["variant"] == "nothing",
+         "rank {rank}: neither G nor D changed in {steps} steps: each step needs opt_d.step() and then opt_g.step()"),
+        (lambda p, W: p["variant"] == "no_d_step", "rank {rank}: D never changed: step opt_d after D's backward"),
+        (lambda p, W: p["variant"] == "no_g_step", "rank {rank}: G never changed: step opt_g after G's backward"),
+        (lambda p, W: p["variant"] == "g_first",
+         "rank {rank}: the parameters are those of G stepping before D: step D first (on the detached fakes), then "
+         "G through the updated D"),
+        (lambda p, W: p["variant"] == "g_labels_fake",
+         "rank {rank}: G's loss labels its fakes 0, as D's does: G wants D to say real, so its target is ones"),
+        (lambda p, W: p["variant"] == "no_zero_d",
+         "rank {rank}: D's gradients carried over from the step before (G's backward also goes through D): "
+         "opt_d.zero_grad() before D's backward"),
+        (lambda p, W: p["variant"] == "no_zero_g",
+         "rank {rank}: G's gradients accumulated over the steps: opt_g.zero_grad() before G's backward"),
+        (_any, "rank {rank}: after {steps} steps the parameters differ from one process's by {max_diff:.3g} (world "
+               "size {W}): D(real) against ones plus D(fake.detach()) against zeros, then D(fake) against ones")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
