@@ -21,6 +21,7 @@ TEMPLATE_HINTS = {
     "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
     "08.4": r"the ranks never communicated: after steps \[3, 6\]",
     "09.5": r"neither G nor D changed in 2 steps",
+    "12.3": r"returned out1 and lse1 unchanged",
 }
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
@@ -38,6 +39,8 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
     "08.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
     "09.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
+    "12.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
+             r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
 }
 
 
@@ -48,7 +51,16 @@ GAN_D_BLOCK = ("    d_loss = F.binary_cross_entropy_with_logits(D(real), ones) \
 GAN_G_BLOCK = ("    g_loss = F.binary_cross_entropy_with_logits(D(fake), ones)             # through the updated D\n"
                "    opt_g.zero_grad(set_to_none=True)\n    g_loss.backward()\n    opt_g.step()\n")
 
+MERGE_LSE = "    lse = big + torch.log(torch.exp(lse1 - big) + torch.exp(lse2 - big))\n"
+MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.exp(lse2 - lse)[..., None]\n"
+
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "merged lse is the larger one": ("12.3", "    return out, lse\n", "    return out, big\n",
+                                     r"the output is right, but the lse returned is max\(lse1, lse2\)"),
+    "outputs averaged": ("12.3", MERGE_OUT, "    out = (out1 + out2) / 2\n", r"plain average of out1 and out2"),
+    "outputs added": ("12.3", MERGE_OUT, "    out = out1 + out2\n", r"the output is out1 \+ out2"),
+    "merged lse is the sum of the two": ("12.3", "    return out, lse\n", "    return out, lse1 + lse2\n",
+                                         r"the lse returned is lse1 \+ lse2, not log\(exp\(lse1\) \+ exp\(lse2\)\)"),
     "broadcast instead of all-reduce": ("03.4", "dist.all_reduce(p.grad)  ", "dist.broadcast(p.grad, src=0)  ",
                                         r"is rank 0's own gradient .* a broadcast copies one rank's gradient"),
     "maximum instead of sum": ("03.4", "dist.all_reduce(p.grad)  ", "dist.all_reduce(p.grad, op=dist.ReduceOp.MAX)  ",
@@ -351,6 +363,24 @@ def test_held_bytes_finds_every_tensor_once():
     assert held_bytes(opt, exclude=[w]) == 4 * 4 + 3 * 8                   # m once, v; not w or its grad
     opt.inner.step()                                                        # Adam's own state: 2 x 10 floats + step
     assert held_bytes(opt, exclude=[w]) >= 4 * 4 + 3 * 8 + 2 * 10 * 4
+
+
+def test_a_merge_that_fails_only_from_the_empty_start_is_named():
+    """12.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
+    import types
+
+    import torch
+
+    from mgpu_utils.grading.rank_checks import check_attention_merge
+    from mgpu_utils.grading.runner import problem_hint
+    from mgpu_utils.parallel.context import merge
+
+    def nan_from_empty(o1, l1, o2, l2):
+        o, l = merge(o1, l1, o2, l2)
+        return torch.where(torch.isinf(l1)[..., None], float("nan"), o), l
+    problems = []
+    check_attention_merge(nan_from_empty, types.SimpleNamespace(rank=0, world_size=1), problems)
+    assert re.search(r"merging into the empty start \(out 0, lse -inf.*\) gives nan", problem_hint(problems[0], 1))
 
 
 def test_every_graded_exercise_has_four_wrong_solutions_in_tests():

@@ -1,4 +1,4 @@
-"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05, 07, 08 and 09 (run by
+"""Rank-side checks of the graded coding exercises of lessons 03, 04, 05, 07, 08, 09 and 12 (run by
 launch_scripts/grade_exercise.py under torchrun).
 
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
@@ -26,6 +26,7 @@ from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import emit_result
 from mgpu_utils.models import make_mlp
+from mgpu_utils.parallel.context import ring_attention, shard
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
                                            simulate)
@@ -557,8 +558,74 @@ def check_gan_step(fn, ctx, problems, steps=2, batch=8):
     note(problems, {"rank": rank, "kind": "gan", "variant": "other", "steps": steps, "max_diff": worst})
 
 
+def _merge_cases(scale: float):
+    """Two partial attention results over keys 0-4 and 5-11 and the whole (out, lse), for scores times ``scale``."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = torch.randn(2, 3, 5, 8, generator=g), torch.randn(2, 3, 12, 8, generator=g), torch.randn(2, 3, 12, 8,
+                                                                                                       generator=g)
+    s = q @ k.transpose(-2, -1) * scale / 8 ** 0.5
+    part = lambda a, b: (torch.softmax(s[..., a:b], -1) @ v[:, :, a:b], torch.logsumexp(s[..., a:b], -1))
+    return part(0, 5), part(5, 12), part(0, 12), s.abs().max().item()
+
+
+def _which_merge(got, p1, p2, whole) -> dict:
+    """Name a wrong merge from its result on two parts: the first known mistake it equals."""
+    (o1, l1), (o2, l2), (out, lse) = p1, p2, whole
+    near = lambda a, b: a.shape == b.shape and bool(torch.isfinite(a).all()) and diff(a, b) < 1e-4
+    o, l = got
+    if near(o, o1) and near(l, l1):
+        return {"variant": "first_only"}
+    if near(o, out):
+        return {"variant": "lse", "lse_is": next((name for name, t in (("max(lse1, lse2)", torch.maximum(l1, l2)),
+                                                                        ("lse1 + lse2", l1 + l2), ("lse1", l1)) if near(l, t)),
+                                                  "something else")}
+    for name, t in (("average", (o1 + o2) / 2), ("sum", o1 + o2),
+                    ("unnormalised", o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None])):
+        if near(o, t):
+            return {"variant": name}
+    return {"variant": "other", "max_diff": diff(o, out) if o.shape == out.shape else float("nan")}
+
+
+def check_attention_merge(fn, ctx, problems):
+    """12.3: ``fn(out1, lse1, out2, lse2)`` on two parts (scores small and up to about 150) and from the empty
+    state, then inside ring attention (mgpu_utils.parallel.context) at this world size against full attention,
+    causal and not."""
+    rank, world = ctx.rank, ctx.world_size
+    for scale in (1.0, 50.0):
+        p1, p2, whole, top = _merge_cases(scale)
+        got = fn(*p1, *p2)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
+                and got[0].shape == whole[0].shape and got[1].shape == whole[1].shape):
+            return note(problems, {"rank": rank, "kind": "shape", "want": "(out [2, 3, 5, 8], lse [2, 3, 5])",
+                                   "got": str([tuple(getattr(t, "shape", ())) for t in got]) if isinstance(
+                                       got, (tuple, list)) else type(got).__name__})
+        if diff(got[0], whole[0]) < 1e-4 and diff(got[1], whole[1]) < 1e-4:
+            continue
+        finite = bool(torch.isfinite(got[0]).all() and torch.isfinite(got[1]).all())
+        if not finite and scale > 1:
+            return note(problems, {"rank": rank, "kind": "merge", "variant": "overflow", "max_score": top})
+        return note(problems, {"rank": rank, "kind": "merge", **_which_merge(got, p1, p2, whole)})
+    empty = (torch.zeros_like(p2[0]), torch.full_like(p2[1], float("-inf")))
+    o, l = fn(*empty, *p2)
+    if not (diff(o, p2[0]) < 1e-5 and diff(l, p2[1]) < 1e-5):
+        return note(problems, {"rank": rank, "kind": "merge", "variant": "empty",
+                               "what": "nan" if bool(torch.isnan(o).any() or torch.isnan(l).any()) else "a wrong value"})
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 12 * world, 8, generator=g) for _ in range(3))
+    for causal, layout in ((False, "contiguous"), (True, "zigzag")):
+        s = q @ k.transpose(-2, -1) / 8 ** 0.5
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        want = shard(torch.softmax(s, -1) @ v, rank, world, layout)
+        got = ring_attention(*(shard(t, rank, world, layout) for t in (q, k, v)), seq_len=12 * world,
+                             layout=layout, causal=causal, merge_fn=fn)
+        if diff(got, want) > 1e-4 or not bool(torch.isfinite(got).all()):
+            return note(problems, {"rank": rank, "kind": "merge", "variant": "ring", "causal": causal,
+                                   "max_diff": diff(got, want)})
+
+
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
           "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
-          "09.5": ("gan_step", check_gan_step)}
+          "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge)}

@@ -71,6 +71,9 @@ GRADED = {
     "09.5": Graded("09_gan_step.py", "function", (2, 3),
                    "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
                    "detached fakes first, then G through the updated D)"),
+    "12.3": Graded("12_merge_attention.py", "function", (2, 3),
+                   "equal to attention over both key sets (scores up to about 150, and from the empty start), and "
+                   "ring attention with it equals full attention, causal and not"),
     "04.6": Graded("04_fix_the_hang.py", "script", (2, 3),
                    "every rank ends with the sum, and the job finishes"),
 }
@@ -255,6 +258,32 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: G's gradients accumulated over the steps: opt_g.zero_grad() before G's backward"),
         (_any, "rank {rank}: after {steps} steps the parameters differ from one process's by {max_diff:.3g} (world "
                "size {W}): D(real) against ones plus D(fake.detach()) against zeros, then D(fake) against ones")],
+    "merge": [
+        (lambda p, W: p["variant"] == "first_only",
+         "rank {rank}: returned out1 and lse1 unchanged: the keys of the second part were left out"),
+        (lambda p, W: p["variant"] == "overflow",
+         "rank {rank}: the merge gives inf or nan when the scores are large (here up to {max_score:.0f}): exp() "
+         "overflows float32 above about 88. Subtract the larger of lse1 and lse2 before exponentiating (the max "
+         "trick of the online softmax), or use torch.logaddexp"),
+        (lambda p, W: p["variant"] == "lse",
+         "rank {rank}: the output is right, but the lse returned is {lse_is}, not log(exp(lse1) + exp(lse2)): the "
+         "next block of the ring merges with this lse, so from the third block on the result goes wrong"),
+        (lambda p, W: p["variant"] == "average",
+         "rank {rank}: the output is the plain average of out1 and out2: weight each part by its share of the "
+         "softmax's mass, exp(lse_i - lse), where lse is the merged one"),
+        (lambda p, W: p["variant"] == "sum",
+         "rank {rank}: the output is out1 + out2: each part is already normalised over its own keys, so weight "
+         "them by exp(lse_i - lse) (the weights sum to 1)"),
+        (lambda p, W: p["variant"] == "unnormalised",
+         "rank {rank}: the output is out1 exp(lse1) + out2 exp(lse2), not divided by exp(lse1) + exp(lse2)"),
+        (lambda p, W: p["variant"] == "empty",
+         "rank {rank}: merging into the empty start (out 0, lse -inf: no keys seen yet) gives {what}: with "
+         "lse1 = -inf the result must be (out2, lse2); -inf - (-inf) is nan, so subtract the larger lse"),
+        (lambda p, W: p["variant"] == "ring",
+         "rank {rank}: your merge is right on two parts, but ring attention with it (causal={causal}) differs from "
+         "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
+        (_any, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
+               "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),

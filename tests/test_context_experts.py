@@ -1,0 +1,128 @@
+"""Lesson 12: ring attention, zig-zag, Ulysses and the expert-parallel MoE layer against one process, under
+real torchrun (the scripts assert_close every output and gradient inside each rank); their formulas by hand."""
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mgpu_utils.launch.launcher import LaunchError, launch
+from mgpu_utils.parallel.context import chunk_ranges, merge, shard
+from mgpu_utils.parallel.experts import MoE, route
+
+SEQ, HEADS, HEAD_DIM, SEQS = 48, 4, 8, 2
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
+    res = launch("context_parallel.py", nproc=nproc, show="none",
+                 args=["--repeats", 1, "--time-seq", 64, "--sweep-seq", "32,64"])
+    rows = {(r["mode"], r["causal"]): r for r in res["checks"]}
+    assert set(rows) == {(m, c) for m in ("ring", "zigzag", "ulysses") for c in (False, True)}
+    kv = SEQS * HEADS * (SEQ // nproc) * HEAD_DIM * 4                      # this rank's K, fp32 bytes
+    for (mode, causal), r in rows.items():
+        assert r["kv_bytes"] == kv
+        if mode == "ulysses":
+            assert (r["fwd_bytes"], r["bwd_bytes"]) == (4 * kv * (nproc - 1) // nproc,) * 2
+        else:                                     # K and V travel n-1 hops; with dK, dV n more in backward
+            assert (r["fwd_bytes"], r["bwd_bytes"]) == (2 * (nproc - 1) * kv, (4 * nproc - 2) * kv)
+        assert r["max_err_out"] < 1e-5
+    block = SEQS * HEADS * (SEQ // nproc) ** 2                                 # one L x L score block
+    assert rows["ring", False]["score_elems_per_rank"] == [nproc * block] * nproc
+    assert rows["ring", True]["score_elems_per_rank"] == [(r + 1) * block for r in range(nproc)]
+    assert rows["zigzag", True]["score_elems_per_rank"] == [(2 * nproc + 1) * block // 4] * nproc
+    assert rows["ring", True]["peak_block_elems"] == block
+    assert rows["zigzag", True]["peak_block_elems"] == block // 4
+    for m in res["memory"]:                       # ring keeps q, k, v, out and the log-sum-exp per row
+        local = SEQS * HEADS * m["seq"] // nproc
+        assert m["ring_saved_bytes"] == local * (4 * HEAD_DIM + 1) * 4
+        assert m["plain_saved_bytes"] >= SEQS * HEADS * m["seq"] ** 2 * 4       # the S x S probabilities
+    assert set(res["compute_s_per_rank"]) == {"ring", "zigzag"}
+
+
+def test_ulysses_says_why_it_cannot_split_the_heads(starts_processes):
+    res = launch("context_parallel.py", nproc=3, show="none",
+                 args=["--modes", "ulysses,zigzag", "--repeats", 1, "--time-seq", 48, "--sweep-seq", ""])
+    assert res["skipped"] == ["ulysses: 4 heads are not divisible by 3 ranks"]
+    assert {r["mode"] for r in res["checks"]} == {"zigzag"}
+    with pytest.raises(LaunchError, match="divisible by 2 x world size"):
+        launch("context_parallel.py", nproc=2, show="none", args=["--seq", 50, "--modes", "zigzag"])
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_expert_parallel_equal_one_process_and_trained(nproc, starts_processes):
+    res = launch("expert_parallel.py", nproc=nproc, show="none", args=["--steps", 30])
+    layouts = {(c["dp"], c["ep"]) for c in res["checks"]}
+    assert layouts == ({(1, 4), (2, 2)} if nproc == 4 else {(1, 2)})
+    for c in res["checks"]:
+        # one h=16 fp32 row per assignment sent to another rank's expert (dispatch) and per row another rank
+        # sent here (combine), in forward and again in backward
+        assert c["fwd_bytes"] == c["bwd_bytes"] == (c["rows_out"] + c["rows_in"]) * 16 * 4 > 0
+        assert c["assignments"] == 2 * 24                                     # top-2 of 24 tokens, none dropped
+        experts = 8 // c["ep"]
+        assert c["param_bytes_rank"] < c["param_bytes_full"] and c["param_bytes_rank"] == (
+            16 * 8 + experts * (16 * 32 + 32 + 32 * 16 + 16)) * 4            # router + this rank's experts
+    no_aux, aux = (sum(v[-10:]) / 10 for v in (res["imbalance"]["0.0"], res["imbalance"]["0.05"]))
+    assert no_aux > aux + 0.5, f"the balancing loss should spread the load: {no_aux:.2f} vs {aux:.2f}"
+    dropped = [c["dropped"] for c in res["capacity"]]
+    sent = [c["bytes_sent"] for c in res["capacity"]]
+    assert dropped == sorted(dropped, reverse=True) and sent == sorted(sent) and dropped[0] > dropped[-1]
+
+
+def test_expert_count_must_split(starts_processes):
+    with pytest.raises(LaunchError, match="cannot be split over 3 ranks"):
+        launch("expert_parallel.py", nproc=3, show="none", args=["--steps", 1])
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_layouts_cover_the_sequence_once(layout, world):
+    seq = 16 * world
+    tokens = sorted(t for r in range(world) for a, b in chunk_ranges(r, world, seq, layout) for t in range(a, b))
+    assert tokens == list(range(seq))
+    x = torch.arange(seq).view(1, 1, seq, 1)
+    assert torch.cat([shard(x, r, world, layout) for r in range(world)], 2).flatten().sort().values.tolist() == tokens
+    with pytest.raises(ValueError, match="divisible"):
+        chunk_ranges(0, world, seq + 1, layout) if world > 1 else chunk_ranges(0, 2, 3, layout)
+
+
+def test_merge_is_attention_over_the_union_and_survives_large_scores():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 5, 4), torch.randn(2, 9, 4), torch.randn(2, 9, 4)
+    for scale in (1.0, 300.0):                       # exp(300 * 4) overflows fp32 without the max subtraction
+        s = q @ k.transpose(-2, -1) * scale
+        ref = torch.softmax(s, -1) @ v
+        parts = [(torch.softmax(s[..., a:b], -1) @ v[:, a:b], torch.logsumexp(s[..., a:b], -1))
+                 for a, b in ((0, 4), (4, 9))]
+        out, lse = merge(*parts[0], *parts[1])
+        assert_close(out, ref) and assert_close(lse, torch.logsumexp(s, -1))
+    empty = (torch.zeros(2, 5, 4), torch.full((2, 5), float("-inf")))
+    out, lse = merge(*empty, *parts[1])              # a row without keys yet: the other part as it is
+    assert_close(out, parts[1][0]) and assert_close(lse, parts[1][1])
+
+
+def test_route_capacity_priority_and_balancing_loss():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.5, 0.1, 0.4], [0.1, 0.8, 0.1]])
+    r = route(probs, top_k=2, capacity_factor=0.75)   # C = ceil(0.75 * 4 * 2 / 3) = 2 per expert
+    assert r["capacity"] == 2
+    assert r["token"].tolist() == [0, 1, 2, 3, 0, 1, 2, 3] and r["expert"].tolist() == [0, 0, 0, 1, 1, 1, 2, 0]
+    # expert 0: first choices of tokens 0, 1 are served; token 2's first choice and token 3's second are not
+    assert r["keep"].tolist() == [True, True, False, True, True, False, True, False]
+    assert r["load"].tolist() == [4, 3, 1]
+    assert math.isclose(r["aux"].item(), 3 * sum(l / 8 * p for l, p in zip([4, 3, 1], probs.mean(0).tolist())),
+                        rel_tol=1e-6)
+    uniform = route(torch.full((6, 3), 1 / 3), top_k=1, capacity_factor=None)
+    assert uniform["keep"].all() and math.isclose(uniform["aux"].item(), 1.0, rel_tol=1e-6)
+    collapsed = route(torch.tensor([[1.0, 0.0, 0.0]] * 6), top_k=1, capacity_factor=None)
+    assert math.isclose(collapsed["aux"].item(), 3.0, rel_tol=1e-6)     # E when one expert takes all
+
+
+def test_moe_layer_matches_a_loop_over_tokens():
+    torch.manual_seed(0)
+    moe = MoE(6, 12, n_experts=4, top_k=2, capacity_factor=None)
+    x = torch.randn(10, 6)
+    y, r = moe(x)
+    probs = torch.softmax(moe.gate(x), -1)
+    for t in range(10):
+        w, e = probs[t].topk(2)
+        assert_close(y[t], sum(w[i] * moe.experts[int(e[i])](x[t]) for i in range(2)))
