@@ -1,20 +1,20 @@
-"""Context parallelism: ring attention and Ulysses from scratch, proven equal to one process
-(notebooks/12_context_and_experts.ipynb).
+"""Context parallelism: ring attention and Ulysses from scratch, proven equal to one process (lesson 12).
 
-The sequence (--seq tokens) is split over the ranks; every rank builds the same full q, k, v (one seed) and
-the same upstream gradient, computes full attention on one process as the reference, then runs each mode
-on its own tokens and checks its output rows and its q, k, v gradients (assert_close, fp32):
+The sequence (--seq tokens) is split over the ranks; every rank builds the same full q, k, v and upstream
+gradient (one seed), computes attention on one process as the reference, then runs each mode on its own
+tokens and checks its output rows and q, k, v gradients (assert_close, fp32), without and with a causal mask:
 
   ring      ring attention (mgpu_utils.parallel.context), contiguous shards: rank r has tokens [rL, (r+1)L)
   zigzag    the same ring with the zig-zag split: rank r has chunks r and 2n-1-r of 2n
   ulysses   all-to-all from sequence shards to head shards, attention on H/n heads, all-to-all back
+  torch     PyTorch's context_parallel around F.scaled_dot_product_attention (forward checked; where this
+            torch has no sharded attention kernel for the device, e.g. on CPU, "skipped" says so)
 
-each without and with a causal mask. Bytes each rank sent (counted in the send calls) are checked against
-the formulas of the module's docstring. With the causal mask, the work per rank (attention scores
-computed) and the CPU time each rank spends in attention (forward + backward, at --time-seq) show the load imbalance of contiguous shards and
-its fix. The memory sweep counts the bytes autograd keeps for backward (SavedTensorCounter) for ring
-attention on this rank and for plain attention on one process, at several sequence lengths.
-Rank 0 prints one JSON line. World size: any that divides --seq by 2n (and --heads, for ulysses).
+The bytes each rank sent are checked against the formulas (mgpu_utils.parallel.context). With the causal mask
+the scores each rank computed and its CPU time in attention (at --time-seq) show the imbalance of contiguous
+shards and its fix. The memory sweep counts the bytes autograd keeps for backward (SavedTensorCounter): ring
+attention on this rank against attention on one process. Rank 0 prints one JSON line.
+World size: any that divides --seq by 2n (and --heads, for ulysses).
     torchrun --standalone --nproc-per-node 4 launch_scripts/context_parallel.py
 """
 import argparse
@@ -30,7 +30,7 @@ from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.measure.memory import SavedTensorCounter
 from mgpu_utils.parallel.context import new_log, ring_attention, shard, ulysses_attention
 
-MODES = ("ring", "zigzag", "ulysses")
+MODES = ("ring", "zigzag", "ulysses", "torch")
 
 
 def reference_attention(q, k, v, causal):
@@ -50,6 +50,35 @@ def run_mode(mode, q, k, v, causal, log):
                           layout="zigzag" if mode == "zigzag" else "contiguous", causal=causal, log=log)
 
 
+def inputs(args, device):
+    """q, k, v and the upstream gradient w, full length, the same on every rank (one seed)."""
+    g = torch.Generator().manual_seed(args.seed)
+    shape = (args.sequences, args.heads, args.seq, args.head_dim)
+    return [torch.randn(shape, generator=g).to(device) for _ in range(4)]
+
+
+def check_torch(args, rank, n, device):
+    """PyTorch's context_parallel against the reference (forward): (rows, why a case cannot run here)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # as torch's tutorial
+    q, k, v = inputs(args, device)[:3]
+    mesh, rows, reasons = init_device_mesh(device.type, (n,)), [], []
+    for causal in (False, True):
+        bufs = [t.clone() for t in (q, k, v)]                # context_parallel shards them in place
+        try:
+            with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
+                out = torch.nn.functional.scaled_dot_product_attention(*bufs, is_causal=causal)
+        except NotImplementedError as e:                     # no sharded attention kernel for this device
+            reasons.append(f"torch causal={causal}: context_parallel does not run on {device.type} in torch "
+                           f"{torch.__version__}: " + str(e).strip().splitlines()[0][:160])
+            continue
+        assert_close(context_parallel_unshard(mesh, [out], [2])[0], reference_attention(q, k, v, causal),
+                     rtol=1e-4, atol=1e-4)
+        rows.append({"mode": "torch", "causal": causal, "world_size": n})
+    return rows, reasons
+
+
 def expected_bytes(mode, kv_bytes, n):
     """(forward, backward) bytes each rank sends, from the formulas (kv_bytes: this rank's K)."""
     if mode == "ulysses":
@@ -60,9 +89,7 @@ def expected_bytes(mode, kv_bytes, n):
 def check(mode, causal, args, rank, n, device):
     """Run one mode against the reference; returns its row (bytes, work, errors)."""
     layout = "zigzag" if mode == "zigzag" else "contiguous"
-    g = torch.Generator().manual_seed(args.seed)
-    shape = (args.sequences, args.heads, args.seq, args.head_dim)
-    q, k, v, w = (torch.randn(shape, generator=g).to(device) for _ in range(4))
+    q, k, v, w = inputs(args, device)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     ref = reference_attention(*full, causal)
     (ref * w).sum().backward()
@@ -88,12 +115,10 @@ def compute_seconds(mode, args, n, device):
     """Median CPU seconds this rank spent in attention blocks (forward + backward, causal): its work."""
     shape = (args.sequences, args.heads, args.time_seq // n, args.head_dim)
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
-    times = []
-    for _ in range(args.repeats + 1):
-        log = new_log()
+    logs = [new_log() for _ in range(args.repeats + 1)]          # the first one warms up
+    for log in logs:
         run_mode(mode, q, k, v, True, log).sum().backward()
-        times.append(log["compute_s"])
-    return statistics.median(times[1:])
+    return statistics.median(log["compute_s"] for log in logs[1:])
 
 
 def saved_bytes(seq, args, rank, n, device):
@@ -117,7 +142,7 @@ def main():
     g.add_argument("--sequences", type=int, default=2, help="sequences in the batch (the same on every rank)")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("what to run")
-    g.add_argument("--modes", default=",".join(MODES), help="comma-separated: ring, zigzag, ulysses")
+    g.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
     g.add_argument("--repeats", type=int, default=3, help="timed forward + backward per mode (median)")
     g.add_argument("--time-seq", type=int, default=1024, help="sequence length of the timed causal runs")
     g.add_argument("--sweep-seq", default="64,128,256", help="sequence lengths of the memory sweep ('' = none)")
@@ -128,11 +153,18 @@ def main():
 
     with distributed() as ctx, exact_fp32():
         if not dist.is_initialized():
-            raise SystemExit("context parallelism needs a process group: run under torchrun "
-                             "(--nproc-per-node 1 works)")
+            raise SystemExit("needs a process group: run under torchrun (--nproc-per-node 1 works)")
         rank, n = ctx.rank, ctx.world_size
         rows, skipped = [], []
         for mode in modes:
+            if mode == "torch":
+                got, reasons = check_torch(args, rank, n, ctx.device)
+                rows, skipped = rows + got, skipped + reasons
+                for r in got:
+                    ctx.log(f"torch    causal={r['causal']!s:5s} equal to one process (output)")
+                for reason in reasons:
+                    ctx.log(f"SKIPPED {reason}")
+                continue
             if mode == "ulysses" and args.heads % n:
                 skipped.append(f"ulysses: {args.heads} heads are not divisible by {n} ranks")
                 ctx.log(f"SKIPPED {skipped[-1]}")
@@ -146,18 +178,17 @@ def main():
                 ctx.log(f"{mode:8s} causal={causal!s:5s} equal to one process (output, dq, dk, dv); sent "
                         f"{row['fwd_bytes']} + {row['bwd_bytes']} bytes (formula); scores per rank {per_rank}")
         timings = {}
-        for mode in (m for m in modes if m != "ulysses"):      # Ulysses: every rank has all S tokens
+        for mode in (m for m in modes if m in ("ring", "zigzag")):    # Ulysses: every rank has all S tokens
             secs = [None] * n
             dist.all_gather_object(secs, compute_seconds(mode, args, n, ctx.device))
             timings[mode] = secs
             ctx.log(f"{mode:8s} causal, S={args.time_seq}: attention compute per rank (CPU time) "
                     + " ".join(f"{s * 1e3:.0f} ms" for s in secs))
-        memory = []
-        for seq in (int(s) for s in args.sweep_seq.split(",") if s):
-            ring_b, plain_b = saved_bytes(seq, args, rank, n, ctx.device)
-            memory.append({"seq": seq, "ring_saved_bytes": ring_b, "plain_saved_bytes": plain_b})
-            ctx.log(f"S={seq}: kept for backward: ring {ring_b / 1e3:.1f} kB per rank, "
-                    f"one process {plain_b / 1e3:.1f} kB")
+        memory = [dict(zip(("seq", "ring_saved_bytes", "plain_saved_bytes"), (s, *saved_bytes(s, args, rank, n,
+                  ctx.device)))) for s in (int(v) for v in args.sweep_seq.split(",") if v)]
+        for m in memory:
+            ctx.log(f"S={m['seq']}: kept for backward: ring {m['ring_saved_bytes'] / 1e3:.1f} kB per rank, "
+                    f"one process {m['plain_saved_bytes'] / 1e3:.1f} kB")
         emit_result({"world_size": n, "backend": ctx.backend, "seq": args.seq, "heads": args.heads,
                      "head_dim": args.head_dim, "sequences": args.sequences, "checks": rows,
                      "skipped": skipped, "compute_s_per_rank": timings, "memory": memory})

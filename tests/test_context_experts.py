@@ -18,6 +18,10 @@ def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
     res = launch("context_parallel.py", nproc=nproc, show="none",
                  args=["--repeats", 1, "--time-seq", 64, "--sweep-seq", "32,64"])
     rows = {(r["mode"], r["causal"]): r for r in res["checks"]}
+    for causal in (False, True):                  # PyTorch's own: checked where it runs, else said why not
+        ran, said = ("torch", causal) in rows, any(f"torch causal={causal}:" in s for s in res["skipped"])
+        assert ran != said, (causal, res["skipped"])
+    rows = {key: r for key, r in rows.items() if key[0] != "torch"}
     assert set(rows) == {(m, c) for m in ("ring", "zigzag", "ulysses") for c in (False, True)}
     kv = SEQS * HEADS * (SEQ // nproc) * HEAD_DIM * 4                      # this rank's K, fp32 bytes
     for (mode, causal), r in rows.items():
@@ -43,7 +47,7 @@ def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
 def test_ulysses_says_why_it_cannot_split_the_heads(starts_processes):
     res = launch("context_parallel.py", nproc=3, show="none",
                  args=["--modes", "ulysses,zigzag", "--repeats", 1, "--time-seq", 48, "--sweep-seq", ""])
-    assert res["skipped"] == ["ulysses: 4 heads are not divisible by 3 ranks"]
+    assert res["skipped"] == ["ulysses: 4 heads are not divisible by 3 ranks"]     # and it says so
     assert {r["mode"] for r in res["checks"]} == {"zigzag"}
     with pytest.raises(LaunchError, match="divisible by 2 x world size"):
         launch("context_parallel.py", nproc=2, show="none", args=["--seq", 50, "--modes", "zigzag"])
