@@ -58,7 +58,7 @@ def inputs(args, device):
 
 
 def check_torch(args, rank, n, device):
-    """PyTorch's context_parallel against the reference (forward): (rows, why a case cannot run here)."""
+    """PyTorch's context_parallel against the reference (forward): (rows, why a case cannot run)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # as torch's tutorial
@@ -70,11 +70,11 @@ def check_torch(args, rank, n, device):
             with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
                 out = torch.nn.functional.scaled_dot_product_attention(*bufs, is_causal=causal)
         except NotImplementedError as e:                     # no sharded attention kernel for this device
-            reasons.append(f"torch causal={causal}: context_parallel does not run on {device.type} in torch "
-                           f"{torch.__version__}: " + str(e).strip().splitlines()[0][:160])
+            reasons.append(f"torch causal={causal}: context_parallel does not run on {device.type} "
+                           f"in torch {torch.__version__}: " + str(e).strip().splitlines()[0][:160])
             continue
-        assert_close(context_parallel_unshard(mesh, [out], [2])[0], reference_attention(q, k, v, causal),
-                     rtol=1e-4, atol=1e-4)
+        full = context_parallel_unshard(mesh, [out], [2])[0]
+        assert_close(full, reference_attention(q, k, v, causal), rtol=1e-4, atol=1e-4)
         rows.append({"mode": "torch", "causal": causal, "world_size": n})
     return rows, reasons
 
@@ -106,8 +106,9 @@ def check(mode, causal, args, rank, n, device):
     want = expected_bytes(mode, kv_bytes, n)
     got = (fwd["bytes_sent"], log["bytes_sent"] - fwd["bytes_sent"])
     assert got == want, f"{mode}: sent {got} bytes (forward, backward), the formula says {want}"
-    return {"mode": mode, "causal": causal, "world_size": n, "kv_bytes": kv_bytes, "fwd_bytes": got[0],
-            "bwd_bytes": got[1], "score_elems": fwd["score_elems"], "peak_block_elems": fwd["peak_block_elems"],
+    return {"mode": mode, "causal": causal, "world_size": n, "kv_bytes": kv_bytes,
+            "fwd_bytes": got[0], "bwd_bytes": got[1], "score_elems": fwd["score_elems"],
+            "peak_block_elems": fwd["peak_block_elems"],
             "max_err_out": (out - shard(ref, rank, n, layout)).abs().max().item()}
 
 

@@ -31,7 +31,7 @@ from mgpu_utils.parallel.experts import MoE, ExpertParallelMoE
 
 
 def check(args, rank, world, ep, device):
-    """EP (groups of ep ranks, dp = world / ep replicas) against one process; returns a summary row."""
+    """EP (groups of ep ranks, dp = world / ep replicas) against one process; returns a row."""
     from torch.distributed.device_mesh import init_device_mesh
     dp = world // ep
     mesh = init_device_mesh(device.type, (dp, ep), mesh_dim_names=("dp", "ep"))
@@ -66,7 +66,8 @@ def check(args, rank, world, ep, device):
     aux = args.experts * (load / load.sum() * probs / (world * args.tokens)).sum()
     assert_close(aux, r_ref["aux"].detach())
     return {"dp": dp, "ep": ep, "fwd_bytes": fwd_bytes, "bwd_bytes": log["bytes_sent"] - fwd_bytes,
-            "rows_out": log["rows_out"], "rows_in": log["rows_in"], "assignments": int(r["keep"].sum()),
+            "rows_out": log["rows_out"], "rows_in": log["rows_in"],
+            "assignments": int(r["keep"].sum()),
             "param_bytes_full": tensor_bytes(full.parameters()),
             "param_bytes_rank": tensor_bytes(list(layer.parameters()))}
 

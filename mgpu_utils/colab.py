@@ -1,5 +1,5 @@
 """Colab in one click: the repository's address, the "Open in Colab" badges and the setup cell of every
-lesson (00-11), all made from one setting (README, "Colab").
+lesson (00-12), all made from one setting (README, "Colab").
 
 The address is ``[project.urls] Repository`` in ``pyproject.toml``. ``python -m mgpu_utils.colab`` writes
 it into the first cell of every notebook (which clones the course when it runs on Colab without it) and

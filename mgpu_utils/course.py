@@ -1,4 +1,4 @@
-"""The course's notebooks: every lesson's setup call (:func:`start`, lessons 00-11), and running every
+"""The course's notebooks: every lesson's setup call (:func:`start`, lessons 00-12), and running every
 notebook in order, headless, into ``build/`` (``make course``).
 
 Writes ``build/NAME.ipynb`` (executed, with outputs) and ``build/NAME.html``, then prints a table
@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def start() -> None:
-    """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-11).
+    """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-12).
 
     On Colab it moves to the course's ``notebooks/`` folder (as a local kernel runs) and prints what
     differs there (:func:`mgpu_utils.colab.colab_notes`). Then it starts the launcher's warm template

@@ -1,5 +1,5 @@
 """The course's own code, read in a lesson: the lines of a launch script (or of ``mgpu_utils``) that a
-lesson runs, shown highlighted above the cell that launches them (:func:`show_code`, lessons 00-11), and
+lesson runs, shown highlighted above the cell that launches them (:func:`show_code`, lessons 00-12), and
 a launch script as a module, to call its functions in a notebook (:func:`load_script`, lessons 04, 06,
 08, 09).
 
@@ -175,7 +175,7 @@ class Listing:
 
 
 def show_code(what, *names: str, region: str | tuple[str, ...] = ()) -> None:
-    """Show the lines a lesson is about to run, highlighted (lessons 00-11; arguments as :func:`read_code`).
+    """Show the lines a lesson is about to run, highlighted (lessons 00-12; arguments as :func:`read_code`).
 
     In a notebook it displays the code under the cell; elsewhere it prints it. Returns nothing, so it
     may end a cell without showing the code twice.

@@ -236,7 +236,7 @@ def patterns(pytestconfig):
 
 
 @pytest.mark.runs_notebooks                             # nbval does not run these notebooks again (conftest.py)
-@pytest.mark.timeout(BROWSER_TEST_TIMEOUT_S)            # not make test's 600 s for one test: twelve lessons
+@pytest.mark.timeout(BROWSER_TEST_TIMEOUT_S)            # not make test's 600 s for one test: thirteen lessons
 def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path, starts_processes):
     SHOTS.mkdir(parents=True, exist_ok=True)
     # the test's own user settings: autosave off, so a run in the browser never rewrites the committed files;

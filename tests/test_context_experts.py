@@ -130,3 +130,44 @@ def test_moe_layer_matches_a_loop_over_tokens():
     for t in range(10):
         w, e = probs[t].topk(2)
         assert_close(y[t], sum(w[i] * moe.experts[int(e[i])](x[t]) for i in range(2)))
+
+
+def test_planner_context_and_expert_parallel_by_hand():
+    """Lesson 12's two degrees in the planner (mgpu_utils.costs.planner), every number written out here."""
+    from mgpu_utils.costs.memory_model import memory_per_gpu, model_state_bytes
+    from mgpu_utils.costs.planner import Cluster, ModelSpec, evaluate
+
+    dense = ModelSpec("toy", n_layers=4, hidden=1024, n_heads=16, seq_len=8192, vocab=32000)
+    c16 = Cluster(16)
+    lay = evaluate(dense, c16, dp=2, tp=2, pp=1, cp=4, global_batch=4)
+    assert lay.feasible and lay.n_micro == 2
+    kv = 8192 // 4 * 1 * (1024 // 2) * 2                       # one rank's K block of one layer, bf16
+    assert lay.comm_bytes["cp"] == 4 * 2 * (2 * 3 + (4 * 4 - 2)) * kv     # layers x micro x (fwd + bwd) hops
+    assert lay.comm_bytes["dp"] == 2 * (8 - 1) / 8 * dense.params / 2 * 2 # all-reduce over dp x cp = 8 GPUs
+    assert lay.links["cp"] == c16.intra_link and lay.links["dp"] == c16.inter_link   # tp x cp = 8 per node
+    want = memory_per_gpu(4, 1024, 16, 32000, 2048, 1, n_params=dense.params, dp=2, tp=2, n_micro=2)
+    assert lay.memory.total == want.total                       # the activations of 2048 tokens
+    assert evaluate(dense, c16, dp=2, tp=2, pp=1, cp=4, global_batch=4).step_s == lay.step_s
+    full = evaluate(dense, c16, dp=2, tp=2, pp=1, cp=4, global_batch=4, recompute="full")
+    assert full.comm_bytes["cp"] == 4 * 2 * (2 * 3 + 14 + 2 * 3) * kv  # forward again in backward
+
+    moe = ModelSpec("toy-moe", n_layers=4, hidden=1024, n_heads=16, seq_len=8192, vocab=32000, n_experts=8,
+                    top_k=2)
+    expert = 4 * 8 * (8 * 1024 ** 2 + 5 * 1024)
+    assert moe.expert_params == expert
+    assert moe.params == dense.params - 4 * (8 * 1024 ** 2 + 5 * 1024) + expert + 4 * 1024 * 8
+    assert moe.active_params == moe.params - expert * (1 - 2 / 8)
+    lay = evaluate(moe, c16, dp=8, tp=2, pp=1, ep=4, global_batch=8)
+    assert lay.feasible and lay.n_micro == 1
+    assert lay.comm_bytes["ep"] == 4 * 1 * 4 * 8192 * 2 * (3 / 4) * 1024 * 2  # 4 all-to-alls of T*k rows
+    non_expert = moe.params - expert
+    assert lay.comm_bytes["dp"] == 2 * ((8 - 1) / 8 * non_expert / 2 + (2 - 1) / 2 * expert / (4 * 2)) * 2
+    states = model_state_bytes(non_expert, dp=8, tp=2)
+    ex = model_state_bytes(expert / 4, dp=2, tp=2)
+    assert lay.memory.params == states.params + ex.params and lay.memory.optimizer == states.optimizer + ex.optimizer
+    assert lay.links["ep"] == c16.intra_link                    # tp x ep = 8 GPUs: one node
+    assert math.isclose(lay.compute_s, 6 * moe.active_params * 8 * 8192 / (16 * 312e12 * 0.5))
+    assert not evaluate(moe, c16, dp=8, tp=2, pp=1, ep=3, global_batch=8).feasible
+    assert "2 x 3 chunks" in evaluate(dense, Cluster(6), dp=1, tp=2, pp=1, cp=3, global_batch=1).problems[0]
+    with pytest.raises(ValueError, match=r"dp\*tp\*pp\*cp = 32"):
+        evaluate(dense, c16, dp=4, tp=2, pp=1, cp=4, global_batch=4)

@@ -157,15 +157,22 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once(starts_proc
 
 def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale(starts_processes):
     """The staleness sweep of lesson 08 runs ``--modes async``: only async runs, and one worker's
-    gradients are all fresh (staleness exactly 0), while two workers' are not."""
+    gradients are all fresh (staleness exactly 0). Two workers' usually are not, but that depends on how the
+    OS schedules them: on a busy machine the two workers' steps can take turns without overlapping (measured:
+    all 16 gradients fresh in 3 of 20 runs with one core kept busy, and in 1 of 843 tests of a busy make
+    test), so it is claimed only on a quiet machine (mgpu_utils.timing.LoadWatch)."""
+    from mgpu_utils.timing import LoadWatch
+
     one = launch("sync_async.py", nproc=2, show="none",
                  args=["--modes", "async", "--steps", "8", "--delay-ms", "0", "--eval-every", "4"])
     assert set(one["runs"]) == {"async"}
     assert one["runs"]["async"]["staleness_hist"] == [[0, 8]]
-    two = launch("sync_async.py", nproc=3, show="none",
-                 args=["--modes", "async", "--steps", "8", "--delay-ms", "0", "--eval-every", "4"])
+    with LoadWatch() as machine:
+        two = launch("sync_async.py", nproc=3, show="none",
+                     args=["--modes", "async", "--steps", "8", "--delay-ms", "0", "--eval-every", "4"])
     hist = two["runs"]["async"]["staleness_hist"]
-    assert set(two["runs"]) == {"async"} and max(s for s, _ in hist) >= 1
+    assert set(two["runs"]) == {"async"} and sum(c for _, c in hist) == two["runs"]["async"]["updates"]
+    machine.claim(max(s for s, _ in hist) >= 1, f"two workers: some gradient was stale (histogram {hist})")
 
 
 def test_local_sgd_with_H1_equals_synchronous_averaging(tmp_path, starts_processes):

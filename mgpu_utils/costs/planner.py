@@ -1,5 +1,5 @@
 """3-D parallelism planner: every (dp, tp, pp) layout of a GPT model on a cluster, with memory and
-traffic (lesson 06; also 09).
+traffic (lesson 06; also 09); context and expert parallelism as two more degrees (lesson 12).
 
 Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, a GPU memory size
 and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,
@@ -39,8 +39,26 @@ plus bubble) that is ``(pp - 1) / (m + pp - 1)`` = bubble / (1 + bubble), the fo
 
 Activation bytes per value (``act_bytes``) follow the precision: 4 for "fp32", else 2.
 
+Context parallelism (``cp``, lesson 12) splits every sequence over cp GPUs (ring attention,
+zig-zag split): activations as for a sequence of ``s/cp`` tokens; per layer and micro-batch the key/value
+blocks ``B = (s/cp)*b*(h/tp)*act_bytes`` travel the ring, ``2(cp-1) B`` in forward and ``(4cp-2) B`` in
+backward (another ``2(cp-1) B`` with full recomputation); the cp GPUs hold the same parameters, so the
+data-parallel gradient reduction spans ``dp*cp`` GPUs (ZeRO still shards over dp here; Megatron's
+distributed optimizer shards over dp*cp, a little less memory). Needs ``s`` divisible by ``2*cp``.
+
+Expert parallelism (``ep``, lesson 12) for a mixture-of-experts model (``ModelSpec.n_experts`` > 0: every
+layer's MLP, ``8h^2 + 5h`` parameters, becomes E experts plus an ``h x E`` router, tokens to their
+``top_k`` experts): the experts are split over ep GPUs taken from the data-parallel ones (ep divides dp),
+so a GPU holds the dense part and E/ep experts per layer, and the experts' gradients are reduced over
+``dp*cp/ep`` GPUs. Per MoE layer and micro-batch each GPU's ``T = (s/cp)*b`` tokens make ``T*top_k``
+assignments, ``(ep-1)/ep`` of them to other GPUs when routing is uniform: dispatch and combine send
+``2 * T*top_k*(ep-1)/ep * h*act_bytes`` in forward and as much in backward. Activations are left as the
+dense model's (an approximation: a token's MLP activations are kept once per expert it visits). Placement
+follows Megatron-Core's order tp, cp, ep, dp, pp.
+
 Compute estimate: ``6 * n_params * tokens`` FLOPs per step (forward 2, backward 4; Kaplan et al. 2020),
-+2 for full recomputation, at ``efficiency`` (default 0.5) of the GPU's dense bf16 peak. Assumptions, not
++2 for full recomputation (a mixture of experts counts the parameters a token uses: the dense part and
+``top_k`` of E experts), at ``efficiency`` (default 0.5) of the GPU's dense bf16 peak. Assumptions, not
 measurements: the notebook says so where it prints them.
 """
 
@@ -52,7 +70,8 @@ from mgpu_utils.dist import LINE_WIDTH, wrap_text
 from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.costs.hardware import GPUS
 from mgpu_utils.costs.hardware import LINKS as _HW_LINKS
-from mgpu_utils.costs.memory_model import BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, transformer_params
+from mgpu_utils.costs.memory_model import (BYTES_PER_PARAM, MemoryBreakdown, memory_per_gpu, model_state_bytes,
+                                           transformer_params)
 
 #: Links known to the planner: ``mgpu_utils.costs.hardware.LINKS`` plus the A100-era InfiniBand.
 LINKS: dict[str, dict] = {
@@ -75,11 +94,30 @@ class ModelSpec:
     seq_len: int
     vocab: int
     n_params: float | None = None
+    n_experts: int = 0              # 0: a dense model; E > 0: every layer's MLP is E experts
+    top_k: int = 1                  # experts per token
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters in the experts (all layers): ``L * E * (8h^2 + 5h)``; 0 for a dense model."""
+        return self.n_layers * self.n_experts * (8 * self.hidden ** 2 + 5 * self.hidden)
 
     @property
     def params(self) -> float:
-        return self.n_params if self.n_params is not None else transformer_params(
+        """All parameters: the dense model's, with each MLP replaced by E experts and a router."""
+        dense = self.n_params if self.n_params is not None else transformer_params(
             self.n_layers, self.hidden, self.vocab, self.seq_len)
+        if not self.n_experts:
+            return dense
+        mlp = self.n_layers * (8 * self.hidden ** 2 + 5 * self.hidden)
+        return dense - mlp + self.expert_params + self.n_layers * self.hidden * self.n_experts
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token uses: the dense part and top_k experts per layer."""
+        if not self.n_experts:
+            return self.params
+        return self.params - self.expert_params * (1 - self.top_k / self.n_experts)
 
 
 #: GPT-3 175B (Brown et al. 2020, table 2.1): 96 layers, d_model 12288, 96 heads, context 2048.
@@ -126,6 +164,8 @@ class Layout:
     bubble: float = 0.0
     compute_s: float = 0.0
     problems: list = field(default_factory=list)        # why it is not feasible (empty: feasible)
+    cp: int = 1                                         # context-parallel degree (lesson 12)
+    ep: int = 1                                         # expert-parallel degree (lesson 12)
 
     @property
     def feasible(self) -> bool:
@@ -148,21 +188,27 @@ def _divisors(n: int) -> list[int]:
 def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, global_batch: int,
              micro_batch: int = 1, precision: str = "mixed", optimizer: str = "adam", zero_stage: int = 0,
              recompute: str = "none", sequence_parallel: bool = False, schedule: str = "1f1b",
-             act_bytes: int | None = None, efficiency: float = 0.5) -> Layout:
+             act_bytes: int | None = None, efficiency: float = 0.5, cp: int = 1, ep: int = 1) -> Layout:
     """Memory, communication and feasibility of one layout (see the module docstring for the formulas).
 
     ``act_bytes``: bytes per activation value; default from ``precision`` (4 for "fp32", else 2).
+    ``cp``, ``ep``: context- and expert-parallel degrees (lesson 12); ``comm_bytes`` then has "cp" / "ep".
 
     Raises:
-        ValueError: ``dp * tp * pp != cluster.n_gpus``, unknown precision/optimizer.
+        ValueError: ``dp * tp * pp * cp != cluster.n_gpus``, unknown precision/optimizer.
     """
     if (precision, optimizer) not in BYTES_PER_PARAM:
         raise ValueError(f"unknown precision/optimizer {(precision, optimizer)}; known: {sorted(BYTES_PER_PARAM)}")
     if act_bytes is None:
         act_bytes = 4 if precision == "fp32" else 2
-    if dp * tp * pp != cluster.n_gpus:
-        raise ValueError(f"dp*tp*pp = {dp * tp * pp} but the cluster has {cluster.n_gpus} GPUs")
+    if dp * tp * pp * cp != cluster.n_gpus:
+        raise ValueError(f"dp*tp*pp{'*cp' if cp > 1 else ''} = {dp * tp * pp * cp} but the cluster has "
+                         f"{cluster.n_gpus} GPUs")
     problems = []
+    if cp > 1 and model.seq_len % (2 * cp):
+        problems.append(f"cp={cp} does not divide the sequence of {model.seq_len} into 2 x {cp} chunks")
+    if ep > 1 and (dp % ep or not model.n_experts or model.n_experts % ep):
+        problems.append(f"ep={ep} must divide dp={dp} and the {model.n_experts} experts")
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         problems.append(f"tp={tp} does not fit in a node of {cluster.gpus_per_node} GPUs")
     if model.n_heads % tp or model.hidden % tp:
@@ -175,19 +221,26 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
         problems.append(f"ZeRO-{zero_stage} with pp={pp}: not supported (DeepSpeed refuses ZeRO-2/3 with "
                         "pipeline parallelism: gradients/parameters would move every micro-batch)")
     m = max(1, global_batch // (dp * micro_batch))
-    lay = Layout(dp, tp, pp, m, None, problems=problems)
+    lay = Layout(dp, tp, pp, m, None, problems=problems, cp=cp, ep=ep)
     if any("divide" in p for p in problems):
         return lay                                    # memory undefined for a layout that cannot split
-    lay.memory = memory_per_gpu(model.n_layers, model.hidden, model.n_heads, model.vocab, model.seq_len,
-                                micro_batch, n_params=model.params, precision=precision, optimizer=optimizer,
+    dense = model.params - model.expert_params
+    lay.memory = memory_per_gpu(model.n_layers, model.hidden, model.n_heads, model.vocab, model.seq_len // cp,
+                                micro_batch, n_params=dense, precision=precision, optimizer=optimizer,
                                 zero_stage=zero_stage, dp=dp, tp=tp, pp=pp,
                                 sequence_parallel=sequence_parallel, recompute=recompute,
                                 schedule=schedule, n_micro=m, act_bytes=act_bytes)
+    if model.n_experts:                               # this GPU's E/ep experts, ZeRO over their replicas
+        ex = model_state_bytes(model.expert_params / ep, precision=precision, optimizer=optimizer,
+                               zero_stage=zero_stage, dp=max(1, dp // ep), tp=tp, pp=pp)
+        lay.memory = MemoryBreakdown(lay.memory.params + ex.params, lay.memory.grads + ex.grads,
+                                     lay.memory.optimizer + ex.optimizer, lay.memory.activations)
     if lay.memory.total > cluster.memory_bytes:
         problems.append(f"needs {lay.memory_gb:.1f} GB per GPU > {cluster.memory_bytes / 1e9:.0f} GB")
-    s, b, h = model.seq_len, micro_batch, model.hidden
+    s, b, h = model.seq_len // cp, micro_batch, model.hidden       # s: the tokens one GPU holds
     param_b, grad_b, _ = BYTES_PER_PARAM[(precision, optimizer)]
-    f = (dp - 1) / dp * model.params / (tp * pp)          # one reduce-scatter/all-gather: f * bytes
+    g, ge = dp * cp, dp * cp // ep                     # GPUs holding the same dense part, the same experts
+    f = (g - 1) / g * dense / (tp * pp) + (ge - 1) / ge * model.expert_params / (ep * tp * pp)
     dp_bytes = {0: 2 * f * grad_b, 1: f * (grad_b + param_b), 2: f * (m * grad_b + param_b),
                 3: f * m * (grad_b + 2 * param_b)}[zero_stage]
     n_ar = 6 if recompute == "full" else 4
@@ -198,11 +251,19 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
     }
     node = cluster.gpus_per_node
     lay.links = {"tp": cluster.intra_link,
-                 "dp": cluster.intra_link if node % (tp * dp) == 0 else cluster.inter_link,
-                 "pp": cluster.intra_link if node % (tp * dp * pp) == 0 else cluster.inter_link}
+                 "dp": cluster.intra_link if node % (tp * cp * dp) == 0 else cluster.inter_link,
+                 "pp": cluster.intra_link if node % (tp * cp * dp * pp) == 0 else cluster.inter_link}
+    if cp > 1:
+        kv = s * b * (h // tp) * act_bytes
+        hops = 2 * (cp - 1) + (4 * cp - 2) + (2 * (cp - 1) if recompute == "full" else 0)
+        lay.comm_bytes["cp"] = (model.n_layers // pp) * m * hops * kv
+        lay.links["cp"] = cluster.intra_link if node % (tp * cp) == 0 else cluster.inter_link
+    if ep > 1:
+        lay.comm_bytes["ep"] = (model.n_layers // pp) * m * 4 * s * b * model.top_k * (ep - 1) / ep * h * act_bytes
+        lay.links["ep"] = cluster.intra_link if node % (tp * cp * ep) == 0 else cluster.inter_link
     lay.comm_s = {k: v / (LINKS[lay.links[k]]["gbps"] * 1e9) for k, v in lay.comm_bytes.items()}
     lay.bubble = (pp - 1) / m
-    flops = (8 if recompute == "full" else 6) * model.params * global_batch * s
+    flops = (8 if recompute == "full" else 6) * model.active_params * global_batch * model.seq_len
     lay.compute_s = flops / (cluster.n_gpus * GPUS[cluster.gpu]["bf16_tflops"] * 1e12 * efficiency)
     return lay
 

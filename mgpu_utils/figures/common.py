@@ -1,4 +1,4 @@
-"""What every figure of the course shares: the rank colours, and loss curves (lessons 00-11).
+"""What every figure of the course shares: the rank colours, and loss curves (lessons 00-12).
 
 Figure functions return the matplotlib Figure (end the cell with ``;``).
 """

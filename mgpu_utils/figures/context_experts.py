@@ -52,7 +52,7 @@ def draw_ring_attention(world: int = 4, seq_len: int = 16):  # pragma: no mutate
     return fig
 
 
-def draw_ring_steps(world: int = 4):  # pragma: no mutate block
+def draw_kv_ring(world: int = 4):  # pragma: no mutate block
     """The ring's schedule: at step s rank r holds the key/value block of rank (r - s) mod n; each arrow is
     one block passed to the right neighbour."""
     import matplotlib.pyplot as plt
@@ -89,9 +89,10 @@ def plot_moe_run(result: dict):  # pragma: no mutate block
     a.axhline(1.0, color="black", lw=0.8, ls=":")
     a.text(0, 1.05, "uniform", fontsize=9)
     a.axhline(e / k, color="black", lw=0.8, ls="--")
-    a.text(0, e / k - 0.3, f"collapsed: every token on the same {k} experts", fontsize=9)
-    a.set(xlabel="training step", ylabel="busiest expert / mean", title="load of the busiest expert", ylim=(0, e / k + 0.5))
-    a.legend(fontsize=9, loc="center right")
+    a.text(0, e / k + 0.12, f"collapsed: every token on the same {k} experts", fontsize=9)
+    a.set(xlabel="training step", ylabel="busiest expert / mean", title="load of the busiest expert",
+          ylim=(0, e / k + 0.7))
+    a.legend(fontsize=9, loc="lower right")
     cap = result["capacity"]
     x = range(len(cap))
     b.bar([i - 0.2 for i in x], [c["dropped"] / c["assignments"] * 100 for c in cap], 0.4, color=rank_color(3),

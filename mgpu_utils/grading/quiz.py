@@ -1,4 +1,4 @@
-"""The quiz of every lesson (00-11): a wrong answer gets a hint, a right one a confirmation.
+"""The quiz of every lesson (00-12): a wrong answer gets a hint, a right one a confirmation.
 
 Each lesson ends with exercises; a cell looks like::
 
@@ -403,6 +403,34 @@ EXERCISES: dict[str, Exercise] = {
         "6: each run trains 4 h - 5 min - 2 min = 233 minutes, and 20 h = 1,200 minutes; 1200 / 233 = 5.15, so a "
         "sixth run trains the last 35 minutes. The 7 minutes per run are 3% here; with a 30-minute limit they "
         "would be 23%, which is why long runs ask for the longest time limit the cluster allows."),
+    "12.1": Exercise(
+        "Ring attention on 8 ranks: each rank's block of keys K is 64 MiB (its share of the sequence, every head, "
+        "bf16), and V the same. How many MiB does each rank send in one forward pass of one attention layer?",
+        _int_answer(896, {448: "V travels with K: two blocks per hop",
+                          1024: "8 ranks need 7 hops, not 8: a rank's own block is already there",
+                          1920: "that adds backward (dK, dV travel home, n more hops); the question is forward only",
+                          "default": "2 (n - 1) x 64 MiB: K and V, passed on n - 1 times"},
+                    "2 x (8 - 1) x 64 = 896 MiB: K and V, each passed on 7 times"),
+        "896 = 2 * (8 - 1) * 64 (mgpu_utils.parallel.context; context_parallel.py counts it as fwd_bytes)."),
+    "12.2": Exercise(
+        "The same layer with Ulysses on 8 ranks (K, and so Q, V and the output, are 64 MiB per rank): how many MiB "
+        "does each rank send in forward?",
+        _float_answer(224.0, 1e-3, [(lambda v: abs(v - 168) < 0.5, "three all-to-alls bring q, k, v to head "
+                                     "shards; a fourth brings the output back to sequence shards"),
+                                    (lambda v: abs(v - 256) < 0.5, "an all-to-all keeps 1/n of the tensor on the "
+                                     "rank: it sends (n - 1)/n of it"),
+                                    (lambda v: abs(v - 896) < 0.5, "that is the ring's number")],
+                      "4 x 7/8 x 64 = 224 MiB: 4 all-to-alls, each sending 7/8 of a 64 MiB tensor; the ring sends "
+                      "896, n/2 = 4 times more"),
+        "224 = 4 * (8 - 1) / 8 * 64: q, k, v to head shards and the output back, each sending (n-1)/n."),
+    "12.4": Exercise(
+        "(optional) A mixture-of-experts layer with 64 experts routes each token to its top 2, with capacity factor "
+        "1.25. One rank routes 4,096 tokens. How many assignments can one expert take from it (the capacity)?",
+        _int_answer(160, {80: "each token makes top_k = 2 assignments: T x k / E, times the capacity factor",
+                          128: "that is T x k / E, the mean load: the capacity factor leaves 25% room above it",
+                          "default": "ceil(capacity_factor x T x top_k / E)"},
+                    "ceil(1.25 x 4096 x 2 / 64) = 160"),
+        "160 = math.ceil(1.25 * 4096 * 2 / 64): mgpu_utils.parallel.experts.route computes it as capacity."),
 }
 
 

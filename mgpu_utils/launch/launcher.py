@@ -1,5 +1,5 @@
 """Run a launch script under torchrun from a notebook cell (or a test) and get rank 0's result
-(lessons 00-11).
+(lessons 00-12).
 
 Introduced in ``notebooks/00_setup.ipynb``; every later lesson uses it::
 

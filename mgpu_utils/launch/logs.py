@@ -1,5 +1,5 @@
 """Reading what the ranks of a launch left behind: their logs, the failure's root cause, the fix to print
-(used by :mod:`mgpu_utils.launch.launcher` and :mod:`mgpu_utils.launch.nodes`; lessons 00-11).
+(used by :mod:`mgpu_utils.launch.launcher` and :mod:`mgpu_utils.launch.nodes`; lessons 00-12).
 
 :func:`diagnose` blames the rank that failed first with its own error, not the ranks that failed
 because a peer went away (:data:`SECONDARY`), and says it as the arguments of a

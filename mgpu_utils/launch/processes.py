@@ -1,5 +1,5 @@
 """The launch machinery's process handling: a launch script's path, the ranks' environment, and
-stopping a process tree with nothing left behind (every launch of lessons 00-11).
+stopping a process tree with nothing left behind (every launch of lessons 00-12).
 """
 
 from __future__ import annotations

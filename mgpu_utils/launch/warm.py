@@ -1,5 +1,5 @@
 """Warm launches: a template process that has already imported PyTorch forks the ranks (every launch
-of lessons 00-11 on Linux; lesson 00 explains it).
+of lessons 00-12 on Linux; lesson 00 explains it).
 
 Used by :func:`mgpu_utils.launch.launcher.launch` (``via="warm"``, the default on Linux); explained in
 ``notebooks/00_setup.ipynb``. ``benchmarks/launch_overhead.py`` measures it against bare torchrun.

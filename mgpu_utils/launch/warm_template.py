@@ -1,5 +1,5 @@
 """The warm launch template: the process that imports PyTorch once and forks the ranks of every launch
-(lessons 00-11).
+(lessons 00-12).
 
 Started by :class:`mgpu_utils.launch.warm.Template` (which explains the whole design) as
 ``python -m mgpu_utils.launch.warm_template --fd N --owner PID``; it talks to the launching process over

@@ -63,10 +63,11 @@ def shard(x: torch.Tensor, rank: int, world: int, layout: str = "contiguous", di
 def merge(out1, lse1, out2, lse2):
     """Merge two partial attention results over disjoint key sets into the result over their union.
 
-    ``out_i`` ``[..., L, D]`` is softmax attention over key set i, ``lse_i`` ``[..., L]`` the log of its
-    softmax denominator (log-sum-exp of the scores). With ``lse = logaddexp(lse1, lse2)`` (computed
-    with the larger one subtracted first, so no exp overflows), ``out = out1 exp(lse1 - lse) +
-    out2 exp(lse2 - lse)``. A row with no keys yet has lse = -inf and out = 0.
+    ``out_i`` ``[..., L, D]`` is softmax attention over key set i, ``lse_i`` ``[..., L]`` the log of
+    its softmax denominator (log-sum-exp of the scores). With ``lse = logaddexp(lse1, lse2)``
+    (computed with the larger one subtracted first, so no exp overflows),
+    ``out = out1 exp(lse1 - lse) + out2 exp(lse2 - lse)``. A row with no keys yet has lse = -inf
+    and out = 0: exercise 12.3 (lesson 12) writes this function.
     """
     lse = torch.logaddexp(lse1, lse2)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)        # rows still without keys
@@ -127,7 +128,8 @@ class RingAttention(torch.autograd.Function):
                 log["peak_block_elems"] = max(log["peak_block_elems"], s.numel())
                 blk_lse = torch.logsumexp(s, -1)
                 blk_out = torch.softmax(s, -1) @ kv[1][..., ks, :]
-                out[..., qs, :], lse[..., qs] = merge_fn(out[..., qs, :], lse[..., qs], blk_out, blk_lse)
+                out[..., qs, :], lse[..., qs] = merge_fn(out[..., qs, :], lse[..., qs],
+                                                         blk_out, blk_lse)
             log["compute_s"] += time.thread_time() - t0
             if step < n - 1:
                 kv = tuple(_exchange(kv, log))
@@ -156,7 +158,10 @@ class RingAttention(torch.autograd.Function):
             ctx.log["compute_s"] += time.thread_time() - t0
             if n > 1:                                        # gradients travel with their block...
                 moved = _exchange(kv + dkv if step < n - 1 else dkv, ctx.log)
-                kv, dkv = (tuple(moved[:2]), tuple(moved[2:])) if step < n - 1 else (kv, tuple(moved))
+                if step < n - 1:
+                    kv, dkv = tuple(moved[:2]), tuple(moved[2:])
+                else:
+                    dkv = tuple(moved)
         return dq, dkv[0], dkv[1], None, None, None, None    # ...and are home after n hops
 
 
@@ -216,16 +221,16 @@ def _seq_from_heads(x, log):
 
 
 def ulysses_attention(q, k, v, *, causal: bool = False, log=None):
-    """Ulysses attention over the default group: q, k, v ``[B, H, L, D]`` contiguous sequence shards;
-    returns this rank's output rows ``[B, H, L, D]``, differentiable.
+    """Ulysses attention over the default group: q, k, v ``[B, H, L, D]`` are contiguous sequence
+    shards; returns this rank's output rows ``[B, H, L, D]``, differentiable.
 
     Raises:
         ValueError: the number of heads is not divisible by the world size (Ulysses' limit).
     """
     n, log = dist.get_world_size(), new_log() if log is None else log
     if q.shape[1] % n:
-        raise ValueError(f"Ulysses splits the heads: {q.shape[1]} heads are not divisible by {n} ranks "
-                         "(use ring attention, or a world size that divides the heads)")
+        raise ValueError(f"Ulysses splits the heads: {q.shape[1]} heads are not divisible by {n} "
+                         "ranks (use ring attention, or a world size that divides the heads)")
     qh, kh, vh = (_SeqToHeads.apply(t, log, False) for t in (q, k, v))
     log["score_elems"] += qh.shape[0] * qh.shape[1] * qh.shape[2] * kh.shape[2]
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)

@@ -50,10 +50,11 @@ def route(probs: torch.Tensor, top_k: int, capacity_factor: float | None):
     Args:
         probs: ``[T, E]`` router probabilities (rows sum to 1).
     Returns:
-        dict of 1-D tensors over the ``T * top_k`` assignments in priority order (all first choices, then
-        all second choices): ``token`` (int64), ``expert`` (int64), ``weight`` (probs, differentiable),
-        ``keep`` (bool: within capacity); plus ``capacity`` (int or None), ``aux`` (the load-balancing loss,
-        differentiable) and ``load`` (``[E]`` int64: assignments per expert before dropping).
+        dict of 1-D tensors over the ``T * top_k`` assignments in priority order (all first
+        choices, then all second choices): ``token`` (int64), ``expert`` (int64), ``weight``
+        (probs, differentiable), ``keep`` (bool: within capacity); plus ``capacity`` (int or None),
+        ``aux`` (the load-balancing loss, differentiable) and ``load`` (``[E]`` int64: assignments
+        per expert before dropping).
     """
     t, e = probs.shape
     weight, expert = probs.topk(top_k, dim=-1)                       # [T, k]
