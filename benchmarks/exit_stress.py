@@ -59,6 +59,7 @@ CASES = {
     "ring_allreduce.py": ["--sizes-kib", ""],
     "sync_async.py": ["--steps", 12, "--delay-ms", 0],
     "tensor_parallel.py": [],
+    "vocab_parallel.py": ["--vocab", 4096, "--steps", 1],
     "zero_fsdp.py": [],
 }
 

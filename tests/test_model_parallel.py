@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mgpu_utils.launch.launcher import launch
+from mgpu_utils.launch.launcher import LaunchError, launch
 from mgpu_utils.env import REPO_ROOT
 from mgpu_utils.costs.memory_model import in_flight_micro_batches
 from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
@@ -298,3 +298,29 @@ def test_deadlock_checker_by_hand():
     with pytest.raises(ValueError, match=r"^deadlock: rank 1 waits on \[\('recv', 2, 'a'\)\], "
                                          r"rank 2 waits on \[\('recv', 1, 'b'\)\]$"):
         check_p2p_deadlock_free([[], [[("recv", 2, "a")]], [[("recv", 1, "b")]]])
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_vocab_parallel_equals_one_process_without_gathering_logits(nproc, starts_processes):
+    """Lesson 05: embedding, LM head and cross-entropy split over the vocabulary (the script assert_closes the
+    losses and every gradient shard against one process); here the traffic and the memory by hand."""
+    tokens, width, vocab = 64, 64, 32_000
+    res = launch("vocab_parallel.py", nproc=nproc, show="none")
+    ref, mine = zip(*res["losses"])
+    assert max(abs(a - b) for a, b in zip(ref, mine)) < 1e-5
+    # forward: the embedding's [tokens, h] sum, then max, sum of exp and the target's logit (one number a
+    # token each); backward: the head input's gradient [tokens, h]. Never [tokens, V] logits.
+    assert res["collectives_step0"] == [["all_reduce", tokens * width * 4]] + [["all_reduce", tokens * 4]] * 3 \
+        + [["all_reduce", tokens * width * 4]]
+    assert res["logit_bytes_rank"] * nproc == res["logit_bytes_full"] == tokens * vocab * 4
+    assert res["vocab_param_bytes_rank"] * nproc == res["vocab_param_bytes_full"]
+
+
+def test_vocab_parallel_pieces_in_one_process_and_a_vocabulary_that_does_not_split(starts_processes):
+    from mgpu_utils.parallel.vocab_parallel import vocab_range
+
+    assert [vocab_range(12, r, 3) for r in range(3)] == [(0, 4), (4, 8), (8, 12)]
+    with pytest.raises(ValueError, match="pad it to a multiple of 5"):
+        vocab_range(12, 0, 5)
+    with pytest.raises(LaunchError, match="does not split over 3 ranks"):
+        launch("vocab_parallel.py", nproc=3, show="none", args=["--vocab", 1000])
