@@ -57,6 +57,7 @@ CASES = {
     "profile_step.py": lambda: ["--layers", 1, "--width", 32, "--heads", 2, "--seq", 16, "--per-rank-batch", 2, "--warmup", 1,
                                 "--steps", 1, "--traced-steps", 1, "--trace-dir", tempfile.mkdtemp(prefix="mgpu_stress_")],
     "ring_allreduce.py": ["--sizes-kib", ""],
+    "sparsify.py": ["--steps", 4, "--check-steps", 2, "--eval-every", 2],
     "sync_async.py": ["--steps", 12, "--delay-ms", 0],
     "tensor_parallel.py": [],
     "vocab_parallel.py": ["--vocab", 4096, "--steps", 1],
@@ -66,7 +67,7 @@ CASES = {
 
 #: Scripts that refuse fewer ranks, by design and with a message naming the fix (a collective needs two
 #: ranks; the parameter server needs a server and a worker): not run below this world size.
-MIN_RANKS = {"collectives_demo.py": 2, "collective_errors.py": 2, "sync_async.py": 2}
+MIN_RANKS = {"collectives_demo.py": 2, "collective_errors.py": 2, "sync_async.py": 2, "sparsify.py": 2}
 
 
 def args_for(script: str, nproc: int) -> list:

@@ -8,8 +8,8 @@ and the partial results are merged as the blocks go by. For one query row and a 
 
 Write merge(out1, lse1, out2, lse2) -> (out, lse): the same two quantities over the union of the two key sets.
 out_i has shape [..., L, D], lse_i [..., L]; the result has the same shapes. Two things to get right:
-  * scores can be large (here up to about 150): exp(150) overflows float32 (its largest is about 3.4e38,
-    exp(88.7)), so compute without exponentiating a large lse (or use torch.logaddexp);
+  * scores can be large (here up to about 1,900): exp() overflows float32 above 88.7 and float64 above
+    709, so compute without exponentiating a large lse (or use torch.logaddexp);
   * every rank starts from the empty result (out = 0, lse = -inf: no keys yet) and merges its first block
     into it, so lse1 = -inf must work.
 

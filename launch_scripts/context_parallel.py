@@ -114,7 +114,7 @@ def check(mode, causal, args, rank, n, device):
 
 def compute_seconds(mode, args, n, device):
     """Median CPU seconds this rank spent in attention blocks (forward + backward, causal): its work."""
-    shape = (args.sequences, args.heads, args.time_seq // n, args.head_dim)
+    shape = (args.sequences, args.heads, args.time_seq // (2 * n) * 2, args.head_dim)   # zig-zag: 2 chunks
     q, k, v = (torch.randn(shape, device=device, requires_grad=True) for _ in range(3))
     logs = [new_log() for _ in range(args.repeats + 1)]          # the first one warms up
     for log in logs:
@@ -183,7 +183,7 @@ def main():
             secs = [None] * n
             dist.all_gather_object(secs, compute_seconds(mode, args, n, ctx.device))
             timings[mode] = secs
-            ctx.log(f"{mode:8s} causal, S={args.time_seq}: attention compute per rank (CPU time) "
+            ctx.log(f"{mode:8s} causal, S={args.time_seq // (2 * n) * 2 * n}: attention compute per rank (CPU time) "
                     + " ".join(f"{s * 1e3:.0f} ms" for s in secs))
         memory = [dict(zip(("seq", "ring_saved_bytes", "plain_saved_bytes"), (s, *saved_bytes(s, args, rank, n,
                   ctx.device)))) for s in (int(v) for v in args.sweep_seq.split(",") if v)]

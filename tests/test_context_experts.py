@@ -171,3 +171,30 @@ def test_planner_context_and_expert_parallel_by_hand():
     assert "2 x 3 chunks" in evaluate(dense, Cluster(6), dp=1, tp=2, pp=1, cp=3, global_batch=1).problems[0]
     with pytest.raises(ValueError, match=r"dp\*tp\*pp\*cp = 32"):
         evaluate(dense, c16, dp=4, tp=2, pp=1, cp=4, global_batch=4)
+
+
+FACTORIES = {"arange", "zeros", "ones", "full", "empty", "tensor", "randn", "rand", "randint", "eye", "linspace"}
+
+
+@pytest.mark.parametrize("module", ["context", "experts", "vocab_parallel", "sparsify"])
+def test_new_tensors_in_parallel_code_are_made_on_the_inputs_device(module):
+    """On GPUs a tensor made without device= lands on the CPU and a CUDA op refuses it (a CPU mask in
+    masked_fill, CPU positions in repeat_interleave: found by a review, cannot run here). Every factory call
+    in the code lessons 05, 08 and 12 run on the ranks names its device (or is a *_like)."""
+    import ast
+    import inspect
+
+    mod = __import__(f"mgpu_utils.parallel.{module}", fromlist=["_"])
+    bare = [f"line {node.lineno}: torch.{node.func.attr}(...)"
+            for node in ast.walk(ast.parse(inspect.getsource(mod)))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+            and node.func.attr in FACTORIES and not any(k.arg == "device" for k in node.keywords)]
+    assert not bare, f"mgpu_utils/parallel/{module}.py makes tensors on the default device: {bare}"
+
+
+def test_the_causal_mask_is_made_where_the_scores_are():
+    from mgpu_utils.parallel.context import _pairs
+
+    masks = [m for _, _, m in _pairs([(0, 4)], [(0, 4)], True, torch.device("meta"))]
+    assert masks and all(m is not None and m.device.type == "meta" for m in masks)

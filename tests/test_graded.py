@@ -59,6 +59,12 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                                      r"the output is right, but the lse returned is max\(lse1, lse2\)"),
     "outputs averaged": ("12.3", MERGE_OUT, "    out = (out1 + out2) / 2\n", r"plain average of out1 and out2"),
     "outputs added": ("12.3", MERGE_OUT, "    out = out1 + out2\n", r"the output is out1 \+ out2"),
+    "naive formula in float64": ("12.3", MERGE_LSE, "    lse = torch.log(torch.exp(lse1.double()) + "
+                                 "torch.exp(lse2.double())).float()\n",
+                                 r"inf or nan when the scores are large \(here up to \d{4}\)"),
+    "weights from the larger lse": ("12.3", MERGE_OUT, "    out = out1 * torch.exp(lse1 - big)[..., None] + "
+                                    "out2 * torch.exp(lse2 - big)[..., None]\n",
+                                    r"weights the parts by exp\(lse_i - max\(lse1, lse2\)\)"),
     "merged lse is the sum of the two": ("12.3", "    return out, lse\n", "    return out, lse1 + lse2\n",
                                          r"the lse returned is lse1 \+ lse2, not log\(exp\(lse1\) \+ exp\(lse2\)\)"),
     "broadcast instead of all-reduce": ("03.4", "dist.all_reduce(p.grad)  ", "dist.broadcast(p.grad, src=0)  ",

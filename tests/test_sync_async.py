@@ -208,3 +208,19 @@ def test_simulated_staleness_obeys_littles_law():
     assert len(per[2]) < len(per[0]) and sum(per[2]) / len(per[2]) > sum(per[0]) / len(per[0])
     with pytest.raises(ValueError):
         simulate_ps([1.0, 0.0], 5)
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_topk_hook_equals_ddp_at_100_percent_and_error_feedback_matters(nproc, starts_processes):
+    """Lesson 08's top-k hook (mgpu_utils.parallel.sparsify): sending every entry equals DDP's all-reduce (asserted in
+    the script); at 1% each rank sends 2 numbers (index, value) per kept entry, gathered by n - 1 ring steps; and error
+    feedback ends far more accurate than dropping the rest (measured, seeds 0-3: 0.82-0.88 against 0.24-0.40 at
+    4 ranks, 0.76-0.89 against 0.18-0.29 at 2)."""
+    res = launch("sparsify.py", nproc=nproc, show="none")
+    runs, params, n = res["runs"], res["params"], nproc
+    assert math.isclose(runs["dense"]["bytes_per_step"], 2 * (n - 1) / n * params * 4)
+    ef, no_ef = runs["top-k 1% + EF"], runs["top-k 1%, no EF"]
+    assert ef["bytes_per_step"] == no_ef["bytes_per_step"] < runs["dense"]["bytes_per_step"] / 10
+    calls_per_step = ef["calls"] // res["steps"]              # one call per gradient bucket
+    assert ef["bytes_per_step"] <= (n - 1) * 2 * 4 * (0.01 * params + calls_per_step)
+    assert ef["final_acc"] > no_ef["final_acc"] + 0.1

@@ -26,7 +26,8 @@ def attention_owner(world: int, seq_len: int, layout: str, causal: bool = True):
 
 def draw_ring_attention(world: int = 4, seq_len: int = 16):  # pragma: no mutate block
     """Left and middle: the causal attention matrix (queries down, keys across), each score coloured by the
-    rank that computes it, for contiguous shards and the zig-zag split; right: the scores each rank computes."""
+    rank that computes it, for contiguous shards and the zig-zag split; right: the unmasked scores of each
+    rank (a block-wise kernel also computes the masked half of its diagonal blocks)."""
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import ListedColormap
@@ -45,8 +46,8 @@ def draw_ring_attention(world: int = 4, seq_len: int = 16):  # pragma: no mutate
         axes[2].bar(x + (k - 0.5) * 0.38, work[layout], 0.38, label=layout,
                     color=[rank_color(r) for r in range(world)], alpha=1.0 if k == 0 else 0.55,
                     edgecolor="black", linewidth=0.6)
-    axes[2].set(xticks=x, xticklabels=[f"rank {r}" for r in range(world)], ylabel="scores computed",
-                title="work per rank (solid: contiguous)")
+    axes[2].set(xticks=x, xticklabels=[f"rank {r}" for r in range(world)], ylabel="unmasked scores",
+                title="scores each rank needs (solid: contiguous)")
     axes[2].legend(fontsize=9)
     fig.tight_layout()
     return fig

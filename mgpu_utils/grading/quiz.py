@@ -408,7 +408,9 @@ EXERCISES: dict[str, Exercise] = {
         "bf16), and V the same. How many MiB does each rank send in one forward pass of one attention layer?",
         _int_answer(896, {448: "V travels with K: two blocks per hop",
                           1024: "8 ranks need 7 hops, not 8: a rank's own block is already there",
-                          1920: "that adds backward (dK, dV travel home, n more hops); the question is forward only",
+                          1920: "that is backward (K, V and dK, dV: 4n - 2 blocks); forward passes K and V on "
+                                "n - 1 times",
+                          2816: "that is forward and backward together; the question is forward only",
                           "default": "2 (n - 1) x 64 MiB: K and V, passed on n - 1 times"},
                     "2 x (8 - 1) x 64 = 896 MiB: K and V, each passed on 7 times"),
         "896 = 2 * (8 - 1) * 64 (mgpu_utils.parallel.context; context_parallel.py counts it as fwd_bytes)."),

@@ -579,19 +579,21 @@ def _which_merge(got, p1, p2, whole) -> dict:
         return {"variant": "lse", "lse_is": next((name for name, t in (("max(lse1, lse2)", torch.maximum(l1, l2)),
                                                                         ("lse1 + lse2", l1 + l2), ("lse1", l1)) if near(l, t)),
                                                   "something else")}
+    big = torch.maximum(l1, l2)
     for name, t in (("average", (o1 + o2) / 2), ("sum", o1 + o2),
-                    ("unnormalised", o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None])):
+                    ("unnormalised", o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None]),
+                    ("max_weights", o1 * (l1 - big).exp()[..., None] + o2 * (l2 - big).exp()[..., None])):
         if near(o, t):
             return {"variant": name}
     return {"variant": "other", "max_diff": diff(o, out) if o.shape == out.shape else float("nan")}
 
 
 def check_attention_merge(fn, ctx, problems):
-    """12.3: ``fn(out1, lse1, out2, lse2)`` on two parts (scores small and up to about 150) and from the empty
-    state, then inside ring attention (mgpu_utils.parallel.context) at this world size against full attention,
+    """12.3: ``fn(out1, lse1, out2, lse2)`` on two parts (scores small, up to about 190 where float32's exp
+    overflows, and up to about 1,900 where float64's does) and from the empty state, then inside ring attention (mgpu_utils.parallel.context) at this world size against full attention,
     causal and not."""
     rank, world = ctx.rank, ctx.world_size
-    for scale in (1.0, 50.0):
+    for scale in (1.0, 50.0, 500.0):
         p1, p2, whole, top = _merge_cases(scale)
         got = fn(*p1, *p2)
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)

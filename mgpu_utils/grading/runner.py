@@ -72,7 +72,7 @@ GRADED = {
                    "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
                    "detached fakes first, then G through the updated D)"),
     "12.3": Graded("12_merge_attention.py", "function", (2, 3),
-                   "equal to attention over both key sets (scores up to about 150, and from the empty start), and "
+                   "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
                    "ring attention with it equals full attention, causal and not"),
     "04.6": Graded("04_fix_the_hang.py", "script", (2, 3),
                    "every rank ends with the sum, and the job finishes"),
@@ -263,7 +263,7 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: returned out1 and lse1 unchanged: the keys of the second part were left out"),
         (lambda p, W: p["variant"] == "overflow",
          "rank {rank}: the merge gives inf or nan when the scores are large (here up to {max_score:.0f}): exp() "
-         "overflows float32 above about 88. Subtract the larger of lse1 and lse2 before exponentiating (the max "
+         "overflows above about 88 in float32 and 709 in float64. Subtract the larger of lse1 and lse2 before exponentiating (the max "
          "trick of the online softmax), or use torch.logaddexp"),
         (lambda p, W: p["variant"] == "lse",
          "rank {rank}: the output is right, but the lse returned is {lse_is}, not log(exp(lse1) + exp(lse2)): the "
@@ -276,6 +276,10 @@ HINTS: dict[str, list[tuple]] = {
          "them by exp(lse_i - lse) (the weights sum to 1)"),
         (lambda p, W: p["variant"] == "unnormalised",
          "rank {rank}: the output is out1 exp(lse1) + out2 exp(lse2), not divided by exp(lse1) + exp(lse2)"),
+        (lambda p, W: p["variant"] == "max_weights",
+         "rank {rank}: the output weights the parts by exp(lse_i - max(lse1, lse2)): those weights sum to more than "
+         "1. Subtract the merged lse, log(exp(lse1) + exp(lse2)), so that the weights are the parts' shares of the "
+         "softmax's mass"),
         (lambda p, W: p["variant"] == "empty",
          "rank {rank}: merging into the empty start (out 0, lse -inf: no keys seen yet) gives {what}: with "
          "lse1 = -inf the result must be (out2, lse2); -inf - (-inf) is nan, so subtract the larger lse"),

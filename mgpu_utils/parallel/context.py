@@ -1,7 +1,8 @@
 """Context parallelism from scratch: ring attention and Ulysses (notebooks/12_context_and_experts.ipynb).
 
 The sequence of S tokens is split over the n ranks of the default process group; every tensor here is
-``[B, H, L, D]`` (batch, heads, local tokens L = S/n, head size D), fp32 or bf16, on the group's device.
+``[B, H, L, D]`` (batch, heads, local tokens L = S/n, head size D), fp32 (the partial results are kept in
+the input's dtype: for bf16 inputs a real kernel keeps them in fp32), on the group's device.
 
 * **Ring attention** (:func:`ring_attention`, Liu et al. 2023, "Ring Attention with Blockwise
   Transformers"): each rank keeps its queries; the key/value blocks travel around the ring (n-1
@@ -12,8 +13,9 @@ The sequence of S tokens is split over the n ranks of the default process group;
   ``2(n-1) B_kv + 2n B_kv`` (for n > 1; nothing for n = 1).
 * **Layouts** (:func:`chunk_ranges`): "contiguous" gives rank r tokens [rL, (r+1)L); with a causal mask
   rank n-1 then does n blocks of work and rank 0 one. "zigzag" cuts the sequence into 2n chunks and gives
-  rank r chunks r and 2n-1-r: every rank does 2n+1 quarter-blocks (Brandon et al. 2023, "Striped
-  Attention", and the zig-zag split of Megatron-LM's context parallelism).
+  rank r chunks r and 2n-1-r: every rank does 2n+1 quarter-blocks (the zig-zag split of Megatron-LM's
+  context parallelism and of ring-flash-attention; Striped Attention, Brandon et al. 2023, deals the
+  tokens round-robin instead, to the same end).
 * **Ulysses** (:func:`ulysses_attention`, Jacobs et al. 2023, "DeepSpeed Ulysses"): an all-to-all turns
   the sequence shards of q, k, v into head shards ``[B, H/n, S, D]``, each rank runs ordinary attention
   on its heads, and a second all-to-all turns the output back. Each all-to-all sends ``(n-1)/n`` of the
@@ -89,16 +91,19 @@ def _exchange(tensors, log):
     return recv
 
 
-def _pairs(q_ranges, k_ranges, causal):
-    """(q rows, k rows, needs a mask) for every chunk pair with at least one visible key."""
+def _pairs(q_ranges, k_ranges, causal, device):
+    """(q rows, k rows, mask or None) for every chunk pair with at least one visible key; the mask (True:
+    hidden) is made on ``device``, where the scores are."""
     out, qo = [], 0
     for qa, qb in q_ranges:
         ko = 0
         for ka, kb in k_ranges:
             if not (causal and ka >= qb):                    # all keys after all queries: skipped
-                out.append((slice(qo, qo + qb - qa), slice(ko, ko + kb - ka),
-                            torch.arange(qa, qb)[:, None] < torch.arange(ka, kb)[None, :] if causal and kb > qa + 1
-                            else None))
+                mask = None
+                if causal and kb > qa + 1:                   # some key after some query
+                    mask = (torch.arange(qa, qb, device=device)[:, None]
+                            < torch.arange(ka, kb, device=device)[None, :])
+                out.append((slice(qo, qo + qb - qa), slice(ko, ko + kb - ka), mask))
             ko += kb - ka
         qo += qb - qa
     return out
@@ -122,7 +127,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(n):
             owner = (rank - step) % n                        # whose keys/values this rank holds now
             t0 = time.thread_time()
-            for qs, ks, mask in _pairs(ranges[rank], ranges[owner], causal):
+            for qs, ks, mask in _pairs(ranges[rank], ranges[owner], causal, q.device):
                 s = _scores(q[..., qs, :], kv[0][..., ks, :], mask, scale)
                 log["score_elems"] += s.numel()
                 log["peak_block_elems"] = max(log["peak_block_elems"], s.numel())
@@ -148,7 +153,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(n):
             owner = (rank - step) % n
             t0 = time.thread_time()
-            for qs, ks, mask in _pairs(ctx.ranges[rank], ctx.ranges[owner], ctx.causal):
+            for qs, ks, mask in _pairs(ctx.ranges[rank], ctx.ranges[owner], ctx.causal, q.device):
                 kb, vb = kv[0][..., ks, :], kv[1][..., ks, :]
                 p = torch.exp(_scores(q[..., qs, :], kb, mask, scale) - lse[..., qs].unsqueeze(-1))
                 dkv[1][..., ks, :] += p.transpose(-2, -1) @ dout[..., qs, :]

@@ -150,7 +150,7 @@ class ExpertParallelMoE(nn.Module):
             log["rows_out"] = log.get("rows_out", 0) + sum(send) - send[me]
             log["rows_in"] = log.get("rows_in", 0) + sum(recv) - recv[me]
         rows = AllToAll.apply(x[r["token"][order]], recv, send, self.group, log)   # dispatch
-        local_id = torch.repeat_interleave(torch.arange(self.local).repeat(n), got)
+        local_id = torch.repeat_interleave(torch.arange(self.local, device=got.device).repeat(n), got)
         outs, where = [], []
         for j, expert in enumerate(self.experts):
             idx = (local_id == j).nonzero().flatten()
