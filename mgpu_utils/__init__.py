@@ -19,7 +19,7 @@ Subpackages (where a new function goes):
   ``warm_template`` (warm launches), ``nodes`` (several agents as one job), ``logs`` (a failure's root cause
   and its hint), ``processes`` (the ranks' environment, stopping process trees).
 * ``parallel`` - what the lessons build from scratch: ``ring`` (04), ``schedules`` and ``pipeline``,
-  ``tensor_parallel`` and ``vocab_parallel`` (05), ``staleness`` (08), ``context`` (ring attention, Ulysses) and ``experts``
+  ``tensor_parallel`` and ``vocab_parallel`` (05), ``staleness`` and ``sparsify`` (08), ``context`` (ring attention, Ulysses) and ``experts``
   (mixture of experts, expert parallelism) (12).
 * ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` (01),
   ``interconnect`` (08), ``memory_model`` (07), ``planner`` (06), ``scaling`` (10), ``fault`` (11).

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mgpu_utils.compat import all_gather_single
+
 
 @dataclass
 class TopKState:
@@ -51,7 +53,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     gathered = torch.empty(n * 2 * k, dtype=acc.dtype, device=acc.device)
     state.bytes_sent += (n - 1) * pairs.numel() * pairs.element_size()
     state.calls += 1
-    work = dist.all_gather_into_tensor(gathered, pairs, async_op=True)
+    work = all_gather_single(gathered, pairs, async_op=True)
 
     def densify(fut):
         every = gathered.view(n, 2, k)
