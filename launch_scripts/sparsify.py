@@ -37,7 +37,8 @@ from mgpu_utils.parallel.sparsify import TopKState, topk_hook
 def run(ctx, a, ratio, error_feedback, batches, test):
     """Train one mode; returns (model, accuracy curve [(step, acc)], hook state or None)."""
     torch.manual_seed(a.seed)
-    ddp = DDP(SmallCNN().to(ctx.device), device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    ddp = DDP(SmallCNN().to(ctx.device), device_ids=ids)
     state = None
     if ratio is not None:
         state = TopKState(ratio, error_feedback)

@@ -36,12 +36,12 @@ class TopKState:
 
 
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: average the bucket's gradient over the ranks from each rank's top k entries."""
+    """DDP communication hook: the bucket's gradient averaged over the ranks from their top k."""
     grad = bucket.buffer()
     n = dist.get_world_size()
     if grad.numel() >= 1 << 24:
-        raise ValueError(f"a bucket of {grad.numel()} entries: its indices are sent as fp32, exact below 2^24; "
-                         "use a smaller bucket_cap_mb")
+        raise ValueError(f"a bucket of {grad.numel()} entries: its indices are sent as fp32, exact "
+                         "below 2^24; use a smaller bucket_cap_mb")
     acc = grad + state.residual.get(bucket.index(), 0.0) if state.error_feedback else grad.clone()
     k = max(1, int(state.ratio * acc.numel()))
     idx = acc.abs().topk(k, sorted=False).indices
