@@ -48,6 +48,8 @@ CASES = {
     "grad_accumulation.py": ["--micro-batches", 4, "--global-batch", 64],
     "grade_exercise.py": ["--exercise", "04.4", "--solution", ROOT / "exercises" / "solutions" / "04_ring_all_gather.py"],
     "hello_dist.py": [],
+    "hierarchical_allreduce.py": {1: ["--ranks-per-node", 1, "--sizes-kib", ""],
+                                  2: ["--sizes-kib", ""], 4: ["--sizes-kib", ""]},
     "hybrid_gpt2.py": {1: ["--layouts", "1x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
                        2: ["--layouts", "1x2,2x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
                        4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},

@@ -1,5 +1,6 @@
 """Lesson 04: from-scratch collectives, the primitives demo, the bandwidth formulas, the error lab."""
 import csv
+import math
 
 import numpy as np
 import pytest
@@ -249,3 +250,36 @@ def test_alpha_beta_fit_with_exactly_two_sizes_and_exact_messages():
         fit_ring_allreduce(sizes, t, 1)
     with pytest.raises(ValueError, match=r"^need measurements at 2 or more distinct sizes$"):
         fit_ring_allreduce([1e3, 1e3], [1e-3, 1e-3], 2)
+
+
+@pytest.mark.parametrize("nproc,k", [(2, 2), (2, 1), (4, 2)])
+def test_hierarchical_all_reduce_equals_dist_all_reduce(nproc, k, starts_processes):
+    """Lesson 04: reduce-scatter in the node, all-reduce between nodes, all-gather in the node (the script
+    checks torch.equal against dist.all_reduce for lengths 1 to 1001, padded to k)."""
+    res = launch("hierarchical_allreduce.py", nproc=nproc, show="none",
+                 args=["--ranks-per-node", k, "--sizes-kib", "64", "--repeats", 1])
+    assert res["checks_passed"] == 5 and res["nodes"] == nproc // k
+    assert res["timings"][0]["bytes"] == 64 * 1024
+
+
+def test_hierarchical_all_reduce_needs_whole_nodes(starts_processes):
+    with pytest.raises(LaunchError, match="multiple of --ranks-per-node 2"):
+        launch("hierarchical_allreduce.py", nproc=3, show="none", args=["--sizes-kib", ""])
+
+
+def test_hierarchical_model_by_hand():
+    """The alpha-beta model per level (mgpu_utils.costs.interconnect.hierarchical_allreduce_seconds)."""
+    from mgpu_utils.costs.interconnect import hierarchical_allreduce_seconds, link_alpha_beta
+
+    nv, ib = "NVLink 4 (H100, 18 links)", "InfiniBand NDR (400 Gb/s)"
+    (a_nv, b_nv), (a_ib, b_ib) = link_alpha_beta(nv), link_alpha_beta(ib)
+    S, k, m = 1e9, 8, 4
+    got = hierarchical_allreduce_seconds(S, k, m, nv, ib)
+    assert math.isclose(got["intra_s"], 2 * 7 * (a_nv + S / (8 * b_nv)))
+    assert math.isclose(got["inter_s"], 2 * 3 * (a_ib + S / 8 / (4 * b_ib)))
+    assert math.isclose(got["flat_s"], 2 * 31 * (a_ib + S / (32 * b_ib)))
+    assert got["total_s"] < got["flat_s"]                       # 1 GB: the slow link carries k times less
+    one_node = hierarchical_allreduce_seconds(S, 8, 1, nv, ib)
+    assert one_node["inter_s"] == 0.0 and math.isclose(one_node["flat_s"], one_node["intra_s"])
+    with pytest.raises(ValueError):
+        hierarchical_allreduce_seconds(S, 0, 4, nv, ib)

@@ -74,6 +74,30 @@ class HookStats:
     per_call: list = field(default_factory=list)
 
 
+def hierarchical_allreduce_seconds(size_bytes: float, ranks_per_node: int, nodes: int, intra: str,
+                                   inter: str) -> dict:
+    """Modelled time (s) of a two-level all-reduce of ``size_bytes`` (lesson 04), by level: inside each node a
+    ring reduce-scatter and, at the end, a ring all-gather over the k = ``ranks_per_node`` ranks
+    (``(k-1)(alpha + S/(k B))`` each, on ``intra``); between nodes k all-reduces at once, one per local
+    rank, each of S/k over the ``nodes`` nodes (a ring all-reduce of S/k on ``inter``, each rank its own NIC).
+
+    Returns:
+        ``{"intra_s", "inter_s", "total_s", "flat_s"}``; ``flat_s`` is one ring over all k x nodes ranks,
+        whose every step waits for the slowest link it uses (``inter`` when nodes > 1).
+
+    Raises:
+        KeyError: unknown link. ValueError: k or nodes < 1, or a negative size.
+    """
+    k, m = ranks_per_node, nodes
+    if k < 1 or m < 1 or size_bytes < 0:
+        raise ValueError(f"need ranks_per_node, nodes >= 1 and size_bytes >= 0, got {k}, {m}, {size_bytes}")
+    a_in, b_in = link_alpha_beta(intra)
+    intra_s = 2 * (k - 1) * (a_in + size_bytes / (k * b_in))
+    inter_s = ring_allreduce_seconds(size_bytes / k, m, inter)
+    flat_s = ring_allreduce_seconds(size_bytes, k * m, inter if m > 1 else intra)
+    return {"intra_s": intra_s, "inter_s": inter_s, "total_s": intra_s + inter_s, "flat_s": flat_s}
+
+
 def _payload_bytes(bucket, inner_state, inner_hook, before_numel) -> int:
     """Bytes the inner hook all-reduced for this bucket (computed after it ran)."""
     name = getattr(inner_hook, "__name__", "")
