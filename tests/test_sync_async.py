@@ -224,3 +224,21 @@ def test_topk_hook_equals_ddp_at_100_percent_and_error_feedback_matters(nproc, s
     calls_per_step = ef["calls"] // res["steps"]              # one call per gradient bucket
     assert ef["bytes_per_step"] <= (n - 1) * 2 * 4 * (0.01 * params + calls_per_step)
     assert ef["final_acc"] > no_ef["final_acc"] + 0.1
+
+
+def test_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd(tmp_path, starts_processes):
+    """DiLoCo's outer step on the averaged change (launch_scripts/local_sgd.py --diloco): with outer lr 1 and
+    momentum 0 it takes exactly the average, so it equals local SGD; with its defaults it takes other steps on the
+    same communication (one all-reduce every H steps)."""
+    dump = tmp_path / "finals.pt"
+    r = launch("local_sgd.py", nproc=2, show="none",
+               args=["--H", "4", "--diloco", "4", "--outer-lr", "1", "--outer-momentum", "0", "--steps", "16",
+                     "--eval-every", "8", "--dump", dump])
+    finals = torch.load(dump)
+    assert (finals["H=4"] - finals["DiLoCo H=4"]).abs().max().item() < 1e-6
+    assert r["runs"]["DiLoCo H=4"]["allreduce_calls"] == r["runs"]["H=4"]["allreduce_calls"] == 4
+    r = launch("local_sgd.py", nproc=2, show="none",
+               args=["--H", "4", "--diloco", "4", "--steps", "16", "--eval-every", "8", "--dump", dump])
+    finals = torch.load(dump)
+    assert (finals["H=4"] - finals["DiLoCo H=4"]).abs().max().item() > 1e-3
+    assert r["runs"]["DiLoCo H=4"]["outer"] == [0.7, 0.9]
