@@ -75,6 +75,7 @@ def main(argv=None):
         "weak_speedup": {str(n): v["speedup"] for n, v in res["weak"].items()},
         "weak_efficiency": {str(n): v["efficiency"] for n, v in res["weak"].items()},
         "threads_per_rank": strong[0]["threads_per_rank"], "backend": backend, "physical_cores": cores,
+        "cpu_share": {str(r["world_size"]): r.get("compute_cpu_share") for r in strong},
         "serial_fraction": res["serial_fraction"], "alpha_s": ab.get("alpha_s"),
         "bandwidth_GBps": ab["bandwidth_bps"] / 1e9 if ab else None,
         "csv": str(out / "scaling.csv"), "png": str(out / "scaling.png")}))

@@ -192,7 +192,7 @@ def main():
                     f"one process {m['plain_saved_bytes'] / 1e3:.1f} kB")
         emit_result({"world_size": n, "backend": ctx.backend, "seq": args.seq, "heads": args.heads,
                      "head_dim": args.head_dim, "sequences": args.sequences, "checks": rows,
-                     "skipped": skipped, "compute_s_per_rank": timings, "memory": memory})
+                     "skipped": skipped, "compute_seconds_per_rank": timings, "memory": memory})
 
 
 if __name__ == "__main__":

@@ -91,15 +91,19 @@ def main():
             idx = idx[rank * local:(rank + 1) * local]
             return x_all[idx].to(device), y_all[idx].to(device)
 
-        def timed(fn):
-            """Seconds one call of fn takes, with every rank starting together."""
+        def timed(fn, cpu_share=None):
+            """Seconds one call of fn takes, with every rank starting together; ``cpu_share`` (a list) gets
+            this process's CPU time over the wall time: about 1 for one thread that had its core."""
             if dist.is_initialized():
                 dist.barrier()
             sync(device)
-            t0 = time.perf_counter()
+            t0, p0 = time.perf_counter(), time.process_time()
             fn()
             sync(device)
-            return time.perf_counter() - t0
+            wall = time.perf_counter() - t0
+            if cpu_share is not None:
+                cpu_share.append((time.process_time() - p0) / wall)
+            return wall
 
         # region step
         def ddp_step():
@@ -113,10 +117,10 @@ def main():
             F.cross_entropy(model(x), y).backward()
             model.zero_grad(set_to_none=True)
 
-        times, compute, loss = [], [], None
+        times, compute, loss, shares = [], [], None, []
         for step in range(args.warmup + args.steps):  # interleaved, so both see the same machine state
             x, y = batch()
-            c, t = timed(compute_only), timed(ddp_step)
+            c, t = timed(compute_only, shares if step >= args.warmup else None), timed(ddp_step)
             if step >= args.warmup:
                 times.append(t)
                 compute.append(c)
@@ -160,6 +164,9 @@ def main():
             sweep.append([nbytes, statistics.median(ts[1:])])
 
         step_s = statistics.median(times)
+        share = torch.tensor([statistics.median(shares)], dtype=torch.float64)   # a CPU tensor: gloo, or
+        if dist.is_initialized() and device.type == "cpu":                        # the group's CPU backend
+            dist.all_reduce(share, op=dist.ReduceOp.MIN)                          # the rank that got least
         last = loss.detach().clone()              # the last step's loss on the global batch:
         if dist.is_initialized():                 # equal shards, so the mean of the ranks' means
             dist.all_reduce(last)
@@ -172,6 +179,7 @@ def main():
                      "grad_bytes": sum(q.numel() * q.element_size() for q in model.parameters()),
                      "step_seconds": step_s, "step_seconds_all": times,
                      "compute_seconds": statistics.median(compute),
+                     "compute_cpu_share": share.item() if device.type == "cpu" else None,
                      "samples_per_s": args.global_batch / step_s, "final_loss": last.item(), "allreduce_s": sweep,
                      "energy_j": None if energy is None else energy.item(),
                      "joules_per_sample": None if energy is None else energy.item() / (energy_steps

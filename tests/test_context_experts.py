@@ -41,7 +41,7 @@ def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
         local = SEQS * HEADS * m["seq"] // nproc
         assert m["ring_saved_bytes"] == local * (4 * HEAD_DIM + 1) * 4
         assert m["plain_saved_bytes"] >= SEQS * HEADS * m["seq"] ** 2 * 4       # the S x S probabilities
-    assert set(res["compute_s_per_rank"]) == {"ring", "zigzag"}
+    assert set(res["compute_seconds_per_rank"]) == {"ring", "zigzag"}
 
 
 def test_ulysses_says_why_it_cannot_split_the_heads(starts_processes):

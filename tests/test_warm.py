@@ -26,7 +26,7 @@ from helpers import alive, rank_pids
 SCRIPTS = ROOT / "tests" / "scripts"
 MISBEHAVE = str(SCRIPTS / "misbehave.py")
 # measured times and what follows from them (MFU), and values that differ per run (pids, fresh folders)
-TIMING_KEY = re.compile(r"(^|_)(s|ms)$|^ms_|seconds|GBps|per_s|per_call|^pids?$|^(start|end)$|^mfu$|^traces$")
+TIMING_KEY = re.compile(r"(^|_)(s|ms)$|^ms_|seconds|GBps|per_s|per_call|cpu_share|^pids?$|^(start|end)$|^mfu$|^traces$")
 
 
 def flat(x, path=()):
