@@ -12,8 +12,9 @@ Ranks 1..W (W = world size - 1) are the workers in both modes (a small MLP, plai
   source returns the sender), also when the job runs on NCCL: parameters travel as CPU tensors.
 * straggler: rank --straggler sleeps --delay-ms per step (sleep is honest on a busy CPU; compute is not).
 Parameter snapshots (with their time) are scored on the test set after each run: not in the wall-clock.
-Rank 0 prints JSON per run: accuracy curve (gradients, seconds, accuracy), staleness histogram, pushes
-sent/applied, bytes sent. --dump PATH: rank 0 saves {run: final flat parameters} (tests).
+Rank 0 prints JSON per run: accuracy curve (gradients, seconds, accuracy), staleness histogram (async: also
+per worker, with its start after the first worker's and its mean step, over all its steps and over each
+half), pushes sent/applied, bytes sent. --dump PATH: rank 0 saves {run: final flat parameters} (tests).
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/sync_async.py --delay-ms 40
@@ -70,10 +71,10 @@ def run_sync(a, ctx, model, theta0, data, workers, W, delay):
 
 
 def run_ps(a, theta0, group, W, proj):
-    """Rank 0: the parameter server. Returns snapshots and the list of applied pushes."""
+    """Rank 0: the parameter server. Returns snapshots, applied pushes, theta, hello times."""
     P, budget, theta, version, active = theta0.numel(), a.steps * W, theta0.clone(), 0, W
     msg, reply = torch.empty(P + 3), torch.empty(P + 2)   # [kind, base version, seq, grad]; [stop, version, theta]
-    snaps, applied, t0 = [(0, 0.0, theta0.clone())], [], time.perf_counter()
+    snaps, applied, t0, hello = [(0, 0.0, theta0.clone())], [], time.perf_counter(), {}
     while active:
         src = dist.recv(msg, group=group)                 # from any worker: returns the sender's rank
         if msg[0] == 1:                                   # a gradient: apply it now, once
@@ -84,10 +85,12 @@ def run_ps(a, theta0, group, W, proj):
                             torch.dot(proj, g.double()).item()])
             if version % (a.eval_every * W) == 0 or version == budget:
                 snaps.append((version, time.perf_counter() - t0, theta.clone()))
+        else:                                             # hello: the worker starts now (its first pull)
+            hello[src] = time.perf_counter() - t0
         reply[0], reply[1], reply[2:] = float(stop := version >= budget), float(version), theta
         dist.send(reply, dst=src, group=group)
         active -= int(stop)
-    return snaps, applied, theta
+    return snaps, applied, theta, hello
 
 
 def run_worker(a, ctx, model, data, group, W, delay, proj):
@@ -152,7 +155,7 @@ def main():
                         out["curve"] = [(n, s, accuracy(model, th, Xt, Yt)) for n, s, th in snaps]
                         out["final"] = snaps[-1][2]
                 elif mode == "async" and rank == 0:
-                    snaps, out["applied"], out["final"] = run_ps(a, theta0, ps_group, W, proj)
+                    snaps, out["applied"], out["final"], out["hello"] = run_ps(a, theta0, ps_group, W, proj)
                     out["curve"] = [(n, s, accuracy(model, th, Xt, Yt)) for n, s, th in snaps]
                     out["projection"] = torch.dot(proj, (theta0 - out["final"]).double()).item() / a.lr
                 elif mode == "async":
@@ -180,6 +183,10 @@ def summarize(parts, mode, W, P, a, delay):
         res["updates"] = res["gradients"] = len(applied)
         res["staleness_hist"] = sorted(collections.Counter(x[2] for x in applied).items())
         res["staleness_by_rank"] = {str(r): [x[2] for x in applied if x[0] == r] for r in range(1, W + 1)}
+        first = min(parts[0]["hello"].values())           # each worker's start, after the first one's (s)
+        res["start_s"] = {str(r): parts[0]["hello"][r] - first for r in range(1, W + 1)}
+        res["step_halves_s"] = {str(q["rank"]): [sum(h) / max(1, len(h)) for h in (q["step_s"][:len(q["step_s"]) // 2],
+                                q["step_s"][len(q["step_s"]) // 2:])] for q in parts[1:]}   # steady speeds?
         res["pushes_sent"] = sorted([x[0], x[1], x[2]] for x in sent)
         res["pushes_applied"] = sorted([x[0], x[1], x[4]] for x in applied)
         res.update(projection_displacement=parts[0]["projection"], projection_sum_applied=sum(x[4] for x in applied))

@@ -146,6 +146,7 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once(starts_proc
         assert 15 * W <= a["updates"] == len(applied) <= 15 * W + W - 1
         assert sum(c for _, c in a["staleness_hist"]) == a["updates"]
         assert min(s for s, _ in a["staleness_hist"]) >= 0
+        assert set(a["start_s"]) == {"1", "2"} and min(a["start_s"].values()) == 0   # each worker's start
         # each gradient was added to the parameters once: r.(theta0 - theta_final)/lr = sum of r.g
         assert math.isclose(a["projection_displacement"], a["projection_sum_applied"],
                             rel_tol=1e-3, abs_tol=1e-3 * sum(abs(x[2]) for x in applied))
@@ -208,6 +209,19 @@ def test_simulated_staleness_obeys_littles_law():
     assert len(per[2]) < len(per[0]) and sum(per[2]) / len(per[2]) > sum(per[0]) / len(per[0])
     with pytest.raises(ValueError):
         simulate_ps([1.0, 0.0], 5)
+
+
+def test_a_worker_that_starts_late_is_simulated_from_its_start():
+    """On a busy machine one worker can start tens of milliseconds late (the CI run of lesson 08 whose
+    claim failed); the simulation takes the measured starts. Worker 1 starts at 2.5: worker 0 pushes alone
+    at 1, 2 (fresh), 3; worker 1 pulls version 2 and pushes at 3.5, after one update; then both see one."""
+    from mgpu_utils.parallel.staleness import simulate_ps
+
+    assert simulate_ps([1.0, 1.0], 6, start_seconds=[0.0, 2.5]) == [(0, 0), (0, 0), (0, 0), (1, 1), (0, 1), (1, 1)]
+    assert simulate_ps([1.0, 1.0], 6, start_seconds=[0.0, 0.0]) == simulate_ps([1.0, 1.0], 6)
+    for bad in ([0.0], [0.0, -1.0]):
+        with pytest.raises(ValueError, match="starts"):
+            simulate_ps([1.0, 1.0], 4, start_seconds=bad)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

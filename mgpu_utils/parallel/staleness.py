@@ -16,29 +16,36 @@ from __future__ import annotations
 import heapq
 
 
-def simulate_ps(step_seconds, updates: int) -> list[tuple[int, int]]:
+def simulate_ps(step_seconds, updates: int, start_seconds=None) -> list[tuple[int, int]]:
     """Simulate an asynchronous PS whose workers take fixed times per gradient (PS and network instant).
 
     Args:
         step_seconds: time per gradient of each worker (seconds, > 0); worker ids are 0 .. W-1.
         updates: number of updates the PS applies.
+        start_seconds: when each worker makes its first pull (seconds, >= 0; default all 0). A worker that
+            starts late pulls the version of that moment, and the others push without it until then: on a
+            busy machine one worker can start tens of milliseconds after the others (lesson 08 passes the
+            measured starts).
 
     Returns:
         ``[(worker, staleness)]`` in the order the PS applied them (ties: lower worker id first).
 
     Raises:
-        ValueError: no workers, a time <= 0, or updates < 0.
+        ValueError: no workers, a time <= 0, a start < 0 or a start list of another length, or updates < 0.
     """
     times = [float(t) for t in step_seconds]
-    if not times or min(times) <= 0 or updates < 0:
-        raise ValueError(f"need >= 1 worker with times > 0 and updates >= 0, got {times}, {updates}")
-    heap = [(t, w) for w, t in enumerate(times)]        # (time of the next push, worker)
+    starts = [0.0] * len(times) if start_seconds is None else [float(t) for t in start_seconds]
+    if not times or min(times) <= 0 or updates < 0 or len(starts) != len(times) or min(starts) < 0:
+        raise ValueError(f"need >= 1 worker with times > 0, as many starts >= 0 and updates >= 0, "
+                         f"got times {times}, starts {starts}, updates {updates}")
+    heap = [(t, 0, w) for w, t in enumerate(starts)]    # (time, 0: pull / 1: push, worker)
     heapq.heapify(heap)
     base, version, out = [0] * len(times), 0, []
     while version < updates:
-        t, w = heapq.heappop(heap)
-        out.append((w, version - base[w]))
-        version += 1
+        t, push, w = heapq.heappop(heap)
+        if push:
+            out.append((w, version - base[w]))
+            version += 1
         base[w] = version                               # the worker pulls the new version at once
-        heapq.heappush(heap, (t + times[w], w))
+        heapq.heappush(heap, (t + times[w], 1, w))
     return out
