@@ -1,5 +1,5 @@
 """Figures of data parallelism (lessons 00, 02 and 03): ranks, a DataParallel and a DDP step, training
-curves, gradient buckets, speed-up.
+curves, gradient buckets, speed-up, uneven inputs with and without Join.
 
 Concept pictures (``draw_*``) are schematic; data plots (``plot_*``) draw measured results that a
 launch script returned. Every function returns the matplotlib Figure (end the cell with ``;``).
@@ -114,6 +114,39 @@ def draw_ddp_step(nproc: int = 3, layers: int = 4):
     ax.set_xticks([])
     ax.set_title("One DDP step: gradients are averaged bucket by bucket while backward is still running")
     ax.set_xlim(0, fwd + layers * bwd + ar + opt + 0.2)
+    fig.tight_layout()
+    return fig
+
+
+def draw_uneven_join(batches: int = 3, world: int = 3):  # pragma: no mutate block
+    """Uneven inputs under DDP (rank r has ``batches + r`` batches), without and with ``Join``: without it
+    the ranks with more batches wait in the first all-reduce that rank 0 never calls, until the collective
+    timeout; with it the ranks that ran out join every remaining all-reduce with zeros. From 03_ddp."""
+    import matplotlib.pyplot as plt
+
+    steps = batches + world - 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.9 + 0.65 * world), sharey=True)
+    for ax, join in zip(axes, (False, True)):
+        for r in range(world):
+            for s in range(steps):
+                stuck = not join and s == batches and r > 0      # waits for rank 0, which has left
+                if s < batches + r and (join or s <= batches):
+                    color, text = rank_color(r), f"batch {s}" + ("\nwaits: timeout" if stuck else "")
+                elif join:
+                    color, text = "#dddddd", "zeros"
+                else:
+                    color, text = "white", "other work" if s == batches else ""
+                ax.add_patch(plt.Rectangle((s + 0.05, r - 0.35), 0.9, 0.7, facecolor=color,
+                                           edgecolor="#c0392b" if stuck else "#888888", lw=2.5 if stuck else 0.6))
+                ax.text(s + 0.5, r, text, ha="center", va="center", fontsize=8,
+                        color="#333333" if color in ("white", "#dddddd") else "white")
+        ax.set(xlim=(0, steps), ylim=(world - 0.5, -0.5), xticks=[s + 0.5 for s in range(steps)],
+               xticklabels=[f"step {s}" for s in range(steps)], yticks=range(world),
+               yticklabels=[f"rank {r}" for r in range(world)],
+               title="with Join: the finished ranks all-reduce zeros" if join else
+               "without Join: an all-reduce waits for a rank that left")
+        for side in ("top", "right", "left"):
+            ax.spines[side].set_visible(False)
     fig.tight_layout()
     return fig
 

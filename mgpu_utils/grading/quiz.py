@@ -139,6 +139,17 @@ EXERCISES: dict[str, Exercise] = {
                     "8: DDP averages gradients over ranks, so multiplying the loss by the world size "
                     "multiplies the averaged gradient by 8 (the ddp_internals run measured a ratio of the world size)"),
         "8. Gradients are linear in the loss; DDP averages, so the result is world_size x too large."),
+    "03.7": Exercise(
+        "A validation set of 10,001 images is evaluated on 64 ranks with DistributedSampler (shuffle=False, "
+        "drop_last=False), and accuracy is all-reduced as (correct, count). How many images are counted twice?",
+        _int_answer(47, {63: "at most world size - 1 can be repeated; here ceil(10001/64) x 64 - 10001",
+                         0: "10,001 is not a multiple of 64: the sampler pads every rank to the same count",
+                         10048: "that is how many are counted in all; subtract the 10,001 real ones",
+                         157: "that is each rank's count; the padding is 64 x 157 - 10,001",
+                         "default": "ceil(10001 / 64) x 64 - 10001"},
+                    "47: every rank gets ceil(10001/64) = 157 images, 64 x 157 = 10,048, so 47 are repeats "
+                    "(ddp_uneven.py --case eval counts them)"),
+        "47 = 64 x ceil(10001 / 64) - 10001; the fix gathers (index, correct) and counts each index once."),
     "04.1": Exercise(
         "Ring all-reduce of a 16 MiB gradient on 8 ranks: how many MiB does each rank send in total?",
         _float_answer(28.0, 1e-6, [(lambda v: abs(v - 16) < 1e-6, "that is one copy of the tensor; the ring sends "
@@ -250,6 +261,17 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count the all-reduce rounds per step in each case"},
                     "8: one full all-reduce per micro-batch instead of one per step (grad_accumulation.py counted it)"),
         "8 = micro-batches per step: every backward outside no_sync all-reduces every gradient byte once."),
+    "07.5": Exercise(
+        "A 24-block GPT under FSDP2 with fully_shard on every block and then on the root (default "
+        "reshard_after_forward), on 8 ranks: how many all-gathers does one training step issue?",
+        _int_answer(49, {25: "a block reshards after its forward, so backward gathers it again: 2 per block",
+                         48: "the root (embeddings, final norm, LM head) is a unit too: one more",
+                         24: "count the root, and the second all-gather of every block in backward",
+                         2: "that is one unit for the whole model; here every block is its own unit",
+                         "default": "1 for the root + 2 per block (forward, and again in backward)"},
+                    "49 = 1 + 2 x 24: the root once (it stays gathered until backward), each block in forward "
+                    "and again in backward (fsdp2_practice.py counts 1 + 2L for its L = 4 blocks)"),
+        "49 = 1 + 2 x 24 (and 25 reduce-scatters, one per unit); the number of ranks does not change the count."),
     "08.1": Exercise(
         "Ring all-reduce of a 100 MB fp32 gradient over 8 ranks on 10 GbE (B = 1.25 GB/s, alpha = 20 us): "
         "the modelled time in milliseconds?",
