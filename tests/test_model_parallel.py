@@ -9,6 +9,7 @@ from mgpu_utils.launch.launcher import LaunchError, launch
 from mgpu_utils.env import REPO_ROOT
 from mgpu_utils.costs.memory_model import in_flight_micro_batches
 from mgpu_utils.parallel.schedules import (SCHEDULES, bubble_formula, bubble_fraction, check_p2p_deadlock_free,
+                                           stall_reason, stalled_actions,
                                            gpipe_actions, interleaved_actions, measured_durations, one_f_one_b_actions,
                                            p2p_plan, peak_in_flight, schedule_actions, simulate)
 
@@ -67,6 +68,29 @@ def test_interleaved_peak_in_flight_formula(p, v):
     peaks = peak_in_flight(interleaved_actions(p, 4 * p, v))
     assert peaks == [(2 * (p - r - 1) + (v - 1) * p + 1) / v for r in range(p)]
     assert peaks[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_a_stalled_action_is_found_and_explains_a_bubble_below_the_formula():
+    """Lesson 05's failure on a quiet machine (fresh-clone make course): the interleaved replay 0.024
+    below its formula. One forward on rank 0 stalled 100 ms in the steady state gives that; the
+    average load cannot show it, stalled_actions does."""
+    acts = schedule_actions("interleaved", 4, 8, 2)
+    even = measured_durations(simulate(acts, t_f=0.030, t_b=0.060))
+    assert stalled_actions(simulate(acts, durations=even), over_s=0.02) == []
+    assert stall_reason({"lib_interleaved": []}) is None
+    stalled = dict(even)
+    stalled[("F", 5, 0)] += 0.1
+    tl = simulate(acts, durations=stalled)
+    assert bubble_fraction(tl, t0=0.0) < bubble_formula(4, 8, 2) - 0.02
+    found = stalled_actions(tl, over_s=0.02)
+    assert [(a["rank"], a["kind"], a["mb"], a["stage"]) for a in found] == [(0, "F", 5, 0)]
+    assert found[0]["s"] == pytest.approx(0.115) and found[0]["median_s"] == pytest.approx(0.015)
+    assert stall_reason({"gpipe": [], "lib_interleaved": found}) == (
+        "lib_interleaved: rank 0's forward of micro-batch 5 (stage 0) took 115 ms, 100 ms over the median "
+        "forward: stage times were not equal, as the formula assumes")
+    assert stalled_actions(tl, over_s=0.2) == []
+    with pytest.raises(ValueError, match="over_s is how much longer"):
+        stalled_actions(tl, over_s=0)
 
 
 def test_simulate_with_durations():
@@ -154,10 +178,11 @@ def test_plots_and_explorer():
 @pytest.mark.parametrize("nproc,stage_ms", [(2, 30), (4, 0)])
 def test_pipeline_schedules_equal_single_device(nproc, stage_ms, starts_processes, capsys):
     """Every part against the single-device model; timelines complete; on 2 ranks, with 30 ms sleeps per
-    stage, every schedule replayed with its measured durations gives (p-1)/(v*m+p-1) within 0.01, and the
+    stage, every schedule replayed with its measured durations gives (p-1)/(v*m+p-1) within 0.02, and the
     measured bubbles lie within 0.1 above it (the time between actions) and below the naive one: on a quiet
-    machine (mgpu_utils.timing.LoadWatch; lesson 05 claims the same so), as the formula assumes equal stage
-    times and another process on the cores makes them unequal (with one core kept busy: 0.012 off, once)."""
+    machine (mgpu_utils.timing.LoadWatch) and when no action stalled 20 ms or more over the median of its
+    kind (lesson 05 claims the same so), as the formula assumes equal stage times. One action 20 ms long
+    moves a bubble by up to 0.013 at p = 2, m = 8 (schedules.simulate); a 100 ms stall failed lesson 05 once."""
     from mgpu_utils.timing import LoadWatch
 
     with LoadWatch(cores=2) as machine:
@@ -182,6 +207,7 @@ def test_pipeline_schedules_equal_single_device(nproc, stage_ms, starts_processe
     if stage_ms:
         # 20 runs on 2 cores: measured - formula 0.010..0.047 (the time between actions), the replay with the
         # measured durations and free messages -0.001..0.004; with one core kept busy the replay was 0.012 off
+        # (measured again for the stall check: see the commit that added it)
         naive = bubble_fraction(res["timelines"]["naive"], t0=0.0)
         off = {}
         for part in ("gpipe", "1f1b", "lib_gpipe", "lib_1f1b", "lib_interleaved"):
@@ -191,10 +217,13 @@ def test_pipeline_schedules_equal_single_device(nproc, stage_ms, starts_processe
             replay = simulate(schedule_actions(name, p, m, v), durations=measured_durations(tl))
             measured = bubble_fraction(tl, t0=0.0)
             off[part] = (bubble_fraction(replay, t0=0.0) - formula, measured - formula, measured < naive)
+        # the formula assumes equal stage times: an action stalled 20 ms or more says this run cannot show it
+        stalls = stall_reason({part: stalled_actions(tl, over_s=0.02) for part, tl in res["timelines"].items()})
         with capsys.disabled():             # the line says whether the bounds were asserted, and why not
-            machine.claim(all(abs(r) < 0.01 and -0.01 < d < 0.1 and below for r, d, below in off.values()),
-                          "replayed bubbles within 0.01 of (p-1)/(v*m+p-1), measured ones within -0.01..0.1 "
-                          f"and below naive: {({k: (round(r, 3), round(d, 3)) for k, (r, d, _) in off.items()})}")
+            machine.claim(all(abs(r) < 0.02 and -0.01 < d < 0.1 and below for r, d, below in off.values()),
+                          "replayed bubbles within 0.02 of (p-1)/(v*m+p-1), measured ones within -0.01..0.1 "
+                          f"and below naive: {({k: (round(r, 3), round(d, 3)) for k, (r, d, _) in off.items()})}",
+                          unless=stalls)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -70,6 +70,9 @@ def test_quiet_claims_are_asserted(monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("checked on a quiet machine")
     with pytest.raises(AssertionError, match="not shown by this run, on a quiet machine"):
         machine.claim(False, "2 ranks are faster than 1")
+    # a reason the caller measured (lesson 05: a stalled action) wins over a quiet average
+    assert machine.claim(False, "bubble on the formula", unless="rank 0's forward 5 stalled") is False
+    assert capsys.readouterr().out == "rank 0's forward 5 stalled; not asserted on this run: bubble on the formula\n"
 
 
 def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):

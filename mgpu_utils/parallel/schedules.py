@@ -159,6 +159,55 @@ def measured_durations(timeline: list[list[dict]]) -> dict:
     return {(a["kind"], a["mb"], a["stage"]): a["end"] - a["start"] for acts in timeline for a in acts}
 
 
+def stalled_actions(timeline: list[list[dict]], over_s: float) -> list[dict]:
+    """The actions of a measured timeline that ran more than ``over_s`` seconds longer than the median
+    action of their kind (forward or backward) in the same timeline, longest first.
+
+    The bubble formula assumes equal stage times. An action the operating system stalled (a page
+    fault, a burst of another process, a few milliseconds that a machine-wide average load cannot
+    show) breaks that on one run: a stalled forward on rank 0 in 1F1B's steady state makes every
+    other rank's share of idle time smaller, and the bubble falls below the formula. Lesson 05 checks
+    this before it compares bubbles with the formula.
+
+    Args:
+        timeline: per rank, ``{"kind", "mb", "stage", "start", "end"}`` (seconds).
+        over_s: how much longer than the median of its kind an action may run, in seconds, > 0.
+
+    Returns:
+        ``{"rank", "kind", "mb", "stage", "s", "median_s"}`` per stalled action (``s``: its duration).
+
+    Raises:
+        ValueError: ``over_s`` is not positive.
+    """
+    if not over_s > 0:
+        raise ValueError(f"over_s is how much longer than the median an action may run, in seconds, "
+                         f"> 0 (e.g. 0.02); got {over_s!r}")
+    medians = {}
+    for kind in ("F", "B"):
+        d = sorted(a["end"] - a["start"] for acts in timeline for a in acts if a["kind"] == kind)
+        if d:
+            medians[kind] = (d[(len(d) - 1) // 2] + d[len(d) // 2]) / 2
+    out = [{"rank": r, "kind": a["kind"], "mb": a["mb"], "stage": a["stage"], "s": a["end"] - a["start"],
+            "median_s": medians[a["kind"]]}
+           for r, acts in enumerate(timeline) for a in acts
+           if a["end"] - a["start"] > medians[a["kind"]] + over_s]
+    return sorted(out, key=lambda x: x["median_s"] - x["s"])
+
+
+def stall_reason(stalls: dict[str, list[dict]]) -> str | None:
+    """One phrase naming the worst of :func:`stalled_actions`' results, per part (``{name: stalls}``),
+    for :meth:`mgpu_utils.timing.LoadWatch.claim`'s ``unless``; None when no action stalled."""
+    found = [(name, a) for name, rows in stalls.items() for a in rows]
+    if not found:
+        return None
+    name, a = max(found, key=lambda x: x[1]["s"] - x[1]["median_s"])
+    what = "forward" if a["kind"] == "F" else "backward"
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return (f"{name}: rank {a['rank']}'s {what} of micro-batch {a['mb']} (stage {a['stage']}) took "
+            f"{a['s'] * 1e3:.0f} ms, {(a['s'] - a['median_s']) * 1e3:.0f} ms over the median {what}{more}: "
+            f"stage times were not equal, as the formula assumes")
+
+
 def bubble_fraction(timeline: list[list[dict]], t0: float | None = None, t1: float | None = None) -> float:
     """Idle share of the step, averaged over ranks: ``1 - busy / (t1 - t0)``.
 
