@@ -66,7 +66,21 @@ def warm_launch() -> float:
     return run_torchrun("hello_dist.py", 4, show="none", via="warm").seconds / cold
 
 
+def coalescing() -> float:
+    """Lesson 01, section 7: consecutive floats over every 16th float, the same count gathered on one
+    thread (the lesson asserts the strided gather takes more than 2x: this ratio < 0.5)."""
+    torch.set_num_threads(1)
+    n_all = 64 * 2**20 // 4
+    src = torch.rand(n_all)
+    n = n_all // 16
+    out = torch.empty(n)
+    t = {s: time_fn(lambda: out.copy_(src[:n * s:s]), "cpu", iters=7)["median_s"] for s in (1, 16)}
+    torch.set_num_threads(DEFAULT_THREADS)
+    return t[1] / t[16]
+
+
 CLAIMS = {"10 clock: naive / synced median": (clock_pitfall, 0.2),
+          "01 coalescing: consecutive / stride 16": (coalescing, 0.5),
           "01 roofline: triad I / ridge, ridge / matmul I": (roofline, (1.0, 1.0)),
           "00 warm / torchrun launch": (warm_launch, 0.5)}
 
@@ -74,10 +88,13 @@ CLAIMS = {"10 clock: naive / synced median": (clock_pitfall, 0.2),
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--only", default="", help="measure only the claims whose name contains this text")
     args = p.parse_args()
     values = {}
     for _ in range(args.runs):
         for name, (fn, _) in CLAIMS.items():
+            if args.only not in name:
+                continue
             v = fn()
             for k, x in enumerate(v if isinstance(v, tuple) else (v,)):
                 values.setdefault(f"{name} [{k}]", []).append(x)

@@ -4,7 +4,8 @@ A stack of --layers blocks (Linear(d, d) + Tanh) is cut into one stage per rank 
 Parts, each run twice: once with real compute only, checked against a single-device copy of the
 whole model on every rank (loss, last-stage output, every parameter gradient; the largest error over
 ranks is reported), then once timed, with every stage forward also sleeping --stage-ms and every
-backward twice that (a rank with v chunks sleeps 1/v of it per chunk), so that the measured
+backward twice that (a rank with v chunks sleeps 1/v of it per chunk; with --layer-ms a stage sleeps the
+sum of its layers', and --split cuts stages of unequal length: load balancing), so that the measured
 per-rank timeline shows the schedule (on a few shared CPU cores real compute mostly shows contention;
 on GPUs use --stage-ms 0 and a larger --width):
 
@@ -45,7 +46,16 @@ def parse():
     g.add_argument("--chunks", type=int, default=2, help="stages per rank in the interleaved schedule")
     g.add_argument("--schedules", default="naive,gpipe,1f1b," + ",".join(LIBRARY), help="which schedules to run")
     g.add_argument("--stage-ms", type=float, default=30.0, help="sleep per stage forward when timed (x2 backward)")
+    g.add_argument("--layer-ms", default="", help="sleep per layer forward when timed, comma-separated (replaces --stage-ms)")
+    g.add_argument("--split", default="", help="layers per stage, comma-separated (default: equal); not with lib_interleaved")
     return p.parse_args()
+
+
+def numbers(text, kind, flag):
+    try:
+        return [kind(t) for t in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers (e.g. 5,3), got {text!r}") from None
 
 
 def max_over_ranks(values, device):
@@ -61,7 +71,9 @@ def main():
         r, p, dev = ctx.rank, ctx.world_size, ctx.device
         parts = [s for s in args.schedules.split(",") if s]
         try:
-            check_args(args.layers, args.global_batch, args.micro_batches, args.chunks, p, parts)
+            sizes = numbers(args.split, int, "--split") if args.split else None
+            layer_ms = numbers(args.layer_ms, float, "--layer-ms") if args.layer_ms else None
+            check_args(args.layers, args.global_batch, args.micro_batches, args.chunks, p, parts, sizes, layer_ms)
         except ValueError as e:
             raise SystemExit(str(e)) from None
         if dist.is_initialized():
@@ -76,13 +88,21 @@ def main():
         ref_loss.backward()
         x_mbs, y_mbs = list(x.chunk(args.micro_batches)), list(y.chunk(args.micro_batches))
         rec = Recorder()
+        # region stage-times
+        split = sizes or [args.layers // p] * p          # layers per stage, one stage per rank
+        ends = [sum(split[:s + 1]) for s in range(p)]
+        # a stage's forward sleeps the sum of its layers' times (its backward twice that): Recorder.start
+        stage_ms = ([sum(layer_ms[e - k:e]) for e, k in zip(ends, split)] if layer_ms
+                    else [args.stage_ms] * p)
+        # endregion
         checks, timelines, step_s = {}, {}, {}
 
         def setup(part):
             """This rank's stage modules (fresh copies of the model, wrapped in Timed) for a part."""
             v = args.chunks if part == "lib_interleaved" else 1
             n = p * v
-            copies, refs = split_stages(copy.deepcopy(model), n), split_stages(model, n)
+            cut = sizes if v == 1 else None
+            copies, refs = split_stages(copy.deepcopy(model), n, cut), split_stages(model, n, cut)
             return {s: Timed(copies[s], s, rec) for s in range(r, n, p)}, refs, n
 
         # region run-schedule
@@ -132,7 +152,7 @@ def main():
             checks[part] = {"loss_err": loss_err, "out_err": None if no_out else out_err, "grad_err": grad_err}
             if dist.is_initialized():                        # 2) timed, with --stage-ms sleeps
                 dist.barrier()
-            rec.start(args.stage_ms / 1e3 / len(mods))      # a stage's sleep, split over the rank's chunks
+            rec.start({s: stage_ms[r] / 1e3 / len(mods) for s in mods})   # a rank's sleep, split over its chunks
             run(part, mods, n, sched)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)                  # the step ends when the device is done
@@ -149,7 +169,8 @@ def main():
             timelines[part] = gathered
             ctx.log(f"{part:16s} loss err {loss_err:.1e}  grad err {grad_err:.1e}  timed step {step_s[part]:.3f} s")
         emit_result({"world_size": p, "backend": ctx.backend, "layers": args.layers, "dim": args.width,
-                     "batch": args.global_batch, "micro": args.micro_batches, "chunks": args.chunks, "stage_ms": args.stage_ms,
+                     "batch": args.global_batch, "micro": args.micro_batches, "chunks": args.chunks, "stage_ms": stage_ms,
+                     "split": split, "layer_ms": layer_ms,
                      "checks": checks, "timelines": timelines, "step_s": step_s})
 
 

@@ -21,8 +21,8 @@ Subpackages (where a new function goes):
 * ``parallel`` - what the lessons build from scratch: ``ring`` (04), ``schedules`` and ``pipeline``,
   ``tensor_parallel`` and ``vocab_parallel`` (05), ``staleness`` and ``sparsify`` (08), ``context`` (ring attention, Ulysses) and ``experts``
   (mixture of experts, expert parallelism) (12).
-* ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` (01),
-  ``interconnect`` (08), ``memory_model`` (07), ``planner`` (06), ``scaling`` (10), ``fault`` (11).
+* ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` and
+  ``occupancy`` (01), ``interconnect`` (08), ``memory_model`` (07), ``planner`` (06), ``scaling`` (10), ``fault`` (11).
 * ``measure``  - measuring a run: ``memory`` (07), ``profiling``, ``energy``, ``scaling_study`` (10).
 * ``figures``  - every figure and widget, one module per lesson topic: ``data_parallel`` (00, 02, 03),
   ``collectives`` (04), ``model_parallel`` (05), ``hybrid`` (06), ``memory`` (07), ``sync_async`` (08),

@@ -79,6 +79,41 @@ def synced_clock(device=None) -> float:
     return time.perf_counter()
 
 
+def conv_autotune_times(device="cpu", iters: int = 5, shape: tuple = (16, 64, 56, 56)) -> dict:
+    """A 3x3 convolution timed with ``torch.backends.cudnn.benchmark`` off and on (lesson 01, section 7).
+
+    cuDNN is NVIDIA's library of tuned kernels for convolutions (and normalisation, RNNs, attention).
+    For one convolution it has several algorithms; with ``benchmark`` on, the *first* call for each
+    new input shape runs them all, times them and caches the fastest, so that call is slow and the
+    later ones can be faster. On a CPU PyTorch uses oneDNN and the flag changes nothing.
+
+    Args:
+        device: where to run; shape: ``(batch, channels, height, width)`` of the input (fp32); each
+            setting gets its own width, so the second does not find the first's choice in the cache.
+
+    Returns:
+        ``{False: {"first_s", "median_s"}, True: {...}}``: the first call (host clock, synchronised)
+        and the median of ``iters`` later calls (:func:`time_fn`), in seconds. The flag is restored.
+    """
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    conv = torch.nn.Conv2d(shape[1], shape[1], 3, padding=1).to(device)
+    out = {}
+    try:
+        with torch.no_grad():
+            for bench in (False, True):
+                torch.backends.cudnn.benchmark = bench
+                x = torch.randn(*shape[:3], shape[3] + int(bench), device=device)
+                t0 = synced_clock(device)
+                conv(x)
+                first = synced_clock(device) - t0
+                out[bench] = {"first_s": first, "median_s": time_fn(lambda: conv(x), device, iters)["median_s"]}
+    finally:
+        torch.backends.cudnn.benchmark = before
+    return out
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on: its affinity mask (``taskset``, Slurm's ``--cpus-per-task``),
     capped by a cgroup v2 CPU quota (``docker --cpus``); ``os.cpu_count()`` where neither is known."""

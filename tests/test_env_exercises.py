@@ -37,6 +37,7 @@ RIGHT = {
     "00.2": "gloo",
     "01.1": 1024,
     "01.2": 295,
+    "01.3": 0.625,
     "02.1": 0.25,
     "02.2": 7,
     "03.1": 360,
@@ -49,6 +50,7 @@ RIGHT = {
     "05.1": 7 / 31,
     "05.2": 8,
     "05.3": 4,
+    "05.5": 90,
     "06.1": 50.33,
     "06.2": 21.83,
     "07.1": 5.625,
@@ -79,6 +81,7 @@ WRONG = {
     "00.2": "nccl",
     "01.1": 512,
     "01.2": 0.295,
+    "01.3": 1.0,
     "02.1": 1,
     "02.2": 8,
     "03.1": 359,
@@ -91,6 +94,7 @@ WRONG = {
     "05.1": 7 / 24,
     "05.2": 24,
     "05.3": 2,
+    "05.5": 108,
     "06.1": 6.29,
     "06.2": 2.73,
     "07.1": 8.25,
@@ -148,12 +152,18 @@ def test_exercise_answers_match_the_facts():
     from mgpu_utils.timing import matmul_intensity
     assert matmul_intensity(3072, 2) == RIGHT["01.1"]
     assert round(GPUS["H100"]["bf16_tflops"] * 1e12 / (GPUS["H100"]["hbm_gbps"] * 1e9)) == RIGHT["01.2"]
+    from mgpu_utils.costs.occupancy import occupancy, sm_limits
+    assert occupancy(256, 48, 0, sm_limits(capability=(9, 0)))["occupancy"] == RIGHT["01.3"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
     from mgpu_utils.parallel.schedules import bubble_formula, one_f_one_b_actions, peak_in_flight
     from mgpu_utils.parallel.tensor_parallel import tp_bytes_per_layer
     assert bubble_formula(8, 24) == RIGHT["05.1"]
     assert peak_in_flight(one_f_one_b_actions(8, 24))[0] == RIGHT["05.2"]
     assert 2 * tp_bytes_per_layer(1, 2048, 4096, 8)["collectives_per_pass"] == RIGHT["05.3"]
+    from mgpu_utils.parallel.pipeline import balanced_split
+    from mgpu_utils.parallel.schedules import unequal_stages_step
+    assert balanced_split([1, 1, 1, 1, 2, 2, 2, 2], 2) == [5, 3]
+    assert unequal_stages_step([6, 6], 4) == RIGHT["05.5"] and unequal_stages_step([4, 8], 4) == WRONG["05.5"]
     from mgpu_utils.costs.memory_model import model_state_bytes, transformer_params
     from mgpu_utils.costs.planner import Cluster, GPT3_175B, evaluate
     n = transformer_params(96, 12288, 50257, 2048)

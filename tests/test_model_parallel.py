@@ -91,6 +91,18 @@ def test_a_stalled_action_is_found_and_explains_a_bubble_below_the_formula():
     assert stalled_actions(tl, over_s=0.2) == []
     with pytest.raises(ValueError, match="over_s is how much longer"):
         stalled_actions(tl, over_s=0)
+    # stages of unequal cost (load balancing): the last stage 30 ms slower is no stall per stage, one
+    # backward 50 ms over its stage's median is
+    acts = schedule_actions("gpipe", 2, 4)
+    d = {(k, i, s): (0.01 + 0.03 * s) * (1 if k == "F" else 2) for r in acts for k, i, s in r}
+    assert len(stalled_actions(simulate(acts, durations=d), over_s=0.02)) == 4     # per kind: stage 1 backwards
+    assert stalled_actions(simulate(acts, durations=d), over_s=0.02, per_stage=True) == []
+    d[("B", 2, 1)] += 0.05
+    found = stalled_actions(simulate(acts, durations=d), over_s=0.02, per_stage=True)
+    assert [(a["rank"], a["kind"], a["mb"]) for a in found] == [(1, "B", 2)]
+    assert stall_reason({"equal gpipe": found}) == (
+        "equal gpipe: rank 1's backward of micro-batch 2 (stage 1) took 130 ms, 50 ms over its stage's "
+        "median backward: stage times were not the ones the prediction assumes")
 
 
 def test_simulate_with_durations():
@@ -353,3 +365,111 @@ def test_vocab_parallel_pieces_in_one_process_and_a_vocabulary_that_does_not_spl
         vocab_range(12, 0, 5)
     with pytest.raises(LaunchError, match="does not split over 3 ranks"):
         launch("vocab_parallel.py", nproc=3, show="none", args=["--vocab", 1000])
+
+
+def _stage_sums(costs, split):
+    ends = [sum(split[:i + 1]) for i in range(len(split))]
+    return [sum(costs[e - k:e]) for e, k in zip(ends, split)]
+
+
+def test_balanced_split_is_the_best_contiguous_split():
+    """balanced_split against every way to cut the layers (brute force), ties, and bad input named."""
+    import itertools
+    import random
+    from mgpu_utils.parallel.pipeline import balanced_split
+    rng = random.Random(0)
+    for _ in range(300):
+        p = rng.randint(1, 4)
+        costs = [rng.choice([0.5, 1, 2, 3, 5]) for _ in range(rng.randint(p, 9))]
+        split = balanced_split(costs, p)
+        assert len(split) == p and min(split) >= 1 and sum(split) == len(costs), (costs, p, split)
+        n = len(costs)
+        best = min(max(_stage_sums(costs, [b - a for a, b in zip((0,) + cuts, cuts + (n,))]))
+                   for cuts in itertools.combinations(range(1, n), p - 1))
+        assert max(_stage_sums(costs, split)) == best, (costs, p, split)
+    assert balanced_split([1] * 8, 4) == [2, 2, 2, 2]
+    assert balanced_split([1, 1, 1, 1, 2, 2, 2, 2], 2) == [5, 3]          # lesson 05's exercise 05.5
+    assert balanced_split([1] * 12 + [2] * 4, 4) == [4, 5, 4, 3]            # the lesson at p = 4
+    with pytest.raises(ValueError, match="3 layers cannot fill 4 stages"):
+        balanced_split([1, 1, 1], 4)
+    with pytest.raises(ValueError, match="must not be negative, got -1"):
+        balanced_split([1, -1, 2], 2)
+
+
+def test_unequal_stage_formulas_equal_the_simulated_schedules():
+    """GPipe's step 3 (sum t + (m-1) max t) and its idle share equal schedules.simulate exactly; 1F1B is at
+    most that; equal times give (p-1)/(m+p-1)."""
+    import random
+    from mgpu_utils.parallel.schedules import unequal_stages_bubble, unequal_stages_step
+    rng = random.Random(1)
+    for _ in range(200):
+        p = rng.randint(1, 5)
+        m = rng.randint(1, 12)
+        t = [rng.choice([0.5, 1, 2, 3]) for _ in range(p)]
+        steps = {}
+        for name in ("gpipe", "1f1b"):
+            acts = schedule_actions(name, p, m)
+            tl = simulate(acts, durations={(k, i, s): t[s] * (1 if k == "F" else 2) for r in acts for k, i, s in r})
+            steps[name] = max(a["end"] for r in tl for a in r)
+            if name == "gpipe":
+                assert bubble_fraction(tl, t0=0.0) == pytest.approx(unequal_stages_bubble(t, m), abs=1e-12)
+        assert steps["gpipe"] == pytest.approx(unequal_stages_step(t, m)), (p, m, t)
+        assert steps["1f1b"] <= steps["gpipe"] + 1e-9, (p, m, t)
+    assert unequal_stages_bubble([2.0] * 4, 8) == pytest.approx(bubble_formula(4, 8))
+    assert unequal_stages_step([4, 8], 4) == 108 and unequal_stages_step([6, 6], 4) == 90
+    with pytest.raises(ValueError, match="need stage times >= 0"):
+        unequal_stages_step([1, -1], 4)
+    with pytest.raises(ValueError, match="m >= 1"):
+        unequal_stages_step([1, 1], 0)
+
+
+def test_split_and_layer_times_validated_with_the_flag_to_change():
+    from mgpu_utils.parallel.pipeline import build_model, check_args, split_stages
+    model = build_model(8, 4)
+    assert [len(s) for s in split_stages(model, 2, [5, 3])] == [5, 3]
+    assert [len(s) for s in split_stages(model, 4)] == [2, 2, 2, 2]
+    assert split_stages(model, 2, [5, 3])[1][0] is model[5]
+    with pytest.raises(ValueError, match="--split 6,3 must give each of the 2 stages at least one layer"):
+        split_stages(model, 2, [6, 3])
+    with pytest.raises(ValueError, match="--split 8,0 must give"):
+        split_stages(model, 2, [8, 0])
+    check_args(8, 16, 4, 2, 2, ["gpipe"], [5, 3], [1.0] * 8)              # valid: no error
+    check_args(7, 16, 4, 2, 2, ["gpipe"], [4, 3])                          # a split need not be equal
+    with pytest.raises(ValueError, match=r"--split 4,3 must give each of the 2 stages \(one per rank\).*--layers 8"):
+        check_args(8, 16, 4, 2, 2, ["gpipe"], [4, 3])
+    with pytest.raises(ValueError, match="--split 8 must give each of the 2 stages"):
+        check_args(8, 16, 4, 2, 2, ["gpipe"], [8])
+    with pytest.raises(ValueError, match="leave lib_interleaved out of --schedules"):
+        check_args(8, 16, 4, 2, 2, ["gpipe", "lib_interleaved"], [5, 3])
+    with pytest.raises(ValueError, match="leave lib_interleaved out of --schedules"):
+        check_args(8, 16, 4, 2, 2, ["lib_interleaved"], None, [1.0] * 8)
+    with pytest.raises(ValueError, match=r"--layer-ms needs one time >= 0 per layer \(8 for --layers 8\), got 2"):
+        check_args(8, 16, 4, 2, 2, ["gpipe"], None, [1.0, 2.0])
+    with pytest.raises(ValueError, match="--layer-ms needs one time >= 0"):
+        check_args(8, 16, 4, 2, 2, ["gpipe"], None, [1.0] * 7 + [-1.0])
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_unequal_stages_equal_single_device_and_last_at_least_their_sleeps(nproc, starts_processes):
+    """A pipeline with heavy layers, cut by balanced_split: every schedule equals one device; every forward
+    lasts at least its stage's summed layer times and every step at least the prediction (by construction:
+    a sleep lasts at least its time and the actions wait for the same inputs as in schedules.simulate)."""
+    from mgpu_utils.parallel.pipeline import balanced_split
+    costs = [1] * (4 * (nproc - 1)) + [2] * 4
+    split, unit_ms, m = balanced_split(costs, nproc), 2, 2 * nproc
+    res = launch("pipeline_parallel.py", nproc=nproc, show="none",
+                 args=["--layers", len(costs), "--micro-batches", m, "--global-batch", 4 * m,
+                       "--layer-ms", ",".join(str(unit_ms * c) for c in costs), "--split", ",".join(map(str, split)),
+                       "--schedules", "naive,gpipe,1f1b,lib_gpipe,lib_1f1b"])
+    assert res["split"] == split and res["stage_ms"] == [unit_ms * c for c in _stage_sums(costs, split)]
+    assert set(res["checks"]) == {"naive", "gpipe", "1f1b", "lib_gpipe", "lib_1f1b"}
+    for part, errs in res["checks"].items():
+        assert errs["out_err"] is not None and max(errs.values()) < TOL, (part, errs)
+    t = [ms / 1e3 for ms in res["stage_ms"]]
+    for part in ("gpipe", "1f1b", "lib_gpipe", "lib_1f1b"):
+        tl, name = res["timelines"][part], part.removeprefix("lib_")
+        for r, acts in enumerate(tl):
+            assert all(a["end"] - a["start"] >= t[r] * (1 if a["kind"] == "F" else 2) - 1e-4 for a in acts), part
+        acts = schedule_actions(name, nproc, m)
+        pred = simulate(acts, durations={(k, i, s): t[s] * (1 if k == "F" else 2) for r in acts for k, i, s in r})
+        assert max(a["end"] for r in tl for a in r) >= max(a["end"] for r in pred for a in r) - 1e-3, part

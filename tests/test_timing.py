@@ -149,3 +149,17 @@ def test_ranks_that_did_not_get_their_cores_make_a_quiet_machine_not_count():
     assert not w.claim(False, "a claim the run does not show")       # not asserted: says why
     w.cpu_share = MIN_CPU_SHARE + 0.01
     assert w.why_not() is None
+
+
+def test_conv_autotune_times_restores_the_flag_and_times_both_settings():
+    """Lesson 01, section 7 runs it on a GPU only; here on the CPU (the flag changes nothing there), for
+    the shape of the result and the flag put back, even after an error."""
+    import torch
+    from mgpu_utils.timing import conv_autotune_times
+    before = torch.backends.cudnn.benchmark
+    out = conv_autotune_times("cpu", iters=2, shape=(2, 4, 8, 8))
+    assert set(out) == {False, True} and all(t["first_s"] > 0 and t["median_s"] > 0 for t in out.values())
+    assert torch.backends.cudnn.benchmark == before
+    with pytest.raises(RuntimeError):
+        conv_autotune_times("cpu", iters=1, shape=(2, 4, 1, 0))       # a width of 0 fails inside the conv
+    assert torch.backends.cudnn.benchmark == before

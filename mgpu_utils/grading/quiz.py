@@ -95,6 +95,16 @@ EXERCISES: dict[str, Exercise] = {
                                       "peak / bandwidth")],
                       "989e12 / 3.35e12 = 295 FLOP/byte: a kernel needs ~300 FLOP per byte to be compute-bound"),
         "295 = 989 / 3.35."),
+    "01.3": Exercise(
+        "A kernel runs 256-thread blocks with 48 registers per thread on an H100 (65,536 registers and at most "
+        "2,048 threads per SM, no shared memory). What is its occupancy (resident warps / 64, between 0 and 1)?",
+        _float_answer(0.625, 0.01, [(lambda v: abs(v - 1) < 0.01, "the threads allow 8 blocks, but the registers "
+                                     "allow fewer: 48 x 256 registers per block"),
+                                    (lambda v: abs(v - 2 / 3) < 0.01, "blocks are whole: 65,536 / (48 x 256) = 5.3, "
+                                     "so 5 blocks of 8 warps"),
+                                    (lambda v: abs(v - 0.75) < 0.01, "count again: 5 blocks x 8 warps = 40 of 64")],
+                      "0.625: 48 x 256 = 12,288 registers per block, 5 blocks fit in 65,536, 5 x 8 = 40 warps of 64"),
+        "0.625 = occupancy(256, 48, 0, sm_limits(capability=(9, 0)))['occupancy']."),
     "02.1": Exercise(
         "Each of 4 replicas returns the gradient of its mean loss over 16 samples. By what do you multiply "
         "the SUM of the 4 gradients to get the full-batch (64) gradient?",
@@ -207,6 +217,20 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count f and g per block, times two blocks"},
                     "4: g all-reduces forward and f backward, once for attention and once for the MLP"),
         "4 = 2 x tp_bytes_per_layer(...)['collectives_per_pass']; the run counted them in COMM_LOG."),
+    "05.5": Exercise(
+        "Eight layers with forward times 1, 1, 1, 1, 2, 2, 2, 2 ms (backward twice that) on p = 2 stages, GPipe "
+        "with m = 4 micro-batches. With the best split, how many ms does one step take (messages free)?",
+        _float_answer(90, 0.01, [(lambda v: abs(v - 108) < 0.5, "108 ms is the equal split (4 + 4 layers: stages "
+                                  "of 4 and 8 ms); move a layer to balance the stages"),
+                                 (lambda v: abs(v - 72) < 0.5, "72 ms is a pipeline without fill and drain, "
+                                  "3 m sum(t) / p; micro-batch 0 still crosses both stages first"),
+                                 (lambda v: abs(v - 30) < 0.5, "30 ms is the forward only; the backward takes "
+                                  "twice as long"),
+                                 (lambda v: abs(v - 117) < 0.5, "117 ms splits 3 + 5 layers (stages of 3 and 9 ms): "
+                                  "the heavy layers need fewer per stage, not more")],
+                      "90 ms: the split 5 + 3 layers gives stages of 6 and 6 ms, and GPipe's step is "
+                      "3 (sum(t) + (m-1) max(t)) = 3 (12 + 3 x 6)"),
+        "90 = unequal_stages_step([6, 6], 4) with the split balanced_split([1, 1, 1, 1, 2, 2, 2, 2], 2) = [5, 3]."),
     "06.1": Exercise(
         "GPT-3 175B with Megatron tensor parallelism (sequence length s = 2048, micro-batch b = 1, hidden "
         "h = 12288, bf16 activations, tp = 8): how many MB (1e6 bytes) is the tensor that one tensor-parallel "

@@ -1,5 +1,6 @@
-"""Pipeline-parallel runtime pieces: the toy model, a timing wrapper, the layer split and a
-hand-written schedule executor (notebooks/05_model_parallel.ipynb, launch_scripts/pipeline_parallel.py).
+"""Pipeline-parallel runtime pieces: the toy model, a timing wrapper, the layer split (equal, or balanced
+by layer cost) and a hand-written schedule executor (notebooks/05_model_parallel.ipynb,
+launch_scripts/pipeline_parallel.py).
 
 Every stage maps a ``(micro_batch, d)`` float tensor to the same shape, so every message between
 stages has one shape. Times are ``time.perf_counter()`` seconds relative to the start each rank sets
@@ -33,17 +34,67 @@ def build_model(n_layers: int, d: int, seed: int = 0) -> nn.Sequential:
     return nn.Sequential(*blocks)
 
 
-def split_stages(model: nn.Sequential, n_stages: int) -> list[nn.Sequential]:
-    """Cut ``model`` into ``n_stages`` consecutive slices of equal length.
+def split_stages(model: nn.Sequential, n_stages: int, sizes: list[int] | None = None) -> list[nn.Sequential]:
+    """Cut ``model`` into ``n_stages`` consecutive slices: of equal length, or of ``sizes`` blocks each
+    (e.g. from :func:`balanced_split`).
 
     Raises:
-        ValueError: the number of blocks is not divisible by ``n_stages``.
+        ValueError: the number of blocks is not divisible by ``n_stages`` (no ``sizes``), or ``sizes``
+            does not hold ``n_stages`` positive counts adding up to the number of blocks.
     """
-    if len(model) % n_stages:
-        raise ValueError(f"{len(model)} layers do not split into {n_stages} equal stages: "
-                         f"use --layers divisible by {n_stages}")
-    k = len(model) // n_stages
-    return [model[i * k:(i + 1) * k] for i in range(n_stages)]
+    if sizes is None:
+        if len(model) % n_stages:
+            raise ValueError(f"{len(model)} layers do not split into {n_stages} equal stages: "
+                             f"use --layers divisible by {n_stages}")
+        sizes = [len(model) // n_stages] * n_stages
+    sizes = [int(k) for k in sizes]
+    if len(sizes) != n_stages or min(sizes) < 1 or sum(sizes) != len(model):
+        raise ValueError(f"--split {','.join(map(str, sizes))} must give each of the {n_stages} stages at "
+                         f"least one layer and add up to the {len(model)} layers")
+    ends = [sum(sizes[:i + 1]) for i in range(n_stages)]
+    return [model[e - k:e] for e, k in zip(ends, sizes)]
+
+
+def balanced_split(costs: list[float], n_stages: int) -> list[int]:
+    """Layers per stage that make the slowest stage as fast as it can be (lesson 05).
+
+    Cuts the layers, in order, into ``n_stages`` consecutive groups so that the largest group sum of
+    ``costs`` (a layer's time, measured or from FLOPs: any unit) is as small as possible; a pipeline
+    runs at the pace of its slowest stage. Dynamic programming over (layers so far, stages so far),
+    O(n_stages x layers^2); among equally good splits the first found (earlier cuts) is returned.
+
+    Returns:
+        ``n_stages`` positive layer counts adding up to ``len(costs)``.
+
+    Raises:
+        ValueError: fewer layers than stages, or a negative cost.
+    """
+    n = len(costs)
+    if n < n_stages or n_stages < 1:
+        raise ValueError(f"{n} layers cannot fill {n_stages} stages: "
+                         "every stage needs at least one layer")
+    if min(costs) < 0:
+        raise ValueError(f"layer costs must not be negative, got {min(costs)}")
+    pre = [0.0]
+    for c in costs:
+        pre.append(pre[-1] + c)
+    inf = float("inf")
+    # best[k][i]: the smallest slowest-stage cost of the first i layers on k stages;
+    # cut[k][i]: where the k-th stage starts in that split
+    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                c = max(best[k - 1][j], pre[i] - pre[j])
+                if c < best[k][i] - 1e-12:
+                    best[k][i], cut[k][i] = c, j
+    sizes, i = [], n
+    for k in range(n_stages, 0, -1):
+        sizes.append(i - cut[k][i])
+        i = cut[k][i]
+    return sizes[::-1]
 
 
 class Recorder:
@@ -58,8 +109,11 @@ class Recorder:
         self.events, self.enabled, self.sleep_s, self.t0 = [], False, 0.0, 0.0
         self._count, self._open = {}, {}
 
-    def start(self, sleep_s: float = 0.0) -> None:
-        """Clear the events, reset the micro-batch counters, set the clock origin and start recording."""
+    def start(self, sleep_s: float | dict[int, float] = 0.0) -> None:
+        """Clear the events, reset the micro-batch counters, set the clock origin and start recording.
+
+        ``sleep_s``: seconds per stage forward, one for all stages or ``{stage: seconds}`` (stages of
+        unequal cost, lesson 05's load balancing)."""
         self.events, self._count, self._open = [], {}, {}
         self.sleep_s, self.enabled, self.t0 = sleep_s, True, time.perf_counter()
 
@@ -84,8 +138,9 @@ class Recorder:
         mb = self._count.get((kind, stage), 0)    # every schedule here runs micro-batches in order per stage
         self._count[(kind, stage)] = mb + 1
         self._open[stage] = {"kind": kind, "mb": mb, "stage": stage, "start": self.now()}
-        if self.sleep_s:
-            time.sleep(self.sleep_s * (2 if kind == "B" else 1))
+        t = self.sleep_s.get(stage, 0.0) if isinstance(self.sleep_s, dict) else self.sleep_s
+        if t:
+            time.sleep(t * (2 if kind == "B" else 1))
 
     def end(self, stage: int) -> None:
         ev = self._open.pop(stage)
@@ -240,19 +295,32 @@ def saved_activation_bytes(module: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def check_args(layers: int, batch: int, micro: int, chunks: int, world_size: int, schedules: list[str]) -> None:
+def check_args(layers: int, batch: int, micro: int, chunks: int, world_size: int, schedules: list[str],
+               split: list[int] | None = None, layer_ms: list[float] | None = None) -> None:
     """Validate the pipeline script's sizes up front (launch_scripts/pipeline_parallel.py).
 
     Raises:
         ValueError: naming the argument to change, if --global-batch is not divisible by
             --micro-batches, --layers not by the number of stages (world size, times --chunks for the
             interleaved schedule), or --micro-batches not a multiple of the world size for the
-            interleaved schedule.
+            interleaved schedule; if --split does not give each of the world size's stages at least one
+            layer adding up to --layers, or comes with lib_interleaved; if --layer-ms does not give one
+            time >= 0 per layer.
     """
     if batch % micro:
         raise ValueError(f"--global-batch {batch} is not divisible by --micro-batches {micro}: "
                          f"use a multiple of {micro}")
     inter = "lib_interleaved" in schedules
+    if layer_ms is not None and (len(layer_ms) != layers or min(layer_ms) < 0):
+        raise ValueError(f"--layer-ms needs one time >= 0 per layer ({layers} for --layers {layers}), "
+                         f"got {len(layer_ms)}: {','.join(map(str, layer_ms))}")
+    if inter and (split is not None or layer_ms is not None):
+        raise ValueError("--split and --layer-ms set one stage per rank: leave lib_interleaved out of --schedules")
+    if split is not None:
+        if len(split) != world_size or min(split) < 1 or sum(split) != layers:
+            raise ValueError(f"--split {','.join(map(str, split))} must give each of the {world_size} stages "
+                             f"(one per rank) at least one layer and add up to --layers {layers}")
+        return
     n = world_size * (chunks if inter else 1)
     if layers % n:
         raise ValueError(f"--layers {layers} does not split into {n} equal stages "

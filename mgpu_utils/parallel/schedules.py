@@ -159,9 +159,10 @@ def measured_durations(timeline: list[list[dict]]) -> dict:
     return {(a["kind"], a["mb"], a["stage"]): a["end"] - a["start"] for acts in timeline for a in acts}
 
 
-def stalled_actions(timeline: list[list[dict]], over_s: float) -> list[dict]:
+def stalled_actions(timeline: list[list[dict]], over_s: float, per_stage: bool = False) -> list[dict]:
     """The actions of a measured timeline that ran more than ``over_s`` seconds longer than the median
-    action of their kind (forward or backward) in the same timeline, longest first.
+    action of their kind (forward or backward) in the same timeline, longest first; with ``per_stage``,
+    than the median of their kind on their stage (stages of unequal cost: load balancing).
 
     The bubble formula assumes equal stage times. An action the operating system stalled (a page
     fault, a burst of another process, a few milliseconds that a machine-wide average load cannot
@@ -172,9 +173,11 @@ def stalled_actions(timeline: list[list[dict]], over_s: float) -> list[dict]:
     Args:
         timeline: per rank, ``{"kind", "mb", "stage", "start", "end"}`` (seconds).
         over_s: how much longer than the median of its kind an action may run, in seconds, > 0.
+        per_stage: take the median per stage and kind instead of per kind.
 
     Returns:
-        ``{"rank", "kind", "mb", "stage", "s", "median_s"}`` per stalled action (``s``: its duration).
+        ``{"rank", "kind", "mb", "stage", "s", "median_s", "per_stage"}`` per stalled action (``s``:
+        its duration).
 
     Raises:
         ValueError: ``over_s`` is not positive.
@@ -182,15 +185,16 @@ def stalled_actions(timeline: list[list[dict]], over_s: float) -> list[dict]:
     if not over_s > 0:
         raise ValueError(f"over_s is how much longer than the median an action may run, in seconds, "
                          f"> 0 (e.g. 0.02); got {over_s!r}")
-    medians = {}
-    for kind in ("F", "B"):
-        d = sorted(a["end"] - a["start"] for acts in timeline for a in acts if a["kind"] == kind)
-        if d:
-            medians[kind] = (d[(len(d) - 1) // 2] + d[len(d) // 2]) / 2
+    key = (lambda a: (a["kind"], a["stage"])) if per_stage else (lambda a: a["kind"])
+    groups: dict = {}
+    for acts in timeline:
+        for a in acts:
+            groups.setdefault(key(a), []).append(a["end"] - a["start"])
+    medians = {k: (sorted(d)[(len(d) - 1) // 2] + sorted(d)[len(d) // 2]) / 2 for k, d in groups.items()}
     out = [{"rank": r, "kind": a["kind"], "mb": a["mb"], "stage": a["stage"], "s": a["end"] - a["start"],
-            "median_s": medians[a["kind"]]}
+            "median_s": medians[key(a)], "per_stage": per_stage}
            for r, acts in enumerate(timeline) for a in acts
-           if a["end"] - a["start"] > medians[a["kind"]] + over_s]
+           if a["end"] - a["start"] > medians[key(a)] + over_s]
     return sorted(out, key=lambda x: x["median_s"] - x["s"])
 
 
@@ -203,6 +207,10 @@ def stall_reason(stalls: dict[str, list[dict]]) -> str | None:
     name, a = max(found, key=lambda x: x[1]["s"] - x[1]["median_s"])
     what = "forward" if a["kind"] == "F" else "backward"
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    if a.get("per_stage"):
+        return (f"{name}: rank {a['rank']}'s {what} of micro-batch {a['mb']} (stage {a['stage']}) took "
+                f"{a['s'] * 1e3:.0f} ms, {(a['s'] - a['median_s']) * 1e3:.0f} ms over its stage's median "
+                f"{what}{more}: stage times were not the ones the prediction assumes")
     return (f"{name}: rank {a['rank']}'s {what} of micro-batch {a['mb']} (stage {a['stage']}) took "
             f"{a['s'] * 1e3:.0f} ms, {(a['s'] - a['median_s']) * 1e3:.0f} ms over the median {what}{more}: "
             f"stage times were not equal, as the formula assumes")
@@ -224,6 +232,35 @@ def bubble_formula(p: int, m: int, v: int = 1) -> float:
     """``(p-1) / (v*m + p-1)``: the bubble of GPipe and 1F1B (v = 1) and interleaved 1F1B."""
     _check(p, m, v)
     return (p - 1) / (v * m + p - 1)
+
+
+def unequal_stages_step(stage_t: list[float], m: int) -> float:
+    """GPipe's step when stage s's forward takes ``stage_t[s]`` (backward twice that), messages free:
+    ``3 (sum(t) + (m-1) max(t))`` (lesson 05, load balancing).
+
+    Micro-batch 0 crosses every stage forward (``sum(t)``), the other m-1 follow at the pace of the
+    slowest stage; the backward does the same at twice the times. Exact for GPipe (it equals
+    :func:`simulate` of its action lists with these durations); 1F1B overlaps some of the fill and
+    drain and is at most this. Equal times t give ``3 t (m + p - 1)``, the ideal ``3 m t`` over
+    ``1 - bubble_formula(p, m)``.
+
+    Raises:
+        ValueError: no stage, a negative time, or m < 1.
+    """
+    if not stage_t or min(stage_t) < 0 or m < 1:
+        raise ValueError(f"need stage times >= 0 for at least one stage and m >= 1, got {stage_t}, m={m}")
+    return 3 * (sum(stage_t) + (m - 1) * max(stage_t))
+
+
+def unequal_stages_bubble(stage_t: list[float], m: int) -> float:
+    """The idle share of GPipe's step, averaged over ranks, when stage times differ:
+    ``1 - m sum(t) / (p (sum(t) + (m-1) max(t)))``; equal times give ``(p-1)/(m+p-1)``.
+
+    Idle time now has two sources: the fill and drain (the bubble proper) and, on every rank but the
+    slowest, the wait for the slowest stage in the steady state (the imbalance).
+    """
+    busy = 3 * m * sum(stage_t)
+    return 1 - busy / (len(stage_t) * unequal_stages_step(stage_t, m))
 
 
 def peak_in_flight(timeline_or_actions) -> list[float]:
