@@ -34,6 +34,10 @@ def test_each_limit_by_hand():
     assert occupancy(33, 0, 0, h100)["per_limit"]["threads"] == 32
     # before compute capability 8.0 nothing is reserved: exactly 2 blocks of 48 KB in 96 KB
     assert occupancy(128, 0, 48 * 1024, sm_limits(capability=(7, 0)))["per_limit"]["shared memory"] == 2
+    # and shared memory is allocated in units of 256 bytes there, 128 from 8.0 on: 100 bytes take 256 on a
+    # V100 (384 of 96 KB: 384 blocks), 1024 + 128 on an H100 (202 blocks of 228 KB)
+    assert occupancy(32, 0, 100, sm_limits(capability=(7, 0)))["per_limit"]["shared memory"] == 384
+    assert occupancy(32, 0, 100, h100)["per_limit"]["shared memory"] == 228 * 1024 // 1152
     assert occupancy(1024, 0, 0, sm_limits(capability=(7, 5)))["occupancy"] == 1.0   # T4: 1024 per SM
 
 
@@ -47,12 +51,21 @@ def test_limits_from_a_device_use_what_cuda_reports():
     assert lim["capability"] == (9, 0) and lim["smem_block"] == 232448
     odd = SimpleNamespace(**{**vars(props), "max_threads_per_multi_processor": 1536})
     assert occupancy(256, 0, 0, sm_limits(odd))["per_limit"]["threads"] == 6       # read, not looked up
+    assert lim["note"] is None
+    # a device the table does not hold (a B200 is 10.0, a P100 6.0) still gets its limits, with a note
+    new = sm_limits(SimpleNamespace(**{**vars(props), "name": "NVIDIA B200", "major": 10}))
+    assert new["capability"] == (10, 0) and new["max_blocks"] == 32 and new["smem"] == 233472
+    assert new["note"] == ("compute capability 10.0 is not in the table: blocks per SM and allocation units "
+                           "assumed from 9.0")
+    old = sm_limits(SimpleNamespace(**{**vars(props), "major": 6, "minor": 0}))
+    assert old["note"].endswith("assumed from 7.0") and old["smem_unit"] == 256
 
 
 def test_table_is_consistent():
     for cap, lim in SM_LIMITS.items():
         assert lim["max_threads"] % 32 == 0 and lim["smem_block"] <= lim["smem"], cap
         assert lim["reserved_smem"] == (1024 if cap >= (8, 0) else 0), cap
+        assert lim["smem_unit"] == (128 if cap >= (8, 0) else 256), cap
 
 
 @pytest.mark.parametrize("args,words", [

@@ -9,8 +9,8 @@ warps over the SM's maximum. Higher is not always faster (a kernel that reuses r
 
 The limits are NVIDIA's "Technical Specifications per Compute Capability" (CUDA C++ Programming Guide);
 the allocation rules are those of NVIDIA's CUDA Occupancy Calculator: registers are given to a warp in
-units of 256, warps in groups of 4, shared memory in units of 128 bytes, and from compute capability 8.0
-on the runtime reserves 1 KB of shared memory per block. Checked in ``tests/test_occupancy.py`` against
+units of 256, warps in groups of 4, shared memory in units of 256 bytes before compute capability 8.0
+and of 128 bytes from 8.0 on, when the runtime also starts to reserve 1 KB of shared memory per block. Checked in ``tests/test_occupancy.py`` against
 the CUDA C++ Best Practices Guide's example (compute capability 7.0, 37 registers per thread: 75% with
 128-thread blocks, four resident blocks of 320 threads).
 """
@@ -18,24 +18,24 @@ the CUDA C++ Best Practices Guide's example (compute capability 7.0, 37 register
 from __future__ import annotations
 
 WARP = 32
-REG_UNIT, WARP_GROUP, SMEM_UNIT, MAX_REGS_PER_THREAD, MAX_THREADS_PER_BLOCK = 256, 4, 128, 255, 1024
+REG_UNIT, WARP_GROUP, MAX_REGS_PER_THREAD, MAX_THREADS_PER_BLOCK = 256, 4, 255, 1024
 
 #: Per compute capability (major, minor): threads, blocks, 32-bit registers and shared memory (bytes,
-#: the largest carve-out) per SM, the most shared memory one block may opt in to, and the shared memory
-#: the runtime reserves per block. ``gpus``: examples, as in :data:`mgpu_utils.costs.hardware.GPUS`.
+#: the largest carve-out) per SM, the most shared memory one block may opt in to, the shared memory
+#: the runtime reserves per block, and the unit shared memory is allocated in. ``gpus``: examples, as in :data:`mgpu_utils.costs.hardware.GPUS`.
 SM_LIMITS: dict[tuple[int, int], dict] = {
     (7, 0): dict(gpus="V100", max_threads=2048, max_blocks=32, regs=65536, smem=96 * 1024,
-                 smem_block=96 * 1024, reserved_smem=0),
+                 smem_block=96 * 1024, reserved_smem=0, smem_unit=256),
     (7, 5): dict(gpus="T4", max_threads=1024, max_blocks=16, regs=65536, smem=64 * 1024,
-                 smem_block=64 * 1024, reserved_smem=0),
+                 smem_block=64 * 1024, reserved_smem=0, smem_unit=256),
     (8, 0): dict(gpus="A100", max_threads=2048, max_blocks=32, regs=65536, smem=164 * 1024,
-                 smem_block=163 * 1024, reserved_smem=1024),
+                 smem_block=163 * 1024, reserved_smem=1024, smem_unit=128),
     (8, 6): dict(gpus="A40, RTX 30xx", max_threads=1536, max_blocks=16, regs=65536, smem=100 * 1024,
-                 smem_block=99 * 1024, reserved_smem=1024),
+                 smem_block=99 * 1024, reserved_smem=1024, smem_unit=128),
     (8, 9): dict(gpus="L4, RTX 40xx", max_threads=1536, max_blocks=24, regs=65536, smem=100 * 1024,
-                 smem_block=99 * 1024, reserved_smem=1024),
+                 smem_block=99 * 1024, reserved_smem=1024, smem_unit=128),
     (9, 0): dict(gpus="H100, H200", max_threads=2048, max_blocks=32, regs=65536, smem=228 * 1024,
-                 smem_block=227 * 1024, reserved_smem=1024),
+                 smem_block=227 * 1024, reserved_smem=1024, smem_unit=128),
 }
 
 
@@ -49,19 +49,29 @@ def sm_limits(props=None, capability: tuple[int, int] | None = None) -> dict:
 
     Returns:
         ``{"gpus", "max_threads", "max_blocks", "regs", "smem", "smem_block", "reserved_smem",
-        "capability"}``.
+        "smem_unit", "capability", "note"}``; ``note`` is None, or says which row of the table stood in
+        for a device whose compute capability the table does not hold (the nearest one below it, else the
+        lowest): its blocks per SM and allocation rules are then assumed, not known.
 
     Raises:
-        ValueError: neither argument given, or a compute capability the table does not hold (it names
-            the ones it does).
+        ValueError: no argument given, or (without a device) a compute capability the table does not
+            hold (it names the ones it does).
     """
+    note = None
     if props is not None:
-        capability = (props.major, props.minor)
-    if capability not in SM_LIMITS:
+        capability = row = (props.major, props.minor)
+        if row not in SM_LIMITS:
+            below = [c for c in SM_LIMITS if c < row]
+            row = max(below) if below else min(SM_LIMITS)
+            note = (f"compute capability {capability[0]}.{capability[1]} is not in the table: blocks per SM "
+                    f"and allocation units assumed from {row[0]}.{row[1]}")
+    elif capability not in SM_LIMITS:
         known = ", ".join(f"{a}.{b}" for a, b in SM_LIMITS)
         raise ValueError(f"no SM limits for compute capability {capability}: the table has {known} "
                          f"(pass capability=(major, minor) of the nearest one)")
-    lim = dict(SM_LIMITS[capability], capability=capability)
+    else:
+        row = capability
+    lim = dict(SM_LIMITS[row], capability=capability, note=note)
     if props is not None:
         lim.update(max_threads=props.max_threads_per_multi_processor, regs=props.regs_per_multiprocessor,
                    smem=props.shared_memory_per_multiprocessor,
@@ -103,7 +113,8 @@ def occupancy(threads_per_block: int, regs_per_thread: int, smem_per_block: int,
         warps_by_regs = limits["regs"] // per_warp // WARP_GROUP * WARP_GROUP
         per["registers"] = warps_by_regs // warps
     if smem_per_block:
-        need = -(-(smem_per_block + limits["reserved_smem"]) // SMEM_UNIT) * SMEM_UNIT
+        unit = limits["smem_unit"]
+        need = -(-(smem_per_block + limits["reserved_smem"]) // unit) * unit
         per["shared memory"] = limits["smem"] // need
     limited_by = min(per, key=per.get)
     blocks = per[limited_by]
