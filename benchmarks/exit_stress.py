@@ -14,7 +14,9 @@ Run:
     python benchmarks/exit_stress.py -k 10 --nproc 2 4 [--via torchrun]
 """
 import argparse
+import atexit
 import collections
+import shutil
 import sys
 import tempfile
 import time
@@ -25,6 +27,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mgpu_utils.launch.launcher import LaunchError, run_torchrun  # noqa: E402
 
+_SCRATCH: list[str] = []
+
+
+def scratch() -> str:
+    """A fresh folder for one run's checkpoints or traces; all of them lie in one folder that is removed when
+    this process (the stress run, or pytest) exits."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.mkdtemp(prefix="mgpu_stress_"))
+        atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return tempfile.mkdtemp(dir=_SCRATCH[0])
+
+
 # The arguments the tests use (small and quick); per world size where the script needs it; a function for
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
@@ -32,7 +46,7 @@ CASES = {
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--per-rank-batch", 4, "--check-grads", "--max-steps", 3],
-    "checkpoint_formats.py": lambda: ["--phase", "save", "--ckpt-dir", tempfile.mkdtemp(prefix="mgpu_stress_"),
+    "checkpoint_formats.py": lambda: ["--phase", "save", "--ckpt-dir", scratch(),
                                       "--repeats", 1, "--width", 64],
     "collective_errors.py": ["--case", "ok"],
     "collectives_bench.py": ["--ops", "all_reduce,all_gather", "--max-mib", 1, "--repeats", 1, "--warmup", 1],
@@ -46,7 +60,7 @@ CASES = {
     "ddp_train.py": ["--epochs", 1, "--per-rank-batch", 16],
     "expert_parallel.py": ["--steps", 3, "--capacity-factors", "1"],
     "ddp_uneven.py": [],
-    "elastic_train.py": lambda: ["--ckpt-dir", tempfile.mkdtemp(prefix="mgpu_stress_"), "--steps", 10],
+    "elastic_train.py": lambda: ["--ckpt-dir", scratch(), "--steps", 10],
     "fsdp2_practice.py": ["--layers", 2, "--steps", 2],
     "grad_accumulation.py": ["--micro-batches", 4, "--global-batch", 64],
     "grade_exercise.py": ["--exercise", "04.4", "--solution", ROOT / "exercises" / "solutions" / "04_ring_all_gather.py"],
@@ -60,7 +74,7 @@ CASES = {
     "pipeline_parallel.py": ["--stage-ms", 0],
     "preflight.py": ["--max-mib", 1, "--repeats", 2],
     "profile_step.py": lambda: ["--layers", 1, "--width", 32, "--heads", 2, "--seq", 16, "--per-rank-batch", 2, "--warmup", 1,
-                                "--steps", 1, "--traced-steps", 1, "--trace-dir", tempfile.mkdtemp(prefix="mgpu_stress_")],
+                                "--steps", 1, "--traced-steps", 1, "--trace-dir", scratch()],
     "ring_allreduce.py": ["--sizes-kib", ""],
     "sparsify.py": ["--steps", 4, "--check-steps", 2, "--eval-every", 2],
     "sync_async.py": ["--steps", 12, "--delay-ms", 0],

@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -224,18 +225,22 @@ def main() -> int:
     print(header, flush=True)
     rows, t0 = [], time.perf_counter()
     scratch = "SCRATCH" if a.dry_run else tempfile.mkdtemp(prefix="mgpu_gpu_check_")
-    for step in plan(ngpu, scratch):
-        why = why_not(step, ngpu)
-        if not why and time.perf_counter() - t0 > a.budget_s:
-            why = f"over the time budget ({a.budget_s:.0f} s)"
-        if why or a.dry_run:
-            rows.append((step.name, "skipped", 0.0, why or "dry run: would run here"))
-            print(f"== skipped: {step.name}: {rows[-1][3]}")
-            continue
-        print(f"== {step.name}", flush=True)
-        status, sec, detail = run_step(step)
-        rows.append((step.name, status, sec, detail))
-        print(f"== {status}: {step.name} ({sec:.0f} s) {detail}", flush=True)
+    try:
+        for step in plan(ngpu, scratch):
+            why = why_not(step, ngpu)
+            if not why and time.perf_counter() - t0 > a.budget_s:
+                why = f"over the time budget ({a.budget_s:.0f} s)"
+            if why or a.dry_run:
+                rows.append((step.name, "skipped", 0.0, why or "dry run: would run here"))
+                print(f"== skipped: {step.name}: {rows[-1][3]}")
+                continue
+            print(f"== {step.name}", flush=True)
+            status, sec, detail = run_step(step)
+            rows.append((step.name, status, sec, detail))
+            print(f"== {status}: {step.name} ({sec:.0f} s) {detail}", flush=True)
+    finally:
+        if not a.dry_run:
+            shutil.rmtree(scratch, ignore_errors=True)   # traces and checkpoints; the summary keeps the numbers
     write_summary(Path(a.summary), rows, header)
     failed = [r[0] for r in rows if r[1] == "failed"]
     print(f"{len(rows) - len(failed)} of {len(rows)} steps passed or skipped"

@@ -115,7 +115,10 @@ def test_gpu_check_on_a_simulated_two_gpu_machine(tmp_path, monkeypatch, capsys)
         return subprocess.CompletedProcess(argv, 1 if bad else 0, 'MGPU_RESULT {"busbw_GBps": 1.0}\n', "")
     monkeypatch.setattr(smoke.subprocess, "run", fake_run)
     monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--summary", str(tmp_path / "s.md")])
+    monkeypatch.setattr(smoke.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     assert smoke.main() == 1
+    assert list((tmp_path / "tmp").iterdir()) == [], "the check's scratch folder (traces, checkpoints) was left"
     text = (tmp_path / "s.md").read_text()
     assert "NVIDIA H100 80GB HBM3 x 2" in text
     assert "| a hang on NCCL reported as the collective timeout | failed |" in text and "exit 1" in text
