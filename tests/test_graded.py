@@ -22,6 +22,7 @@ TEMPLATE_HINTS = {
     "08.4": r"the ranks never communicated: after steps \[3, 6\]",
     "09.5": r"neither G nor D changed in 2 steps",
     "12.3": r"returned out1 and lse1 unchanged",
+    "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
 }
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
@@ -41,6 +42,7 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "09.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
     "12.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
              r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
+    "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
 }
 
 
@@ -54,7 +56,27 @@ GAN_G_BLOCK = ("    g_loss = F.binary_cross_entropy_with_logits(D(fake), ones)  
 MERGE_LSE = "    lse = big + torch.log(torch.exp(lse1 - big) + torch.exp(lse2 - big))\n"
 MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.exp(lse2 - lse)[..., None]\n"
 
+TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
+
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "f left out": ("06.3", "    z = CopyToTP.apply(z, tp_group)\n", "",
+                   r"mesh 1x3, .* W0's gradient is only the part that flows through this rank's hidden units"),
+    "g from torch.distributed.nn": ("06.3", ["import torch.nn.functional as F\n", TWO_D_G],
+                                    ["import torch.nn.functional as F\nimport torch.distributed.nn.functional as dnn\n",
+                                     'dnn.all_reduce(h @ params["w2"].T, group=tp_group)'],
+                                    r"mesh 1x3, .* W0, W1 and W2 are tp = 3 times too large: g's backward is "
+                                    r"the identity"),
+    "g left out": ("06.3", TWO_D_G, '(h @ params["w2"].T)',
+                   r"mesh 1x3, .* the loss is that of this rank's partial output"),
+    "bias before g": ("06.3", TWO_D_G + ' + params["b2"]',
+                      'ReduceFromTP.apply(h @ params["w2"].T + params["b2"], tp_group)',
+                      r"mesh 1x3, .* the loss is that of y with b2 added 3 times"),
+    "gradients never cleared": ("06.3", "            p.grad = None\n", "",
+                                r"mesh 3x1, .* step 1 was right; at step 2 step 1's gradients were still there"),
+    "divided by the world size": ("06.3", "dp = dist.get_world_size(dp_group)", "dp = dist.get_world_size()",
+                                  r"mesh 1x3, .* divided by the world size 3; the mean is over dp_group, 1 rank"),
+    "gradients averaged over every rank": ("06.3", "dist.all_reduce(p.grad, group=dp_group)",
+                                           "dist.all_reduce(p.grad)", r"mesh 1x3, .* all-reduced over every rank"),
     "merged lse is the larger one": ("12.3", "    return out, lse\n", "    return out, big\n",
                                      r"the output is right, but the lse returned is max\(lse1, lse2\)"),
     "outputs averaged": ("12.3", MERGE_OUT, "    out = (out1 + out2) / 2\n", r"plain average of out1 and out2"),

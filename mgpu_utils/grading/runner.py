@@ -1,4 +1,4 @@
-"""Graded coding exercises (lessons 03, 04, 05, 07, 08 and 09): your script, run for real under torchrun,
+"""Graded coding exercises (lessons 03 to 09 and 12): your script, run for real under torchrun,
 checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
@@ -71,6 +71,9 @@ GRADED = {
     "09.5": Graded("09_gan_step.py", "function", (2, 3),
                    "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
                    "detached fakes first, then G through the updated D)"),
+    "06.3": Graded("06_two_d_step.py", "function", (2, 4),
+                   "two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
+                   "(g in the forward, f in the backward, the mean over dp_group)"),
     "12.3": Graded("12_merge_attention.py", "function", (2, 3),
                    "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
                    "ring attention with it equals full attention, causal and not"),
@@ -288,6 +291,53 @@ HINTS: dict[str, list[tuple]] = {
          "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
         (_any, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
                "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
+    "two_d": [
+        (lambda p, W: p["what"] == "collective",
+         "rank {rank} (mesh {layout}, dp x tp): called {calls}; the only communication here is all-reduce: g's in "
+         "the forward, f's in the backward and the average over dp_group. A gather would put more than this rank's "
+         "shard in its memory"),
+        (lambda p, W: p["what"] == "loss_type",
+         "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
+         "(loss.item())"),
+        (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
+         "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
+         "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
+        (lambda p, W: p["what"] == "loss" and p["forward"] == "bias_every_rank",
+         "rank {rank} (mesh {layout}, dp x tp): the loss is that of y with b2 added {tp} times: every tp rank added "
+         "the bias before g's all-reduce. Add it after g, once"),
+        (lambda p, W: p["what"] == "loss",
+         "rank {rank} (mesh {layout}, dp x tp): at step {step} the loss {got:.6f} differs from one process's "
+         "{want:.6f} on this rank's rows: the forward is relu(x W0^T), f, relu(. W1^T), . W2^T, g, + b2"),
+        (lambda p, W: p["what"] == "step" and p["forward"] == "no_f",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 W0's gradient is only the part that flows through "
+         "this rank's hidden units: every tp rank's slice of W1 used the same z, so f's backward sums z's gradient "
+         "over tp_group (one all-reduce)"),
+        (lambda p, W: p["what"] == "step" and p["forward"] == "g_backward_sum",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients of W0, W1 and W2 are tp = {tp} times "
+         "too large: g's backward is the identity (y is the sum of the partials, so each partial's gradient is "
+         "y's); an all-reduce there, as torch.distributed.nn.functional.all_reduce's backward does, adds {tp} "
+         "equal copies"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "none",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are those of this rank's rows only: "
+         "average them over dp_group (all-reduce, then divide by its size, {dp})"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "sum",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group, dp = {dp} "
+         "times the mean: divide by dp_group's size"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "div_world",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group divided by "
+         "the world size {W}; the mean is over dp_group, {dp} rank(s) (dist.get_world_size(dp_group))"),
+        (lambda p, W: p["what"] == "step" and p["sync"] in ("world_dp", "world_mean"),
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients were all-reduced over every rank: "
+         "that adds the other tp ranks' shards (other rows of W1, other columns of W2) to this one. Average over "
+         "dp_group only"),
+        (lambda p, W: p["what"] == "step",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 {param} differs from one process's by "
+         "{max_diff:.3g}"),
+        (lambda p, W: p["what"] == "carried",
+         "rank {rank} (mesh {layout}, dp x tp): step 1 was right; at step {step} step 1's gradients were still "
+         "there (backward adds to p.grad): set p.grad = None after the update"),
+        (_any, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
+               "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
