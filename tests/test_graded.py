@@ -23,6 +23,7 @@ TEMPLATE_HINTS = {
     "09.5": r"neither G nor D changed in 2 steps",
     "12.3": r"returned out1 and lse1 unchanged",
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
+    "11.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
 }
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
@@ -43,6 +44,8 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "12.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
              r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
     "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
+    "11.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
+             r"those of a snapshot without the optimizer's state\."),
 }
 
 
@@ -59,6 +62,19 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "snapshot without the scheduler": ("11.5", ['"scheduler": sched.state_dict(),\n                 ',
+                                                '    sched.load_state_dict(state["scheduler"])\n'], ["", ""],
+                                       r"those of a snapshot without the scheduler's\."),
+    "rank 0's random state on every rank": ("11.5", 'state["rng"][dist.get_rank()]', 'state["rng"][0]',
+                                            r"every rank restoring rank 0's random state"),
+    "snapshot written in place": ("11.5", ['        tmp = f"{path}.tmp"\n', "        os.replace(tmp, path)  "],
+                                  ["        tmp = path\n", "        pass  "],
+                                  r"halfway through writing the second snapshot, the path no longer held the first"),
+    "every rank writes": ("11.5", ["    if dist.get_rank() == 0:\n", 'tmp = f"{path}.tmp"'],
+                          ["    if True:\n", 'tmp = f"{path}.tmp{dist.get_rank()}"'],
+                          r"ranks \[1, 2\] wrote files with torch.save too: only rank 0 writes"),
+    "resume one step late": ("11.5", '    return state["step"]', '    return state["step"] + 1',
+                             r"those of a resume one step late"),
     "f left out": ("06.3", "    z = CopyToTP.apply(z, tp_group)\n", "",
                    r"mesh 1x3, .* W0's gradient is only the part that flows through this rank's hidden units"),
     "g from torch.distributed.nn": ("06.3", ["import torch.nn.functional as F\n", TWO_D_G],

@@ -1,4 +1,4 @@
-"""Graded coding exercises (lessons 03 to 09 and 12): your script, run for real under torchrun,
+"""Graded coding exercises (lessons 03 to 09, 11 and 12): your script, run for real under torchrun,
 checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
@@ -74,6 +74,9 @@ GRADED = {
     "06.3": Graded("06_two_d_step.py", "function", (2, 4),
                    "two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
                    "(g in the forward, f in the backward, the mean over dp_group)"),
+    "11.5": Graded("11_snapshot.py", "function", (2, 3),
+                   "a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
+                   "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
     "12.3": Graded("12_merge_attention.py", "function", (2, 3),
                    "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
                    "ring attention with it equals full attention, causal and not"),
@@ -338,6 +341,35 @@ HINTS: dict[str, list[tuple]] = {
          "there (backward adds to p.grad): set p.grad = None after the update"),
         (_any, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
                "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
+    "snapshot": [
+        (lambda p, W: p["what"] == "no_load",
+         "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "drop",
+         "rank {rank}: the resumed job's weights differ from the uninterrupted job's by {max_diff:.3g} (world "
+         "size {W}): they are those of a snapshot without {parts}. The optimizer's state holds the momentum "
+         "buffers and the learning rate, the scheduler's its position, the random state each rank's dropout "
+         "stream"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "rank0_rng",
+         "rank {rank}: the resumed job's weights are those of every rank restoring rank 0's random state (world "
+         "size {W}): each rank has its own dropout stream; gather every rank's state "
+         "(dist.all_gather_object) into the snapshot and let each rank restore its own"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "step",
+         "rank {rank}: the resumed job's weights are those of a resume one step {off} (world size {W}): "
+         "load_snapshot returns the number of steps already done, the index of the next step"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "from_scratch",
+         "rank {rank}: the resumed job trained from step 0 again, from the initial weights (world size {W}): "
+         "load the model's state and return the step that the snapshot was taken at"),
+        (lambda p, W: p["what"] == "resume",
+         "rank {rank}: the resumed job's final weights differ from the uninterrupted job's by {max_diff:.3g} "
+         "(world size {W}): save and restore the model, the optimizer, the scheduler, every rank's random "
+         "state and the step"),
+        (lambda p, W: p["what"] == "ranks",
+         "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
+         "state; on a shared file system the ranks would write over each other)"),
+        (lambda p, W: p["what"] == "torn",
+         "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
+         "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
+         "os.replace() it onto the path (a rename is atomic)")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
