@@ -24,7 +24,12 @@ TEMPLATE_HINTS = {
     "12.3": r"returned out1 and lse1 unchanged",
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
     "11.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
+    "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
 }
+
+SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
+SYNC_END = "        sync()                                   # ... and stops when this step's work is done\n"
+MFU = '"mfu": flops / step_s / peak_flops'
 
 MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must get at world size 3)
     "03.4": ("p.grad /= world", "pass", r"is 3 times DDP's .* divide by the world size"),
@@ -46,6 +51,7 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
     "11.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
              r"those of a snapshot without the optimizer's state\."),
+    "10.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
 }
 
 
@@ -62,6 +68,17 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "synchronised at the end only": ("10.5", SYNC_END, "",
+                                     r"less than the 50 ms of work each step queues: the clock was read before"),
+    "warm-up in the mean": ("10.5", ["    for _ in range(warmup):                      "
+                                     "# lazy initialisation, autotuning, allocator: not timed\n        step()\n",
+                                     "statistics.median(times)"], ["", "statistics.mean(times)"],
+                            r"several times the 50 ms a step's work takes: the first step, 1.5 s"),
+    "two steps counted": ("10.5", "        step()                                   # one more step, counted (not timed)\n",
+                          "        step()\n        step()\n", r"FLOPs, the count of 2 steps .* count one step"),
+    "MFU in percent": ("10.5", MFU, '"mfu": 100 * flops / step_s / peak_flops', r"is a percentage; return the fraction"),
+    "MFU times the world size": ("10.5", MFU, '"mfu": flops * __import__("torch").distributed.get_world_size() '
+                                              '/ step_s / peak_flops', r"is 3 times flops / step_s / peak_flops"),
     "snapshot without the scheduler": ("11.5", ['"scheduler": sched.state_dict(),\n                 ',
                                                 '    sched.load_state_dict(state["scheduler"])\n'], ["", ""],
                                        r"those of a snapshot without the scheduler's\."),
@@ -441,3 +458,19 @@ def test_every_graded_exercise_has_four_wrong_solutions_in_tests():
     count["03.5"] += 1                                              # never waited for (easy ways round)
     count["03.6"] += 1
     assert all(n >= 4 for n in count.values()), count
+
+
+def test_lessons_03_to_12_each_grade_a_coding_exercise_they_hold():
+    """Issue 33's bar: every lesson from 03 on has a graded coding exercise, and each exercise is graded from
+    its own lesson's notebook (check_script("NN.k") in a code cell of notebooks/NN_*.ipynb)."""
+    import json
+
+    graded_in = {}
+    for nb in sorted((EXERCISES_DIR.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                for i in re.findall(r'check_script\("(\d\d\.\d+)"', "".join(cell["source"])):
+                    graded_in[i] = nb.name[:2]
+    assert set(graded_in) == set(GRADED), set(GRADED) ^ set(graded_in)
+    assert all(graded_in[i] == i[:2] for i in graded_in), graded_in
+    assert {i[:2] for i in GRADED} >= {f"{n:02d}" for n in range(3, 13)}

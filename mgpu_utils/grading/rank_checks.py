@@ -1,4 +1,4 @@
-"""Rank-side checks of the graded coding exercises of lessons 03 to 09, 11 and 12 (run by
+"""Rank-side checks of the graded coding exercises of lessons 03 to 12 (run by
 launch_scripts/grade_exercise.py under torchrun).
 
 Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
@@ -924,9 +924,100 @@ def check_snapshot(fn, ctx, problems):
         note(problems, {"rank": rank, "kind": "snapshot", "what": "torn"})
 
 
+#: Exercise 10.5's step: its queued device work (seconds), how slow its first call is, the warm-up and timed
+#: steps the student is given, and the peak passed in (FLOP/s).
+MEASURE_PLAN = {"device_s": 0.05, "first_s": 1.5, "warmup": 2, "repeats": 8, "peak": 5e9, "batch": 16}
+
+
+class QueuedDevice:
+    """Work that runs after the call that queued it has returned, in order, on a worker thread: a CUDA stream's
+    behaviour on the CPU. ``put(seconds)`` queues work that takes that long; ``sync()`` waits for all of it."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.q = queue.Queue()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            seconds = self.q.get()
+            if seconds is not None:
+                time.sleep(seconds)
+            self.q.task_done()
+            if seconds is None:
+                return
+
+    def put(self, seconds: float) -> None:
+        self.q.put(seconds)
+
+    def sync(self) -> None:
+        self.q.join()
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.q.join()
+
+
+def check_measure(fn, ctx, problems):
+    """10.5: ``fn(step, sync, warmup, repeats, peak_flops)`` on a DDP step whose first call takes 1.5 s and
+    whose queued work takes 50 ms (:class:`QueuedDevice`): the step time between two bounds (a clock read
+    before the work is done reads the step's compute alone, about 5 ms at 3 ranks on 2 cores, under 45 ms; a
+    sleep never ends early, so a synced step reads at least 50 ms under any load; a warm-up in the mean adds
+    1.5 s over the timed steps, more than 150 ms), one step's FLOPs as FlopCounterMode counts them, and the
+    MFU from the student's own two numbers."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    plan, world, rank = MEASURE_PLAN, ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    x, y = load_data()[0][:plan["batch"] * world]
+    x, y = x[rank::world], y[rank::world]
+    plain = copy.deepcopy(model)
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(plain(x), y).backward()
+    want_flops = counter.get_total_flops()
+    ddp, device, calls = DDP(model), QueuedDevice(), [0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step():
+        calls[0] += 1
+        if calls[0] == 1:
+            time.sleep(plan["first_s"])                    # lazy initialisation, autotuning: once
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        device.put(plan["device_s"])                       # this step's kernels, still to run
+    try:
+        got = fn(step, device.sync, plan["warmup"], plan["repeats"], plan["peak"])
+    finally:
+        device.close()
+    base = {"rank": rank, "kind": "measure", "device_ms": plan["device_s"] * 1e3, "first_s": plan["first_s"]}
+    if not (isinstance(got, dict) and all(isinstance(got.get(k), (int, float)) for k in ("step_s", "flops", "mfu"))):
+        return note(problems, {**base, "what": "type", "got": repr(got)[:80]})
+    step_s, flops, mfu = float(got["step_s"]), float(got["flops"]), float(got["mfu"])
+    if step_s < 0.9 * plan["device_s"]:
+        return note(problems, {**base, "what": "unsynced", "ms": step_s * 1e3})
+    if step_s > 2 * plan["device_s"] + 0.05:
+        return note(problems, {**base, "what": "warmup", "ms": step_s * 1e3, "calls": calls[0]})
+    ratio = flops / want_flops
+    if abs(ratio - 1) > 1e-9:
+        k = round(ratio)
+        return note(problems, {**base, "what": "flops", "flops": flops, "want": want_flops,
+                               "steps": k if k >= 2 and abs(ratio - k) < 1e-9 else None})
+    expected = flops / step_s / plan["peak"]
+    if abs(mfu - expected) > 1e-9 * expected:
+        r = mfu / expected
+        return note(problems, {**base, "what": "mfu", "mfu": mfu, "expected": expected,
+                               "as": "percent" if abs(r - 100) < 1e-6 else "world" if abs(r - world) < 1e-6 and
+                               world > 1 else None})
+
+
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
           "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
           "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge),
-          "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot)}
+          "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot),
+          "10.5": ("measure_step", check_measure)}

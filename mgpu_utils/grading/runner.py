@@ -1,4 +1,4 @@
-"""Graded coding exercises (lessons 03 to 09, 11 and 12): your script, run for real under torchrun,
+"""Graded coding exercises (lessons 03 to 12): your script, run for real under torchrun,
 checked against PyTorch.
 
 Each coding exercise has a template in ``exercises/`` (a short file with ``TODO``s; the parts that are not the
@@ -74,6 +74,9 @@ GRADED = {
     "06.3": Graded("06_two_d_step.py", "function", (2, 4),
                    "two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
                    "(g in the forward, f in the backward, the mean over dp_group)"),
+    "10.5": Graded("10_measure_step.py", "function", (2, 3),
+                   "the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
+                   "the MFU from them"),
     "11.5": Graded("11_snapshot.py", "function", (2, 3),
                    "a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
                    "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
@@ -370,6 +373,31 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
          "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
          "os.replace() it onto the path (a rename is atomic)")],
+    "measure": [
+        (lambda p, W: p["what"] == "type",
+         "rank {rank}: measure_step returned {got}; return a dict with the numbers step_s, flops and mfu"),
+        (lambda p, W: p["what"] == "unsynced",
+         "rank {rank}: {ms:.2f} ms per step, less than the {device_ms:.0f} ms of work each step queues: the clock "
+         "was read before the step's work was done (step() returns when its work is queued, as CUDA kernels and "
+         "NCCL collectives do). Call sync() before reading the clock, at the start and at the end"),
+        (lambda p, W: p["what"] == "warmup",
+         "rank {rank}: {ms:.0f} ms per step, several times the {device_ms:.0f} ms a step's work takes: the first "
+         "step, {first_s:g} s (lazy initialisation, autotuning), is in the number. Run the warm-up steps "
+         "untimed, and take the median of the timed ones"),
+        (lambda p, W: p["what"] == "flops" and not p["flops"],
+         "rank {rank}: flops is 0: count one step with torch.utils.flop_counter.FlopCounterMode "
+         "(counter.get_total_flops())"),
+        (lambda p, W: p["what"] == "flops" and p["steps"],
+         "rank {rank}: {flops:.4g} FLOPs, the count of {steps} steps ({want:.4g} each): count one step"),
+        (lambda p, W: p["what"] == "flops",
+         "rank {rank}: {flops:.4g} FLOPs per step; FlopCounterMode counts {want:.4g} for one step of this rank "
+         "(forward and backward)"),
+        (lambda p, W: p["what"] == "mfu" and p["as"] == "percent",
+         "rank {rank}: mfu {mfu:.4g} is a percentage; return the fraction, flops / step_s / peak_flops"),
+        (lambda p, W: p["what"] == "mfu" and p["as"] == "world",
+         "rank {rank}: mfu {mfu:.4g} is {W} times flops / step_s / peak_flops: this rank's FLOPs go over this "
+         "rank's peak (the job's MFU is the same fraction: W times the FLOPs over W times the peak)"),
+        (_any, "rank {rank}: mfu {mfu:.4g}, but your flops / step_s / peak_flops is {expected:.4g}")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
