@@ -25,6 +25,7 @@ TEMPLATE_HINTS = {
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
     "11.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
     "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
+    "07.5": r"with SGD with momentum, no parameter moved in three steps",
 }
 
 SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
@@ -52,6 +53,10 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "11.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
              r"those of a snapshot without the optimizer's state\."),
     "10.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
+    "07.5": ("        all_gather_single(full, self.shard.detach())       # every rank's updated slice, on every rank\n",
+             "        full = self.flat([p.detach() for p in self.params]).clone()\n"
+             "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
+             r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
 }
 
 
@@ -68,6 +73,11 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "07.5 gradients summed": ("07.5", "self.shard.grad = g / self.world", "self.shard.grad = g",
+                              r"with SGD with momentum, after three steps the parameters differ .* the mean over"),
+    "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",
+                                    "optimizer_class([self.shard], lr=defaults['lr'])",
+                                    r"does the inner optimizer get every keyword argument"),
     "synchronised at the end only": ("10.5", SYNC_END, "",
                                      r"less than the 50 ms of work each step queues: the clock was read before"),
     "warm-up in the mean": ("10.5", ["    for _ in range(warmup):                      "
@@ -334,6 +344,19 @@ def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):
 
 
 CHEATS = {   # (exercise, the file a student looking for the easy way could write, the hint it must get at 3 ranks)
+    "the whole optimizer inside": ("07.5", (
+        "import torch, torch.distributed as dist\n"
+        "class ShardedOptimizer:\n"
+        "    def __init__(self, params, optimizer_class, **defaults):\n"
+        "        self.params = list(params)\n"
+        "        self.inner = optimizer_class(self.params, **defaults)\n"
+        "    def step(self):\n"
+        "        for p in self.params:\n"
+        "            dist.all_reduce(p.grad)\n"
+        "            p.grad /= dist.get_world_size()\n"
+        "        self.inner.step()\n"
+        "    def zero_grad(self):\n"
+        "        self.inner.zero_grad()\n"), r"holds 7,240 bytes of state .* the optimizer in one process holds 7,240"),
     "gather imported by name": ("04.4", (
         "import torch\nfrom torch.distributed import all_gather, get_world_size\n"
         "def ring_all_gather(x):\n"
@@ -395,7 +418,7 @@ def test_collectives_are_refused_however_they_are_reached(name, tmp_path, capsys
 
 
 def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
-    names = ["full Adam wrapped in an attribute", "full moments in a dict"]
+    names = ["full Adam wrapped in an attribute", "full moments in a dict", "the whole optimizer inside"]
     cases = [(CHEATS[n][0], cheat_file(tmp_path, n)) for n in names]
     cases += [("03.5", wrong(tmp_path, "03.5", "            work.wait()\n", "")),
               ("03.6", wrong(tmp_path, "03.6", "            work.wait()\n", ""))]

@@ -1014,10 +1014,70 @@ def check_measure(fn, ctx, problems):
                                world > 1 else None})
 
 
+#: Exercise 07.5's optimizers: (name, class, keyword arguments), each element-wise.
+ANY_OPTIMIZERS = (("SGD with momentum", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
+                  ("Adam", torch.optim.Adam, {"lr": 1e-2}),
+                  ("AdamW", torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}))
+
+
+def inner_parameters(obj, depth=8) -> list:
+    """The parameters (and so their gradients) of every torch.optim.Optimizer reachable from ``obj``: the
+    tensors a sharded wrapper hands its inner optimizer, which are not its state."""
+    found, seen = [], set()
+
+    def walk(o, d):
+        if d < 0 or id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type(None), type, torch.Tensor)):
+            return
+        seen.add(id(o))
+        if isinstance(o, torch.optim.Optimizer):
+            found.extend(p for g in o.param_groups for p in g["params"])
+            return
+        items = list(o.keys()) + list(o.values()) if isinstance(o, dict) else list(o) if isinstance(
+            o, (list, tuple, set, frozenset)) else list(getattr(o, "__dict__", {}).values())
+        for item in items:
+            walk(item, d - 1)
+    walk(obj, depth)
+    return found
+
+
+def check_sharded_any(cls, ctx, problems, steps=3):
+    """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS`, on this rank's share
+    of the batch, against the optimizer in one process; the state it holds (:func:`held_bytes` without the
+    model's parameters and its inner optimizers' parameters) against the reference's state over the world."""
+    world, rank = ctx.world_size, ctx.rank
+    x, y = load_data()[0][:48]
+    x = x.flatten(1)
+    for name, opt_class, kwargs in ANY_OPTIMIZERS:
+        torch.manual_seed(0)
+        mine = make_mlp(24, 1)
+        ref = copy.deepcopy(mine)
+        opt, ref_opt = cls(mine.parameters(), opt_class, **kwargs), opt_class(ref.parameters(), foreach=False,
+                                                                              **kwargs)
+        start = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            F.cross_entropy(ref(x), y).backward()
+            ref_opt.step()
+        got = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
+        want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+        held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
+        full = held_bytes(ref_opt, exclude=list(ref.parameters()))
+        if diff(got, want) > 1e-5:
+            should = want != start
+            return note(problems, {"rank": rank, "kind": "any_opt", "optimizer": name, "max_diff": diff(got, want),
+                                   "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item())})
+        if held > full / world * 1.05 + 512:
+            return note(problems, {"rank": rank, "kind": "any_memory", "optimizer": name, "bytes": held,
+                                   "full": full})
+
+
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
           "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
           "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge),
           "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot),
-          "10.5": ("measure_step", check_measure)}
+          "10.5": ("measure_step", check_measure), "07.5": ("ShardedOptimizer", check_sharded_any)}

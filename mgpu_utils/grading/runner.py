@@ -65,6 +65,9 @@ GRADED = {
                    "flight, and the gradients of one process when run on real ranks"),
     "07.4": Graded("07_zero1.py", "function", (2, 3),
                    "three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks"),
+    "07.5": Graded("07_zero1_any.py", "function", (2, 3),
+                   "three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
+                   "about 1/world of the optimizer's state"),
     "08.4": Graded("08_local_sgd.py", "function", (2, 3),
                    "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
                    "and 6), with no communication in between"),
@@ -398,6 +401,19 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: mfu {mfu:.4g} is {W} times flops / step_s / peak_flops: this rank's FLOPs go over this "
          "rank's peak (the job's MFU is the same fraction: W times the FLOPs over W times the peak)"),
         (_any, "rank {rank}: mfu {mfu:.4g}, but your flops / step_s / peak_flops is {expected:.4g}")],
+    "any_opt": [
+        (lambda p, W: p["moved_share"] == 0,
+         "rank {rank}: with {optimizer}, no parameter moved in three steps (world size {W}): step() must update "
+         "the parameters"),
+        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),
+         "rank {rank}: with {optimizer}, only {moved_share:.0%} of the parameters that one process updates moved "
+         "(world size {W}): the other ranks' updated slices never arrived; gather every slice on every rank"),
+        (_any, "rank {rank}: with {optimizer}, after three steps the parameters differ from one process's by "
+               "{max_diff:.3g} (world size {W}): is each slice's gradient the mean over the ranks, and does the "
+               "inner optimizer get every keyword argument (lr, momentum, weight_decay)?")],
+    "any_memory": [(_any, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
+                          "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
+                          "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
