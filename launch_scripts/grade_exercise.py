@@ -2,7 +2,7 @@
 
 Loads the student's file (--solution) on every rank and runs the exercise's check from
 mgpu_utils.grading.rank_checks: the student's function on real inputs against what PyTorch computes (04.4 and
-04.5 against dist.all_gather and reduce-scatter, with the collectives switched off; 03.4 against
+04.5 against dist.all_gather and reduce-scatter, with the collectives switched off; 03.4 to 03.7 against
 DistributedDataParallel; 05.4 through the schedule simulator and the course's executor; 06.3 against the same
 SGD steps in one process at every dp x tp mesh; 07.4 and 07.5 against torch.optim in one process; 08.4 against
 replicas trained and averaged in one process; 09.5 against the GAN's steps in one process; 10.5 with a step

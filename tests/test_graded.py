@@ -26,6 +26,7 @@ TEMPLATE_HINTS = {
     "11.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
     "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in three steps",
+    "03.7": r"after your wrapper was built the ranks' weights still differed",
 }
 
 SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
@@ -57,6 +58,7 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "        full = self.flat([p.detach() for p in self.params]).clone()\n"
              "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
              r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
+    "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
 }
 
 
@@ -73,6 +75,15 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "03.7 without the broadcast": ("03.7", "                dist.broadcast(t, src=0)  ", "                pass  ",
+                                   r"the ranks' weights still differed .* DDP broadcasts rank 0's parameters"),
+    "03.7 hooks per module, a tied weight twice": (
+        "03.7", "        for p in module.parameters():",
+        "        for p in (q for m in module.modules() for q in m.parameters(recurse=False)):",
+        r"3 all-reduce call\(s\); the rule gives 2 .* \(on a model that uses one weight twice"),
+    "03.7 never waited": ("03.7", "            work.wait()\n", "", r"2 of the 2 asynchronous all-reduces were never"),
+    "03.7 the open bucket forgotten": ("03.7", "        if self.bucket:\n            self.send()\n", "",
+                                       r"is still this rank's own .* all-reduce it"),
     "07.5 gradients summed": ("07.5", "self.shard.grad = g / self.world", "self.shard.grad = g",
                               r"with SGD with momentum, after three steps the parameters differ .* the mean over"),
     "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",

@@ -349,18 +349,30 @@ def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
     return {}
 
 
-def against_ddp(make_sync, ctx, problems, check_calls):
+def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False):
     """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
     ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
-    (``ready_bytes``: each gradient's bytes, in the order autograd completed them)."""
+    (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
+    (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
+    broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``)."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
-    mine = make_mlp(32, 2)
+    mine = model_fn() if model_fn else make_mlp(32, 2)
     ddp = DDP(copy.deepcopy(mine))
+    if perturb:
+        with torch.no_grad():
+            for q in mine.parameters():
+                q.add_(0.01 * rank)
     ready, state = [], {"backward": False}
     for q in mine.parameters():                           # registered first: fires first, records the order
         q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
     sync = make_sync(mine)
+    if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
+        apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in zip(mine.parameters(),
+                                                                                 ddp.module.parameters())) > 0)])
+        dist.all_reduce(apart)                            # known on every rank, rank 0 too
+        if apart.item():
+            note(problems, {"rank": rank, "kind": "broadcast"})
     x_all, y_all = load_data()[0][:48]
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
@@ -373,7 +385,7 @@ def against_ddp(make_sync, ctx, problems, check_calls):
         t0 = time.perf_counter()
         with counted_all_reduce(state) as calls:
             state["backward"] = True
-            F.cross_entropy(mine(x), y).backward()
+            F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y).backward()
             state["backward"] = False
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
             sync.finish()
@@ -440,6 +452,42 @@ def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: calls_ok(c, r, b))
              for b in bucket_bytes]
     return times[0]
+
+
+class TiedMLP(torch.nn.Module):
+    """An MLP whose two middle layers share one weight (as tied input and output embeddings do): that weight is
+    used twice in a step, model.parameters() lists it once, each layer's parameters(recurse=False) once
+    each; its gradient is the sum of both uses and is ready once, after both (03.7)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.inp, self.a, self.b, self.out = (torch.nn.Linear(64, width), torch.nn.Linear(width, width),
+                                              torch.nn.Linear(width, width), torch.nn.Linear(width, 10))
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x)))))))
+
+
+def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
+    """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
+    on an MLP and on :class:`TiedMLP`, with every rank but 0 starting from other weights."""
+    def calls_ok(calls, ready, b):
+        want = expected_buckets(ready, b)
+        if len(calls) != want or not all(c["async"] for c in calls):
+            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": b,
+                    "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
+    for model_fn in (None, TiedMLP):
+        for b in bucket_bytes:
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                        # every rank stops together once any rank found one
+            if found.item():
+                return
+            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: calls_ok(c, r, b),
+                                model_fn=model_fn, perturb=True)
+            if problems and model_fn is TiedMLP:
+                problems[0]["tied"] = True
+    return times
 
 
 def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
@@ -1080,4 +1128,5 @@ CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_s
           "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
           "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge),
           "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot),
-          "10.5": ("measure_step", check_measure), "07.5": ("ShardedOptimizer", check_sharded_any)}
+          "10.5": ("measure_step", check_measure), "07.5": ("ShardedOptimizer", check_sharded_any),
+          "03.7": ("MyDDP", check_my_ddp)}

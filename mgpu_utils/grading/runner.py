@@ -68,6 +68,9 @@ GRADED = {
     "07.5": Graded("07_zero1_any.py", "function", (2, 3),
                    "three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
                    "about 1/world of the optimizer's state"),
+    "03.7": Graded("03_my_ddp_stretch.py", "function", (2, 3),
+                   "DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
+                   "model that uses one weight twice, from ranks that started apart"),
     "08.4": Graded("08_local_sgd.py", "function", (2, 3),
                    "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
                    "and 6), with no communication in between"),
@@ -414,6 +417,9 @@ HINTS: dict[str, list[tuple]] = {
     "any_memory": [(_any, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                           "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                           "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
+    "broadcast": [(_any, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
+                         "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
+                         "wraps the model; do the same in __init__")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
@@ -427,7 +433,10 @@ def problem_hint(p: dict, world: int) -> str:
     """The hint for one problem a rank reported (see :data:`HINTS`), at world size ``world``."""
     for when, hint in HINTS.get(p.get("kind"), []):
         if when(p, world):
-            return hint.format(**p, W=world)
+            return hint.format(**p, W=world) + (
+                " (on a model that uses one weight twice: its gradient is the sum of both uses and is ready once, "
+                "after both; register_post_accumulate_grad_hook fires then, a tensor hook once per use)"
+                if p.get("tied") else "")
     return f"rank {p.get('rank')}: {p}"
 
 

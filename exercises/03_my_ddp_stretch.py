@@ -1,0 +1,37 @@
+"""Exercise 03.7 (stretch, from scratch): your own DDP in one class (notebooks/03_ddp.ipynb, section 4).
+
+03.4-03.6 built DDP's gradient averaging step by step. Here only the signature is given: write
+MyDDP(module, bucket_bytes), a torch.nn.Module that
+
+  * makes every replica start from rank 0's parameters and buffers (the ranks may have been seeded apart);
+  * runs ``module``'s forward;
+  * during backward, packs gradients into buckets in the order they become ready and starts one asynchronous
+    all-reduce per bucket as soon as it holds at least bucket_bytes (03.6's rule);
+  * in finish(), called after backward and before the optimizer step, sends what is left, waits for every
+    bucket and leaves each gradient equal to its mean over the ranks;
+  * works for any model, also one that uses a weight twice in a step (tied embeddings): such a gradient is
+    the sum of both uses, complete only after the second.
+
+The grader trains three SGD steps on an MLP and on a model whose middle layer is applied twice, with bucket
+sizes of 2 KiB and 1 MiB, from ranks whose weights start apart, against DistributedDataParallel; it counts
+your all-reduce calls (one per bucket) and checks that each was waited for. Grade it from a notebook cell:
+    from mgpu_utils.grading.runner import check_script
+    check_script("03.7")
+"""
+import torch
+import torch.distributed as dist
+
+
+class MyDDP(torch.nn.Module):
+    """``module`` with its gradients averaged over the ranks in buckets of at least ``bucket_bytes``, each
+    all-reduced asynchronously as soon as it is full, during backward; ``finish()`` before the optimizer step."""
+
+    def __init__(self, module: torch.nn.Module, bucket_bytes: int):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish(self) -> None:
+        pass
