@@ -9,9 +9,11 @@ Write
   * save_snapshot(path, model, opt, sched, step): called on every rank after ``step`` steps. Rank 0 writes one
     file at ``path`` (the other ranks write nothing), and a crash in the middle of the write must leave the
     previous snapshot at ``path`` complete;
-  * load_snapshot(path, model, opt, sched) -> int: called on every rank of the restarted job (model already
-    inside DDP: load into ``model``, the module itself); restores what save_snapshot wrote and returns the
-    number of steps already done (training goes on with that step index).
+  * load_snapshot(path, model, opt, sched) -> int: called on every rank of the restarted job (a new process:
+    nothing but the file survives); restores what save_snapshot wrote and returns the number of steps already
+    done (training goes on with that step index).
+
+In both, ``model`` is the module itself (DDP wraps it; its state_dict has no "module." prefix).
 
 The grader trains 9 steps, snapshots after steps 3 and 5, "kills" the job after step 7 (every rank's
 model, optimizer, scheduler and random state replaced by a fresh start's), resumes, and compares the final

@@ -75,6 +75,26 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
+    "10.5 no warm-up": ("10.5", "    for _ in range(warmup):                      "
+                                "# lazy initialisation, autotuning, allocator: not timed\n        step()\n", "",
+                        r"step\(\) ran 9 time\(s\) for 2 warm-up and 8 timed steps: run the warm-up steps"),
+    "10.5 one sync for all the timed steps": (
+        "10.5", ["    times = []\n    for _ in range(repeats):\n" + SYNC_START + "        t0 = time.perf_counter()\n"
+                 "        step()\n" + SYNC_END + "        times.append(time.perf_counter() - t0)\n"],
+        ["    sync()\n    t0 = time.perf_counter()\n    for _ in range(repeats):\n        step()\n"
+         "    sync()\n    times = [(time.perf_counter() - t0) / repeats]\n"],
+        r"sync\(\) was called 2 time\(s\) for 8 timed steps: the median needs each step's own time"),
+    "11.5 snapshot copied onto the path": ("11.5", ["import os\n", "        os.replace(tmp, path)  "],
+                                           ["import os\nimport shutil\n", "        shutil.copy(tmp, path)  "],
+                                           r"halfway through writing the second snapshot, the path no longer held"),
+    "03.7 buckets sent in finish()": (
+        "03.7", ["self.bucket, self.pending = [], []", "            self.send()\n\n    def send",
+                 "        if self.bucket:\n            self.send()\n"],
+        ["self.bucket, self.pending, self.closed = [], [], []",
+         "            self.closed.append(self.bucket)\n            self.bucket = []\n\n    def send",
+         "        for b in self.closed:\n            self.bucket = b\n            self.send()\n        self.closed = []\n"
+         "        if self.bucket:\n            self.send()\n"],
+        r"2 bucket\(s\) of 2048 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
     "03.7 without the broadcast": ("03.7", "                dist.broadcast(t, src=0)  ", "                pass  ",
                                    r"the ranks' weights still differed .* DDP broadcasts rank 0's parameters"),
     "03.7 hooks per module, a tied weight twice": (
@@ -89,7 +109,7 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",
                                     "optimizer_class([self.shard], lr=defaults['lr'])",
                                     r"does the inner optimizer get every keyword argument"),
-    "synchronised at the end only": ("10.5", SYNC_END, "",
+    "synchronised at the start of each step only": ("10.5", SYNC_END, "",
                                      r"less than the 50 ms of work each step queues: the clock was read before"),
     "warm-up in the mean": ("10.5", ["    for _ in range(warmup):                      "
                                      "# lazy initialisation, autotuning, allocator: not timed\n        step()\n",
@@ -355,6 +375,30 @@ def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):
 
 
 CHEATS = {   # (exercise, the file a student looking for the easy way could write, the hint it must get at 3 ranks)
+    "a snapshot kept in memory": ("11.5", (
+        "import copy, torch\n"
+        "def save_snapshot(path, model, opt, sched, step):\n"
+        "    torch._stash = copy.deepcopy((model.state_dict(), opt.state_dict(), sched.state_dict(), step,\n"
+        "                                  torch.get_rng_state()))\n"
+        "def load_snapshot(path, model, opt, sched):\n"
+        "    m, o, s, step, rng = torch._stash\n"
+        "    model.load_state_dict(m); opt.load_state_dict(o); sched.load_state_dict(s); torch.set_rng_state(rng)\n"
+        "    return step\n"), r"the job resumed, but rank 0 wrote no file"),
+    "the whole optimizer in a Module": ("07.5", (
+        "import torch, torch.distributed as dist\n"
+        "class ShardedOptimizer(torch.nn.Module):\n"
+        "    def __init__(self, params, optimizer_class, **defaults):\n"
+        "        super().__init__()\n"
+        "        self.params = list(params)\n"
+        "        self.run = optimizer_class(self.params, **defaults).step\n"
+        "    def step(self):\n"
+        "        for p in self.params:\n"
+        "            dist.all_reduce(p.grad)\n"
+        "            p.grad /= dist.get_world_size()\n"
+        "        self.run()\n"
+        "    def zero_grad(self):\n"
+        "        for p in self.params:\n"
+        "            p.grad = None\n"), r"holds 7,240 bytes of state .* the optimizer in one process holds 7,240"),
     "the whole optimizer inside": ("07.5", (
         "import torch, torch.distributed as dist\n"
         "class ShardedOptimizer:\n"
@@ -429,7 +473,8 @@ def test_collectives_are_refused_however_they_are_reached(name, tmp_path, capsys
 
 
 def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
-    names = ["full Adam wrapped in an attribute", "full moments in a dict", "the whole optimizer inside"]
+    names = ["full Adam wrapped in an attribute", "full moments in a dict", "the whole optimizer inside",
+             "a snapshot kept in memory", "the whole optimizer in a Module"]
     cases = [(CHEATS[n][0], cheat_file(tmp_path, n)) for n in names]
     cases += [("03.5", wrong(tmp_path, "03.5", "            work.wait()\n", "")),
               ("03.6", wrong(tmp_path, "03.6", "            work.wait()\n", ""))]
@@ -508,3 +553,11 @@ def test_lessons_03_to_12_each_grade_a_coding_exercise_they_hold():
     assert set(graded_in) == set(GRADED), set(GRADED) ^ set(graded_in)
     assert all(graded_in[i] == i[:2] for i in graded_in), graded_in
     assert {i[:2] for i in GRADED} >= {f"{n:02d}" for n in range(3, 13)}
+
+
+def test_a_right_ddp_that_imports_all_reduce_by_name_passes(tmp_path, starts_processes):
+    """03.7 counts all-reduce calls however the name is reached (here imported into the student's module)."""
+    path = wrong(tmp_path, "03.7", ["import torch.distributed as dist\n", "dist.all_reduce(flat, async_op=True)"],
+                 ["import torch.distributed as dist\nfrom torch.distributed import all_reduce\n",
+                  "all_reduce(flat, async_op=True)"])
+    assert grade_many([("03.7", path)], 2) == [None]

@@ -16,6 +16,7 @@ import copy
 import os
 import statistics
 import time
+import types
 
 import torch
 import torch.distributed as dist
@@ -224,9 +225,10 @@ def check_schedule(fn, ctx, problems, m=5):
 
 def held_bytes(obj, exclude=(), depth=8) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
-    inside them, ``depth`` levels down), each storage counted once; the tensors in ``exclude`` (the model's
-    parameters) and their gradients are not counted. An optimizer wrapped in another object, or moments kept in
-    a list or dict, are found."""
+    inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a closure's cells), each
+    storage counted once; the tensors in ``exclude`` (the model's parameters) and their gradients are not
+    counted. An optimizer wrapped in another object, a Module or a closure, or moments kept in a list or dict,
+    are found."""
     seen_objects, storages = set(), {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
@@ -243,9 +245,13 @@ def held_bytes(obj, exclude=(), depth=8) -> int:
             items = list(o.keys()) + list(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)):
             items = list(o)
-        elif isinstance(o, torch.nn.Module) or callable(o) and not hasattr(o, "__dict__"):
+        elif isinstance(o, types.MethodType):              # a bound method (self.s = opt.step): its object
+            items = [o.__self__]
+        elif isinstance(o, types.FunctionType):            # a function: what its closure holds
+            items = [c.cell_contents for c in (o.__closure__ or ())]
+        elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):
             return
-        else:
+        else:                                              # objects, Modules too (their _parameters, _buffers)
             items = list(getattr(o, "__dict__", {}).values())
         for item in items:
             walk(item, d - 1)
@@ -303,22 +309,24 @@ class _Handle:
 
 
 @contextlib.contextmanager
-def counted_all_reduce(state: dict):
-    """Within the block, record every ``dist.all_reduce`` call: whether async, whether ``state["backward"]``
-    was set (the check sets it while ``loss.backward()`` runs), and for an async call whether its handle was
-    waited for."""
-    calls, real = [], dist.all_reduce
+def counted_all_reduce(state: dict, fn=None):
+    """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
+    module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
+    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for."""
+    calls = []
 
-    def counting(tensor, *args, **kwargs):
-        call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
-        calls.append(call)
-        work = real(tensor, *args, **kwargs)
-        return _Handle(work, call) if work is not None else None
-    dist.all_reduce = counting
-    try:
+    def replace(name, real):
+        if name != "all_reduce":
+            return real
+
+        def counting(tensor, *args, **kwargs):
+            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
+            calls.append(call)
+            work = real(tensor, *args, **kwargs)
+            return _Handle(work, call) if work is not None else None
+        return counting
+    with patched_collectives(replace, fn):
         yield calls
-    finally:
-        dist.all_reduce = real
 
 
 def every_rank_gradients(model, x, y, world) -> list[dict]:
@@ -349,12 +357,13 @@ def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
     return {}
 
 
-def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False):
+def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None):
     """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
     ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
     (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
     (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
-    broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``)."""
+    broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``). ``fn``:
+    the student's class, whose module's ``all_reduce`` (imported by name) is counted too."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = model_fn() if model_fn else make_mlp(32, 2)
@@ -383,7 +392,7 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
             opt.zero_grad(set_to_none=True)
         ready.clear()
         t0 = time.perf_counter()
-        with counted_all_reduce(state) as calls:
+        with counted_all_reduce(state, fn) as calls:
             state["backward"] = True
             F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y).backward()
             state["backward"] = False
@@ -426,7 +435,7 @@ def check_overlap(cls, ctx, problems):
         inside = sum(c["in_backward"] and c["async"] for c in calls)
         if len(calls) != len(ready) or inside != len(ready):
             return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
-    return against_ddp(cls, ctx, problems, calls_ok)
+    return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
 
 
 def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
@@ -440,16 +449,35 @@ def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
     return calls + (held > 0)
 
 
+def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
+    """03.6's and 03.7's rule for the first step's all-reduce ``calls``: one asynchronous call per bucket, and
+    every bucket that fills up during backward started there (from the hook, overlapping the rest of
+    backward), not in finish(). A problem dict, or None."""
+    want = expected_buckets(ready, bucket_bytes)
+    if len(calls) != want or not all(c["async"] for c in calls):
+        return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
+                "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
+    full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
+    inside = sum(c["in_backward"] for c in calls)
+    if inside < full:
+        return {"kind": "late_buckets", "inside": inside, "full": full, "bucket_bytes": bucket_bytes}
+
+
+def _full_buckets(ready_bytes: list, bucket_bytes: int):
+    """The buckets that reach ``bucket_bytes`` during backward (03.6's rule), one item each."""
+    held = 0
+    for b in ready_bytes:
+        held += b
+        if held >= bucket_bytes:
+            held = 0
+            yield b
+
+
 def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
-    """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, for each
-    bucket size b: 2 KiB gives full buckets only (the last gradient is the largest), 1 MiB one bucket that is
-    still open when backward ends (only finish() can send it)."""
-    def calls_ok(calls, ready, b):
-        want = expected_buckets(ready, b)
-        if len(calls) != want or not all(c["async"] for c in calls):
-            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": b,
-                    "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
-    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: calls_ok(c, r, b))
+    """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, each full
+    one started during backward, for each bucket size b: 2 KiB gives full buckets only (the last gradient is
+    the largest), 1 MiB one bucket that is still open when backward ends (only finish() can send it)."""
+    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b), fn=cls)
              for b in bucket_bytes]
     return times[0]
 
@@ -472,19 +500,14 @@ class TiedMLP(torch.nn.Module):
 def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
     on an MLP and on :class:`TiedMLP`, with every rank but 0 starting from other weights."""
-    def calls_ok(calls, ready, b):
-        want = expected_buckets(ready, b)
-        if len(calls) != want or not all(c["async"] for c in calls):
-            return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": b,
-                    "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
     for model_fn in (None, TiedMLP):
         for b in bucket_bytes:
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                        # every rank stops together once any rank found one
             if found.item():
                 return
-            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: calls_ok(c, r, b),
-                                model_fn=model_fn, perturb=True)
+            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
+                                model_fn=model_fn, perturb=True, fn=cls)
             if problems and model_fn is TiedMLP:
                 problems[0]["tied"] = True
     return times
@@ -886,7 +909,9 @@ def probed_saves(path: str, seen: dict, fn=None):
     """Within the block torch.save writes the first half of its bytes, then, while ``seen["intact"]`` is a
     bytes object, checks that ``path`` still holds exactly those bytes (a crash at this moment would leave the
     previous snapshot), then writes the rest. ``seen["saves"]`` counts the calls that write to a file (however
-    torch.save is reached: ``torch.save`` or a name imported into ``fn``'s module); saves into memory pass."""
+    torch.save is reached: ``torch.save`` or a name imported into ``fn``'s module; saves into memory pass), and
+    every file opened for writing; opening ``path`` itself for writing while a previous snapshot is there sets
+    ``seen["torn"]`` (``shutil.copy`` onto it, ``open(path, "wb")``)."""
     import io
 
     real = torch.save
@@ -909,15 +934,26 @@ def probed_saves(path: str, seen: dict, fn=None):
         finally:
             if own:
                 fh.close()
+    import builtins
+
+    real_open, target = builtins.open, os.path.realpath(path)
+
+    def watched_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+            seen["saves"] += 1                             # a file written, however (shutil.copy, pickle, ...)
+            if os.path.realpath(file) == target and isinstance(seen.get("intact"), bytes):
+                seen["torn"] = True                        # opened for writing: the previous snapshot is gone
+        return real_open(file, mode, *args, **kwargs)
     spaces = [vars(torch)] + [g for g in _namespaces(fn) if g.get("save") is real]
-    saved = [(g, g["save"]) for g in spaces]
-    for g, _ in saved:
-        g["save"] = save
+    saved = [(g, "save", g["save"]) for g in spaces] + [(vars(builtins), "open", real_open)] + [
+        (g, "open", real_open) for g in _namespaces(fn) if g.get("open") is real_open]
+    for g, key, _ in saved:
+        g[key] = save if key == "save" else watched_open
     try:
         yield
     finally:
-        for g, v in saved:
-            g["save"] = v
+        for g, key, v in saved:
+            g[key] = v
 
 
 def check_snapshot(fn, ctx, problems):
@@ -928,8 +964,15 @@ def check_snapshot(fn, ctx, problems):
     import shutil
     import tempfile
 
+    import importlib.util
+
     rank = ctx.rank
-    load = getattr(fn, "__globals__", {}).get("load_snapshot")
+    load = None
+    if getattr(fn, "__code__", None) is not None:          # a restart is a new process: the module imported anew,
+        spec = importlib.util.spec_from_file_location("restarted_snapshot", fn.__code__.co_filename)
+        fresh = importlib.util.module_from_spec(spec)      # nothing kept in its globals since the first start
+        spec.loader.exec_module(fresh)
+        load = getattr(fresh, "load_snapshot", None)
     folder = [tempfile.mkdtemp(prefix="mgpu_grade_") if rank == 0 else None]
     dist.broadcast_object_list(folder, src=0)
     path = os.path.join(folder[0], "snapshot.pt")
@@ -947,9 +990,11 @@ def check_snapshot(fn, ctx, problems):
         with probed_saves(path, seen, fn):
             got = _snapshot_job(ctx, save, lambda m, o, s: load(path, m, o, s))
     finally:
-        dist.barrier()
-        if rank == 0:
-            shutil.rmtree(folder[0], ignore_errors=True)
+        try:
+            dist.barrier()
+        finally:
+            if rank == 0:
+                shutil.rmtree(folder[0], ignore_errors=True)
     saves = [None] * ctx.world_size
     dist.all_gather_object(saves, seen["saves"])           # who wrote files: known on rank 0 before it judges
     found = {"variant": None, "parts": "", "off": ""}
@@ -964,6 +1009,8 @@ def check_snapshot(fn, ctx, problems):
     if got.shape != want.shape or diff(got, want) > 1e-6:
         note(problems, {"rank": rank, "kind": "snapshot", "what": "resume", **found,
                         "max_diff": diff(got, want) if got.shape == want.shape else float("nan")})
+    elif not saves[0]:
+        note(problems, {"rank": rank, "kind": "snapshot", "what": "no_file"})
     elif any(saves[1:]):
         if rank == 0:
             note(problems, {"rank": rank, "kind": "snapshot", "what": "ranks",
@@ -1037,8 +1084,13 @@ def check_measure(fn, ctx, problems):
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
         device.put(plan["device_s"])                       # this step's kernels, still to run
+    syncs = [0]
+
+    def sync():
+        syncs[0] += 1
+        device.sync()
     try:
-        got = fn(step, device.sync, plan["warmup"], plan["repeats"], plan["peak"])
+        got = fn(step, sync, plan["warmup"], plan["repeats"], plan["peak"])
     finally:
         device.close()
     base = {"rank": rank, "kind": "measure", "device_ms": plan["device_s"] * 1e3, "first_s": plan["first_s"]}
@@ -1049,6 +1101,11 @@ def check_measure(fn, ctx, problems):
         return note(problems, {**base, "what": "unsynced", "ms": step_s * 1e3})
     if step_s > 2 * plan["device_s"] + 0.05:
         return note(problems, {**base, "what": "warmup", "ms": step_s * 1e3, "calls": calls[0]})
+    if syncs[0] < plan["repeats"]:
+        return note(problems, {**base, "what": "per_step", "syncs": syncs[0], "repeats": plan["repeats"]})
+    if calls[0] < plan["warmup"] + plan["repeats"]:
+        return note(problems, {**base, "what": "no_warmup", "calls": calls[0], "warmup": plan["warmup"],
+                               "repeats": plan["repeats"]})
     ratio = flops / want_flops
     if abs(ratio - 1) > 1e-9:
         k = round(ratio)
@@ -1115,11 +1172,14 @@ def check_sharded_any(cls, ctx, problems, steps=3):
         full = held_bytes(ref_opt, exclude=list(ref.parameters()))
         if diff(got, want) > 1e-5:
             should = want != start
-            return note(problems, {"rank": rank, "kind": "any_opt", "optimizer": name, "max_diff": diff(got, want),
-                                   "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item())})
-        if held > full / world * 1.05 + 512:
-            return note(problems, {"rank": rank, "kind": "any_memory", "optimizer": name, "bytes": held,
-                                   "full": full})
+            note(problems, {"rank": rank, "kind": "any_opt", "optimizer": name, "max_diff": diff(got, want),
+                            "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item())})
+        elif held > full / world * 1.05 + 512:
+            note(problems, {"rank": rank, "kind": "any_memory", "optimizer": name, "bytes": held, "full": full})
+        found = torch.tensor([float(bool(problems))])
+        dist.all_reduce(found)                             # every rank stops together: an uneven shard may flag
+        if found.item():                                   # one rank only, and the next round has collectives
+            return
 
 
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),

@@ -216,6 +216,10 @@ HINTS: dict[str, list[tuple]] = {
         (_any, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
                "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
                "(async_op=True)")],
+    "late_buckets": [(_any, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
+                            "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
+                            "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
+                            "only sends the bucket still open at the end")],
     "actions": [(_any, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
                        "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
     "deadlock": [(_any, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
@@ -372,6 +376,9 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the resumed job's final weights differ from the uninterrupted job's by {max_diff:.3g} "
          "(world size {W}): save and restore the model, the optimizer, the scheduler, every rank's random "
          "state and the step"),
+        (lambda p, W: p["what"] == "no_file",
+         "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
+         "is on disk at the path survives; write the snapshot there"),
         (lambda p, W: p["what"] == "ranks",
          "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
          "state; on a shared file system the ranks would write over each other)"),
@@ -390,6 +397,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: {ms:.0f} ms per step, several times the {device_ms:.0f} ms a step's work takes: the first "
          "step, {first_s:g} s (lazy initialisation, autotuning), is in the number. Run the warm-up steps "
          "untimed, and take the median of the timed ones"),
+        (lambda p, W: p["what"] == "per_step",
+         "rank {rank}: sync() was called {syncs} time(s) for {repeats} timed steps: the median needs each step's "
+         "own time, so sync before reading the clock at the start and at the end of every timed step"),
+        (lambda p, W: p["what"] == "no_warmup",
+         "rank {rank}: step() ran {calls} time(s) for {warmup} warm-up and {repeats} timed steps: run the warm-up "
+         "steps, untimed, before the timed ones (here the median hid the slow first step; a mean would not)"),
         (lambda p, W: p["what"] == "flops" and not p["flops"],
          "rank {rank}: flops is 0: count one step with torch.utils.flop_counter.FlopCounterMode "
          "(counter.get_total_flops())"),
