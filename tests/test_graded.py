@@ -412,6 +412,28 @@ CHEATS = {   # (exercise, the file a student looking for the easy way could writ
         "        self.inner.step()\n"
         "    def zero_grad(self):\n"
         "        self.inner.zero_grad()\n"), r"holds 7,240 bytes of state .* the optimizer in one process holds 7,240"),
+    "whole weights assembled on every tp rank": ("06.3", (
+        "import torch, torch.distributed as dist\n"
+        "import torch.nn.functional as F\n"
+        "def train_step(params, x, target, tp_group, dp_group, lr):\n"
+        "    tp, t, n = dist.get_world_size(tp_group), dist.get_rank(tp_group), params['w1'].shape[0]\n"
+        "    w1 = torch.zeros(n * tp, params['w1'].shape[1]); w1[t * n:(t + 1) * n] = params['w1'].detach()\n"
+        "    w2 = torch.zeros(params['w2'].shape[0], n * tp); w2[:, t * n:(t + 1) * n] = params['w2'].detach()\n"
+        "    dist.all_reduce(w1, group=tp_group); dist.all_reduce(w2, group=tp_group)\n"
+        "    w1.requires_grad_(); w2.requires_grad_()\n"
+        "    y = F.relu(F.relu(x @ params['w0'].T) @ w1.T) @ w2.T + params['b2']\n"
+        "    loss = F.mse_loss(y, target)\n"
+        "    loss.backward()\n"
+        "    params['w1'].grad = w1.grad[t * n:(t + 1) * n].clone()\n"
+        "    params['w2'].grad = w2.grad[:, t * n:(t + 1) * n].contiguous()\n"
+        "    with torch.no_grad():\n"
+        "        for p in params.values():\n"
+        "            dist.all_reduce(p.grad, group=dp_group)\n"
+        "            p -= lr * p.grad / dist.get_world_size(dp_group)\n"
+        "            p.grad = None\n"
+        "    return loss.item()\n"),
+        r"mesh 1x3, dp x tp\): the result is right, but at step 1 the all-reduces over tp_group sent 120 elements "
+        r"in 2 call\(s\); .* g's \[rows, O\] \(96 elements\) .* f's \[rows, D\] \(144\)"),
     "gather imported by name": ("04.4", (
         "import torch\nfrom torch.distributed import all_gather, get_world_size\n"
         "def ring_all_gather(x):\n"
@@ -474,7 +496,8 @@ def test_collectives_are_refused_however_they_are_reached(name, tmp_path, capsys
 
 def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
     names = ["full Adam wrapped in an attribute", "full moments in a dict", "the whole optimizer inside",
-             "a snapshot kept in memory", "the whole optimizer in a Module"]
+             "a snapshot kept in memory", "the whole optimizer in a Module",
+             "whole weights assembled on every tp rank"]
     cases = [(CHEATS[n][0], cheat_file(tmp_path, n)) for n in names]
     cases += [("03.5", wrong(tmp_path, "03.5", "            work.wait()\n", "")),
               ("03.6", wrong(tmp_path, "03.6", "            work.wait()\n", ""))]

@@ -777,10 +777,13 @@ def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
         params = {k: v.clone().requires_grad_() for k, v in _two_d_shard(P0, t, tp).items()}
         P, prev, calls = {k: v.clone() for k, v in P0.items()}, None, []
         base = {"rank": rank, "kind": "two_d", "layout": f"{dp}x{tp}", "dp": dp, "tp": tp}
+        mine = {i * tp + u for u in range(tp)}                          # this rank's tp group
         for s in range(steps):
             x, y = data[s][0][rows(i)], data[s][1][rows(i)]
-            with counted_collectives(calls, fn):
+            traffic = []                                                # elements of each all-reduce across tp ranks
+            with tp_traffic(calls, traffic, mine, fn):
                 got_loss = fn(params, x.clone(), y.clone(), tp_group, dp_group, lr)
+            want_traffic = sorted([len(x) * O, len(x) * D]) if tp > 1 else []
             local = {(j, u): two_d_local(P, data[s][0][rows(j)], data[s][1][rows(j)], u, tp)
                      for j in range(dp) for u in range(tp)}
             grads = two_d_synced({k: v[1] for k, v in local.items()}, dp, tp, i, t, "right")
@@ -807,8 +810,32 @@ def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
                 note(problems, {**base, "what": "carried" if was else "later", "param": bad, "step": s + 1,
                                 "max_diff": diff(params[bad].detach(), want[bad]) if params[bad].shape ==
                                 want[bad].shape else float("nan")})
+            elif sorted(traffic) != want_traffic:
+                note(problems, {**base, "what": "tp_traffic", "step": s + 1, "calls": len(traffic),
+                                "got": sum(traffic), "want_g": len(x) * O, "want_f": len(x) * D})
             P = {k: v - lr * _full_grad(local, dp, tp, k) for k, v in P.items()}
             prev = grads
+        for group in {tp_group, dp_group}:                              # no groups left over for the next layout
+            dist.destroy_process_group(group)
+
+
+def tp_traffic(calls: list, traffic: list, tp_ranks: set, fn=None):
+    """06.3's counter: every collective's name goes to ``calls`` (:func:`counted_collectives`), and the number
+    of elements of every all-reduce over a group holding two or more of ``tp_ranks`` (this rank's tensor-
+    parallel group; the default group counts as every rank) to ``traffic``. A right step sends g's and f's
+    activations only; whole weights assembled by all-reducing zero-padded shards show up here."""
+    def counting(name, original):
+        def call(*args, **kwargs):
+            calls.append(name)
+            if name == "all_reduce":
+                group = kwargs.get("group", args[2] if len(args) > 2 else None)
+                ranks = set(range(dist.get_world_size())) if group in (None, dist.group.WORLD) \
+                    else set(dist.get_process_group_ranks(group))
+                if len(ranks & tp_ranks) > 1:
+                    traffic.append(args[0].numel() if args else kwargs["tensor"].numel())
+            return original(*args, **kwargs)
+        return call
+    return patched_collectives(counting, fn)
 
 
 def _full_grad(local: dict, dp: int, tp: int, name: str) -> torch.Tensor:

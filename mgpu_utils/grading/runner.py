@@ -315,6 +315,11 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "loss_type",
          "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
          "(loss.item())"),
+        (lambda p, W: p["what"] == "tp_traffic",
+         "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
+         "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
+         "[rows, O] ({want_g} elements) in the forward and f's [rows, D] ({want_f}) in the backward. A rank that "
+         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard"),
         (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
          "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
          "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
