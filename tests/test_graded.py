@@ -27,6 +27,7 @@ TEMPLATE_HINTS = {
     "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in three steps",
     "03.7": r"after your wrapper was built the ranks' weights still differed",
+    "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* 905",
 }
 
 SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
@@ -59,6 +60,9 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
              r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
     "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
+    "07.6": ("        reduce_scatter_single(out, flat)  ",
+             "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()  ",
+             r"\(MLP, float32\): step 1 called \['all_gather_single'\]; a ZeRO-3 step all-gathers"),
 }
 
 
@@ -104,6 +108,25 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "03.7 never waited": ("03.7", "            work.wait()\n", "", r"2 of the 2 asynchronous all-reduces were never"),
     "03.7 the open bucket forgotten": ("03.7", "        if self.bucket:\n            self.send()\n", "",
                                        r"is still this rank's own .* all-reduce it"),
+    "07.6 all-reduce, then a slice": ("07.6", "        reduce_scatter_single(out, flat)  ",
+                                      "        dist.all_reduce(flat); out = flat.view(ctx.world, -1)[dist.get_rank()]  ",
+                                      r"\(MLP, float32\): step 1 all-reduced \(4 call\(s\)\); ZeRO-3 reduce-scatters"),
+    "07.6 gathered parameters kept": ("07.6", "        return torch.func.functional_call(",
+                                      "        self.kept = full\n        return torch.func.functional_call(",
+                                      r"\(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its "
+                                      r"shards, .*not in an attribute"),
+    "07.6 full parameters kept": ("07.6", "            p.data = torch.empty(0)  ", "            pass  ",
+                                  r"\(MLP, float32\): after step 1 your wrapper holds 7,240 bytes besides its shards"),
+    "07.6 compute dtype ignored": ("07.6", ["dtype = self.compute_dtype or torch.float32",
+                                            "        if self.compute_dtype is not None and x.is_floating_point():\n"
+                                            "            x = x.to(self.compute_dtype)\n"], ["dtype = torch.float32", ""],
+                                   r"\(MLP\): with compute_dtype=bfloat16 the Linear layers saw weights of "
+                                   r"\['torch.float32'\]"),
+    "07.6 shards in the compute dtype": ("07.6", "flat[rank * size:(rank + 1) * size].clone()",
+                                         "flat[rank * size:(rank + 1) * size].clone().to(compute_dtype or torch.float32)",
+                                         r"\(MLP, compute dtype bfloat16\): the shards are torch.bfloat16"),
+    "07.6 gradients summed": ("07.6", "return out / ctx.world, None, None", "return out, None, None",
+                              r"\(MLP, float32\): after 3 steps the model is one process's trained on the sum"),
     "07.5 gradients summed": ("07.5", "self.shard.grad = g / self.world", "self.shard.grad = g",
                               r"with SGD with momentum, after three steps the parameters differ .* the mean over"),
     "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",

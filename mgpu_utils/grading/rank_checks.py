@@ -1209,6 +1209,89 @@ def check_sharded_any(cls, ctx, problems, steps=3):
             return
 
 
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+
+
+def _fsdp_reference(model, x, dtype):
+    """One process's forward of ``model`` computing in ``dtype`` (None: float32): its parameters cast, as
+    gathered, and a floating-point input cast; float32 master weights receive the gradients."""
+    if dtype is None:
+        return model(x)
+    cast = {n: p.to(dtype) for n, p in model.named_parameters()}
+    return torch.func.functional_call(model, cast, (x.to(dtype),))
+
+
+def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
+    """07.6: ``cls(model, compute_dtype)`` for three SGD steps (momentum 0.9) on this rank's rows, on an MLP and
+    on :class:`TiedMLP`, in float32 and bfloat16, against one process on the whole batch (and, to name a wrong
+    result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
+    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps."""
+    world, rank = ctx.world_size, ctx.rank
+    x, y = load_data()[0][:48]
+    x = x.flatten(1)
+    for model_name, model_fn in (("MLP", lambda: make_mlp(24, 1)), ("TiedMLP", TiedMLP)):
+        for dtype in (None, torch.bfloat16):
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                           # every rank stops together once any rank found one
+            if found.item():
+                return
+            base = {"rank": rank, "kind": "fsdp", "model": model_name,
+                    "dtype": "float32" if dtype is None else str(dtype).replace("torch.", "")}
+            torch.manual_seed(0)
+            model = model_fn()
+            refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own")}
+            full = sum(p.numel() for p in model.parameters())
+            bound = sum(-(-p.numel() // world) for p in model.parameters())
+            seen = set()
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear):
+                    m.register_forward_pre_hook(lambda m, a: seen.add(m.weight.dtype))
+            wrapper = cls(model) if dtype is None else cls(model, dtype)
+            shards = list(wrapper.parameters())
+            mine = sum(p.numel() for p in shards)
+            if mine > bound + world or mine < bound - world:
+                note(problems, {**base, "what": "params", "got": mine, "full": full, "bound": bound})
+                continue
+            if any(p.dtype != torch.float32 for p in shards):
+                note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
+                continue
+            opt = torch.optim.SGD(shards, lr=lr, momentum=0.9)
+            ref_opts = {v: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for v, m in refs.items()}
+            for s in range(steps):
+                calls = []
+                with counted_collectives(calls, cls):
+                    out = wrapper(x[rank::world])
+                    F.cross_entropy(out.float(), y[rank::world]).backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                for v, m in refs.items():
+                    rows = slice(rank, None, world) if v == "own" else slice(None)
+                    loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
+                    (loss * world if v == "sum" else loss).backward()
+                    ref_opts[v].step()
+                    ref_opts[v].zero_grad(set_to_none=True)
+                held = held_bytes(wrapper, exclude=shards)
+                if "all_reduce" in calls:
+                    note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
+                elif not set(calls) & set(GATHERS) or not set(calls) & set(SCATTERS):
+                    note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
+                elif dtype is not None and seen != {dtype}:
+                    note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
+                elif held > 6 * full / world + 1024:             # half the model's bytes per rank, and more
+                    note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
+                seen.clear()
+            with torch.no_grad():
+                got = wrapper(x[:16]).float()
+                outs = {v: _fsdp_reference(m, x[:16], dtype).float() for v, m in refs.items()}
+            atol, rtol = (1e-4, 0.0) if dtype is None else (4e-3, 2e-2)   # bfloat16: 2^-8 relative rounding
+            close = lambda a, b: bool(((a - b).abs() <= atol + rtol * b.abs()).all())
+            if not close(got, outs["right"]):
+                named = next((v for v in ("sum", "own") if close(got, outs[v])), None)
+                note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
+                                "variant": named})
+
+
 CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
           "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
           "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
@@ -1216,4 +1299,4 @@ CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_s
           "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge),
           "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot),
           "10.5": ("measure_step", check_measure), "07.5": ("ShardedOptimizer", check_sharded_any),
-          "03.7": ("MyDDP", check_my_ddp)}
+          "03.7": ("MyDDP", check_my_ddp), "07.6": ("MyFSDP", check_my_fsdp)}

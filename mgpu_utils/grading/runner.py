@@ -68,6 +68,10 @@ GRADED = {
     "07.5": Graded("07_zero1_any.py", "function", (2, 3),
                    "three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
                    "about 1/world of the optimizer's state"),
+    "07.6": Graded("07_my_fsdp.py", "function", (2, 3),
+                   "three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
+                   "computing in bfloat16, with each rank holding about 1/world of the parameters, all-gathered "
+                   "for the forward and their gradients reduce-scattered"),
     "03.7": Graded("03_my_ddp_stretch.py", "function", (2, 3),
                    "DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
                    "model that uses one weight twice, from ranks that started apart"),
@@ -307,6 +311,37 @@ HINTS: dict[str, list[tuple]] = {
          "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
         (_any, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
                "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
+    "fsdp": [
+        (lambda p, W: p["what"] == "params",
+         "rank {rank} ({model}): your wrapper's parameters() hold {got:,} elements, the whole model {full:,}: keep "
+         "only this rank's shard of each parameter, about {bound:,} elements at world size {W} (a tied weight once), "
+         "and do not register the wrapped module as a submodule (its parameters would be listed too)"),
+        (lambda p, W: p["what"] == "master_dtype",
+         "rank {rank} ({model}, compute dtype {dtype}): the shards are {got}; keep the shards, their gradients and "
+         "the optimizer in float32 and cast to compute_dtype only what is gathered for the forward"),
+        (lambda p, W: p["what"] == "all_reduce",
+         "rank {rank} ({model}, {dtype}): step {step} all-reduced ({calls} call(s)); ZeRO-3 reduce-scatters the "
+         "gradients, so that each rank receives the sum of its own shard only, and all-gathers the parameters"),
+        (lambda p, W: p["what"] == "collectives",
+         "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
+         "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single)"),
+        (lambda p, W: p["what"] == "compute_dtype",
+         "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
+         "gathered parameters (and a floating-point input) to compute_dtype"),
+        (lambda p, W: p["what"] == "held",
+         "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
+         "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, and keep the "
+         "gathered ones only while autograd needs them (not in an attribute)"),
+        (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
+         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
+         "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
+        (lambda p, W: p["what"] == "output" and p["variant"] == "own",
+         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one trained on this rank's rows alone: "
+         "the shard's gradient must be reduce-scattered from every rank's whole gradient"),
+        (_any, "rank {rank} ({model}, {dtype}): after {steps} SGD steps the output differs from one process's by "
+               "{max_diff:.3g}: gather every parameter (a tied one once, used twice), reduce-scatter its gradient "
+               "and divide by the world size"),
+    ],
     "two_d": [
         (lambda p, W: p["what"] == "collective",
          "rank {rank} (mesh {layout}, dp x tp): called {calls}; the only communication here is all-reduce: g's in "

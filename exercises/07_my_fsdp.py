@@ -1,0 +1,43 @@
+"""Exercise 07.6 (stretch, from scratch): ZeRO-3, a fully sharded data-parallel wrapper (notebooks/07_memory.ipynb).
+
+ZeRO-3 (FSDP) shards the parameters themselves, not only the optimizer's state. Write MyFSDP(module,
+compute_dtype=None), a torch.nn.Module, such that
+
+  * its parameters() are this rank's shards only: of every parameter of ``module`` (a tied one, used in two
+    places, counts once) about numel / world float32 elements, and nothing the size of the model stays in
+    memory between steps (the module's own full parameters are freed once sharded);
+  * forward(x) all-gathers the whole parameters just before they are used, runs ``module`` with them and
+    returns its output; with ``compute_dtype`` (torch.bfloat16) the gathered parameters and the input are in
+    that dtype, so forward and backward compute in it, while the shards, their gradients and the optimizer
+    stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this);
+  * after loss.backward() each shard's .grad is its slice of the gradient of the mean loss over every rank's
+    batch, in float32: reduce-scattered, then divided by the world size;
+
+so that torch.optim.SGD(wrapper.parameters(), ...) on every rank trains the model as one process would on the
+whole batch. Only the signature is given: the design is yours.
+
+The grader trains an MLP and a model whose two middle layers share one weight (TiedMLP, as tied embeddings do)
+three SGD steps with momentum, at 2 and 3 ranks, in float32 and with compute_dtype=torch.bfloat16, and compares
+each rank's output with one process's; it counts the collectives of each step (all-gather and reduce-scatter;
+an all-reduce of whole gradients is ZeRO-2's at best), the elements in parameters(), the dtype the layers saw,
+and the bytes your wrapper holds between steps.
+Useful: torch.func.functional_call(module, {name: tensor}, (x,)) runs a module with other tensors in place of
+its parameters; an autograd.Function whose forward all-gathers and whose backward reduce-scatters;
+all_gather_single and reduce_scatter_single from mgpu_utils.compat.
+Grade it from a notebook cell:
+    from mgpu_utils.grading.runner import check_script
+    check_script("07.6")
+"""
+import torch
+import torch.distributed as dist
+
+
+class MyFSDP(torch.nn.Module):
+    """``module`` with its parameters sharded over the ranks, gathered for each forward (ZeRO stage 3)."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
