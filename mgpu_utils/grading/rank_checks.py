@@ -370,15 +370,16 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     ddp = DDP(copy.deepcopy(mine))
     if perturb:
         with torch.no_grad():
-            for q in mine.parameters():
+            for q in list(mine.parameters()) + [b for b in mine.buffers() if b.is_floating_point()]:
                 q.add_(0.01 * rank)
     ready, state = [], {"backward": False}
     for q in mine.parameters():                           # registered first: fires first, records the order
         q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
     sync = make_sync(mine)
     if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
-        apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in zip(mine.parameters(),
-                                                                                 ddp.module.parameters())) > 0)])
+        pairs = list(zip(mine.parameters(), ddp.module.parameters())) + list(zip(mine.buffers(),
+                                                                                ddp.module.buffers()))
+        apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in pairs) > 0)])
         dist.all_reduce(apart)                            # known on every rank, rank 0 too
         if apart.item():
             note(problems, {"rank": rank, "kind": "broadcast"})
@@ -485,16 +486,19 @@ def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
 class TiedMLP(torch.nn.Module):
     """An MLP whose two middle layers share one weight (as tied input and output embeddings do): that weight is
     used twice in a step, model.parameters() lists it once, each layer's parameters(recurse=False) once
-    each; its gradient is the sum of both uses and is ready once, after both (03.7)."""
+    each; its gradient is the sum of both uses and is ready once, after both (03.7, 07.6). A buffer, the
+    input's centre ``centre`` [64] (zeros), is subtracted from the input, as a normalisation's running mean
+    is: DDP broadcasts buffers with the parameters, and so must 03.7's wrapper."""
 
     def __init__(self, width: int = 32):
         super().__init__()
         self.inp, self.a, self.b, self.out = (torch.nn.Linear(64, width), torch.nn.Linear(width, width),
                                               torch.nn.Linear(width, width), torch.nn.Linear(width, 10))
         self.b.weight = self.a.weight
+        self.register_buffer("centre", torch.zeros(64))
 
     def forward(self, x):
-        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x)))))))
+        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x - self.centre.to(x.dtype))))))))
 
 
 def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
