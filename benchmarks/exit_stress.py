@@ -70,6 +70,7 @@ CASES = {
     "hybrid_gpt2.py": {1: ["--layouts", "1x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
                        2: ["--layouts", "1x2,2x1", "--steps", 2, "--global-batch", 8, "--no-reference"],
                        4: ["--layouts", "2x2,1x4", "--steps", 2, "--global-batch", 8, "--no-reference"]},
+    "hybrid_3d.py": ["--steps", 1],
     "local_sgd.py": ["--H", 1, 2, "--with-sync", "--steps", 8, "--eval-every", 2],
     "pipeline_parallel.py": ["--stage-ms", 0],
     "preflight.py": ["--max-mib", 1, "--repeats", 2],

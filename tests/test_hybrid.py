@@ -223,3 +223,20 @@ def test_planner_zero_paper_example():
     for z, gb in zip(range(4), (120, 31.4, 16.6, 1.9)):
         mem = evaluate(m, Cluster(64), 64, 1, 1, global_batch=64, zero_stage=z).memory
         assert (mem.params + mem.grads + mem.optimizer) / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+@pytest.mark.parametrize("nproc,mesh", [(2, (1, 1, 2)), (4, (1, 2, 2)), (8, (2, 2, 2))])
+def test_3d_run_equals_one_process(nproc, mesh, starts_processes):
+    """Issue 35 item 3 (lesson 06, section 4b): dp x tp x pp executed together, every shard against one process
+    (the script asserts it on every rank; here the gathered largest difference and the loss)."""
+    dp, tp, pp = mesh
+    res = launch("hybrid_3d.py", nproc=nproc, show="none",
+                 args=["--dp", dp, "--tp", tp, "--pp", pp, "--steps", 2])
+    assert (res["dp"], res["tp"], res["pp"], res["world_size"]) == (dp, tp, pp, nproc)
+    assert res["max_diff"] <= 1e-5
+    assert res["loss"] == pytest.approx(res["ref_loss"], rel=1e-5)
+
+
+def test_3d_run_refuses_a_mesh_that_is_not_the_world(starts_processes):
+    with pytest.raises(LaunchError, match=r"needs dp x tp x pp = world size 2 \(got 2 x 2 x 1\)"):
+        launch("hybrid_3d.py", nproc=2, show="none", args=["--dp", 2, "--tp", 2, "--pp", 1])
