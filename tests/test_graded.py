@@ -27,7 +27,7 @@ TEMPLATE_HINTS = {
     "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in three steps",
     "03.7": r"after your wrapper was built the ranks' weights still differed",
-    "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* 905",
+    "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* at most 907",
 }
 
 SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
@@ -128,6 +128,10 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "07.6 shards in the compute dtype": ("07.6", "flat[rank * size:(rank + 1) * size].clone()",
                                          "flat[rank * size:(rank + 1) * size].clone().to(compute_dtype or torch.float32)",
                                          r"\(MLP, compute dtype bfloat16\): the shards are torch.bfloat16"),
+    "07.6 a shard that is a view of the whole parameter": (
+        "07.6", "torch.nn.Parameter(flat[rank * size:(rank + 1) * size].clone())",
+        "torch.nn.Parameter(flat[rank * size:(rank + 1) * size])",
+        r"\(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
     "07.6 gradients summed": ("07.6", "return out / ctx.world, None, None", "return out, None, None",
                               r"\(MLP, float32\): after 3 steps the model is one process's trained on the sum"),
     "07.5 gradients summed": ("07.5", "self.shard.grad = g / self.world", "self.shard.grad = g",
@@ -458,8 +462,43 @@ CHEATS = {   # (exercise, the file a student looking for the easy way could writ
         "            p -= lr * p.grad / dist.get_world_size(dp_group)\n"
         "            p.grad = None\n"
         "    return loss.item()\n"),
-        r"mesh 1x3, dp x tp\): the result is right, but at step 1 the all-reduces over tp_group sent 120 elements "
+        r"mesh 1x3, dp x tp\): the result is right, but at step 1 the all-reduces over tp_group sent 480 elements "
         r"in 2 call\(s\); .* g's \[rows, O\] \(96 elements\) .* f's \[rows, D\] \(144\)"),
+    "full gradients left on the module": ("07.6", (
+        "import torch, torch.distributed as dist\n"
+        "from mgpu_utils.compat import all_gather_single, reduce_scatter_single\n"
+        "class MyFSDP(torch.nn.Module):\n"
+        "    def __init__(self, module, compute_dtype=None):\n"
+        "        super().__init__()\n"
+        "        W, r = dist.get_world_size(), dist.get_rank()\n"
+        "        self.inner, self.full, shards = [module], [], []\n"
+        "        for p in module.parameters():\n"
+        "            size = -(-p.numel() // W)\n"
+        "            flat = torch.cat([p.detach().reshape(-1), p.new_zeros(size * W - p.numel())])\n"
+        "            shards.append(torch.nn.Parameter(flat[r * size:(r + 1) * size].clone()))\n"
+        "            self.full.append((p, p.shape))\n"
+        "            p.register_post_accumulate_grad_hook(self.hook(shards[-1], p.shape))\n"
+        "            p.data = torch.empty(0)\n"
+        "        self.shards = torch.nn.ParameterList(shards)\n"
+        "    def hook(self, s, shape):\n"
+        "        def reduce(p):\n"
+        "            W = dist.get_world_size()\n"
+        "            flat = torch.zeros(s.numel() * W)\n"
+        "            flat[:shape.numel()] = p.grad.reshape(-1)\n"
+        "            out = torch.empty(s.numel())\n"
+        "            reduce_scatter_single(out, flat)\n"
+        "            s.grad = out / W\n"
+        "            p.grad.zero_()\n"
+        "            p.data = torch.empty(0)\n"
+        "        return reduce\n"
+        "    def forward(self, x):\n"
+        "        W = dist.get_world_size()\n"
+        "        for (p, shape), s in zip(self.full, self.shards):\n"
+        "            buf = torch.empty(s.numel() * W)\n"
+        "            all_gather_single(buf, s.detach())\n"
+        "            p.data = buf[:shape.numel()].view(shape)\n"
+        "        return self.inner[0](x)\n"),
+        r"\(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
     "gather imported by name": ("04.4", (
         "import torch\nfrom torch.distributed import all_gather, get_world_size\n"
         "def ring_all_gather(x):\n"
@@ -523,7 +562,7 @@ def test_collectives_are_refused_however_they_are_reached(name, tmp_path, capsys
 def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
     names = ["full Adam wrapped in an attribute", "full moments in a dict", "the whole optimizer inside",
              "a snapshot kept in memory", "the whole optimizer in a Module",
-             "whole weights assembled on every tp rank"]
+             "whole weights assembled on every tp rank", "full gradients left on the module"]
     cases = [(CHEATS[n][0], cheat_file(tmp_path, n)) for n in names]
     cases += [("03.5", wrong(tmp_path, "03.5", "            work.wait()\n", "")),
               ("03.6", wrong(tmp_path, "03.6", "            work.wait()\n", ""))]

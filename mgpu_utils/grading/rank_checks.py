@@ -223,12 +223,13 @@ def check_schedule(fn, ctx, problems, m=5):
         note(problems, {"rank": r, "kind": "param", "what": "grad", "max_diff": worst})
 
 
-def held_bytes(obj, exclude=(), depth=8) -> int:
+def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
     inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a closure's cells), each
     storage counted once; the tensors in ``exclude`` (the model's parameters) and their gradients are not
     counted. An optimizer wrapped in another object, a Module or a closure, or moments kept in a list or dict,
-    are found."""
+    are found. ``grads``: count the ``.grad`` of every tensor reached too (a full gradient left on a module's
+    freed parameter, 07.6)."""
     seen_objects, storages = set(), {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
@@ -237,6 +238,8 @@ def held_bytes(obj, exclude=(), depth=8) -> int:
             ptr = o.untyped_storage().data_ptr()
             if ptr not in skip:
                 storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
+            if grads and o.grad is not None:
+                walk(o.grad, d)
             return
         if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
             return
@@ -702,8 +705,9 @@ def check_attention_merge(fn, ctx, problems):
 
 
 #: Exercise 06.3's model: W0 [D, D] replicated, W1 [N, D] column parallel, W2 [O, N] row parallel, b2 [O]
-#: replicated; a global batch of B rows. N splits over tp = 1, 2, 3, 4 and 6, B over dp up to 8.
-TWO_D_SIZES = {"D": 6, "N": 12, "O": 4, "B": 24}
+#: replicated; a global batch of B rows. N splits over tp = 1, 2, 3, 4 and 6, B over dp up to 8. N D and O N exceed
+#: what g and f send (B/dp x O and B/dp x D elements), so whole weights cannot pass for activations (tp_traffic).
+TWO_D_SIZES = {"D": 6, "N": 48, "O": 4, "B": 24}
 #: Known wrong forwards and backwards of 06.3, named by what they do (the first that matches wins).
 TWO_D_FORWARDS = ("right", "no_f", "g_backward_sum", "bias_every_rank", "no_g")
 #: Known wrong data-parallel averages of 06.3: per rank's gradient of its shard, before the update.
@@ -1214,7 +1218,24 @@ def check_sharded_any(cls, ctx, problems, steps=3):
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
-SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+#: What brings each rank its shard's gradient summed over the ranks: a reduce-scatter, or an all-to-all and a
+#: local sum (torch.distributed.nn.functional.all_gather's backward on gloo).
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single")
+
+
+class LinearDtypes(torch.overrides.TorchFunctionMode):
+    """Within the block, the dtype of every weight that ``F.linear`` computes with goes to ``seen`` (07.6: the
+    compute dtype, however the wrapper puts its gathered parameters in place: functional_call, hooks, setattr)."""
+
+    def __init__(self, seen: set):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            self.seen.add((args[1] if len(args) > 1 else kwargs["weight"]).dtype)
+        return func(*args, **kwargs)
 
 
 def _fsdp_reference(model, x, dtype):
@@ -1246,26 +1267,28 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             model = model_fn()
             refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own")}
             full = sum(p.numel() for p in model.parameters())
-            bound = sum(-(-p.numel() // world) for p in model.parameters())
+            # the most a rank may hold: each parameter padded to a multiple of the world, or cut in whole rows
+            bound = sum(max(-(-p.numel() // world), -(-p.shape[0] // world) * (p.numel() // p.shape[0]))
+                        for p in model.parameters()) + world
             seen = set()
-            for m in model.modules():
-                if isinstance(m, torch.nn.Linear):
-                    m.register_forward_pre_hook(lambda m, a: seen.add(m.weight.dtype))
             wrapper = cls(model) if dtype is None else cls(model, dtype)
             shards = list(wrapper.parameters())
             mine = sum(p.numel() for p in shards)
-            if mine > bound + world or mine < bound - world:
+            if mine > bound:
                 note(problems, {**base, "what": "params", "got": mine, "full": full, "bound": bound})
-                continue
-            if any(p.dtype != torch.float32 for p in shards):
+            elif any(p.dtype != torch.float32 for p in shards):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
-                continue
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                           # agree before the steps: their collectives are shared
+            if found.item():
+                return
             opt = torch.optim.SGD(shards, lr=lr, momentum=0.9)
             ref_opts = {v: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for v, m in refs.items()}
             for s in range(steps):
                 calls = []
                 with counted_collectives(calls, cls):
-                    out = wrapper(x[rank::world])
+                    with LinearDtypes(seen):
+                        out = wrapper(x[rank::world])
                     F.cross_entropy(out.float(), y[rank::world]).backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
@@ -1275,14 +1298,14 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     (loss * world if v == "sum" else loss).backward()
                     ref_opts[v].step()
                     ref_opts[v].zero_grad(set_to_none=True)
-                held = held_bytes(wrapper, exclude=shards)
+                held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
                 if "all_reduce" in calls:
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
                 elif not set(calls) & set(GATHERS) or not set(calls) & set(SCATTERS):
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
-                elif held > 6 * full / world + 1024:             # half the model's bytes per rank, and more
+                elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
                 seen.clear()
             with torch.no_grad():

@@ -314,7 +314,8 @@ HINTS: dict[str, list[tuple]] = {
     "fsdp": [
         (lambda p, W: p["what"] == "params",
          "rank {rank} ({model}): your wrapper's parameters() hold {got:,} elements, the whole model {full:,}: keep "
-         "only this rank's shard of each parameter, about {bound:,} elements at world size {W} (a tied weight once), "
+         "only this rank's shard of each parameter, at most {bound:,} elements at world size {W} (a tied weight "
+         "once), "
          "and do not register the wrapped module as a submodule (its parameters would be listed too)"),
         (lambda p, W: p["what"] == "master_dtype",
          "rank {rank} ({model}, compute dtype {dtype}): the shards are {got}; keep the shards, their gradients and "
@@ -330,8 +331,10 @@ HINTS: dict[str, list[tuple]] = {
          "gathered parameters (and a floating-point input) to compute_dtype"),
         (lambda p, W: p["what"] == "held",
          "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
-         "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, and keep the "
-         "gathered ones only while autograd needs them (not in an attribute)"),
+         "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
+         "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
+         "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
+         "the whole storage)"),
         (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
          "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
@@ -354,7 +357,8 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
          "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
          "[rows, O] ({want_g} elements) in the forward and f's [rows, D] ({want_f}) in the backward. A rank that "
-         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard"),
+         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard. (W0's and "
+         "b2's gradients are equal on the tp ranks after f: average them over dp_group only)"),
         (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
          "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
          "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
