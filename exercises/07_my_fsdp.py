@@ -14,7 +14,11 @@ compute_dtype=None), a torch.nn.Module, such that
     batch, in float32: reduce-scattered, then divided by the world size;
 
 so that torch.optim.SGD(wrapper.parameters(), ...) on every rank trains the model as one process would on the
-whole batch. Only the signature is given: the design is yours.
+whole batch. Only the signature is given: the design is yours. (The lines below only run the module as it is:
+``self.module = module`` registers it as a submodule, so its full parameters are listed by parameters() too;
+that is the first thing to change.) Gathering again in the backward, as FSDP's reshard_after_forward does, is
+not required: autograd may keep the gathered parameters until the backward; what is measured is the memory
+between steps.
 
 The grader trains an MLP and a model whose two middle layers share one weight (TiedMLP, as tied embeddings do)
 three SGD steps with momentum, at 2 and 3 ranks, in float32 and with compute_dtype=torch.bfloat16, and compares
@@ -22,8 +26,10 @@ each rank's output with one process's; it counts the collectives of each step (a
 an all-reduce of whole gradients is ZeRO-2's at best), the elements in parameters(), the dtype the layers saw,
 and the bytes your wrapper holds between steps.
 Useful: torch.func.functional_call(module, {name: tensor}, (x,)) runs a module with other tensors in place of
-its parameters; an autograd.Function whose forward all-gathers and whose backward reduce-scatters;
-all_gather_single and reduce_scatter_single from mgpu_utils.compat.
+its parameters (a tied one given once is used in both places); an autograd.Function whose forward all-gathers
+and whose backward reduce-scatters; all_gather_single and reduce_scatter_single from mgpu_utils.compat;
+p.data = torch.empty(0) frees a parameter's storage and keeps the Parameter object (and so a tied weight's
+identity).
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.6")

@@ -43,7 +43,7 @@ RIGHT = {
     "03.1": 360,
     "03.2": 4,
     "03.3": 8,
-    "03.7": 47,
+    "03.8": 47,
     "04.1": 28,
     "04.2": 7.5,
     "04.3": "reduce_scatter",
@@ -51,15 +51,18 @@ RIGHT = {
     "05.2": 8,
     "05.3": 4,
     "05.5": 90,
+    "05.6": 8384,
     "06.1": 50.33,
     "06.2": 21.83,
     "07.1": 5.625,
     "07.2": 0.956301312,
     "07.3": 8,
-    "07.5": 49,
+    "07.7": 49,
     "08.1": 140.28,
     "08.2": 3,
     "08.3": 100,
+    "08.5": 12.5,
+    "08.6": 140,
     "09.1": 0.8,
     "09.2": 5.094,
     "09.3": "ddp.module.config",
@@ -87,7 +90,7 @@ WRONG = {
     "03.1": 359,
     "03.2": 64,
     "03.3": 1,
-    "03.7": 63,
+    "03.8": 63,
     "04.1": 32,
     "04.2": 10,
     "04.3": "all_reduce",
@@ -95,15 +98,18 @@ WRONG = {
     "05.2": 24,
     "05.3": 2,
     "05.5": 108,
+    "05.6": 16768,
     "06.1": 6.29,
     "06.2": 2.73,
     "07.1": 8.25,
     "07.2": 0.285,
     "07.3": 7,
-    "07.5": 25,
+    "07.7": 25,
     "08.1": 160,
     "08.2": 4,
     "08.3": 800,
+    "08.5": 100,
+    "08.6": 160,
     "09.1": 0.1,
     "09.2": 3.82,
     "09.3": "ddp.config",
@@ -181,6 +187,11 @@ def test_exercise_answers_match_the_facts():
     sim = simulate_ps([1.0] * 4, 4000)
     assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
     assert 800 // 8 == RIGHT["08.3"]
+    from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
+    assert ring_bytes_per_rank(4 * 25e6, 8) / (7 * 8 * 0.01 * 25e6) == pytest.approx(RIGHT["08.5"])
+    assert 20 * ring_bytes_per_rank(4e9, 8) / 1e9 == pytest.approx(RIGHT["08.6"])
+    tokens, V, t = 8192, 50304, 8
+    assert (t - 1) / t * tokens * V * 4 / (3 * ring_bytes_per_rank(4 * tokens, t)) == pytest.approx(RIGHT["05.6"])
     from mgpu_utils.measure.energy import run_cost
     from mgpu_utils.costs.scaling import amdahl_speedup, speedups
     assert 100 * speedups([{"world_size": 1, "samples_per_s": 1 / 0.2},
@@ -239,3 +250,10 @@ def test_a_gpu_the_build_cannot_run_leaves_the_kernel_cells_on_cpu(monkeypatch):
     assert env.usable_gpus() == 0 and env.kernel_device().type == "cpu"
     monkeypatch.setattr(env, "gpu_status", lambda: (2, 2, ""))
     assert env.usable_gpus() == 2 and str(env.kernel_device()) == "cuda:0"
+
+
+def test_quiz_and_coding_exercises_have_distinct_numbers():
+    """A lesson's exercises are numbered once: a quiz question and a coding exercise never share a number
+    (07.5 was both, the quiz's check("07.5") and check_script("07.5"))."""
+    from mgpu_utils.grading.runner import GRADED
+    assert not set(exercises.EXERCISES) & set(GRADED)

@@ -149,7 +149,7 @@ EXERCISES: dict[str, Exercise] = {
                     "8: DDP averages gradients over ranks, so multiplying the loss by the world size "
                     "multiplies the averaged gradient by 8 (the ddp_internals run measured a ratio of the world size)"),
         "8. Gradients are linear in the loss; DDP averages, so the result is world_size x too large."),
-    "03.7": Exercise(
+    "03.8": Exercise(
         "A validation set of 10,001 images is evaluated on 64 ranks with DistributedSampler (shuffle=False, "
         "drop_last=False), and accuracy is all-reduced as (correct, count). How many images are counted twice?",
         _int_answer(47, {63: "at most world size - 1 can be repeated; here ceil(10001/64) x 64 - 10001",
@@ -217,6 +217,22 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count f and g per block, times two blocks"},
                     "4: g all-reduces forward and f backward, once for attention and once for the MLP"),
         "4 = 2 x tp_bytes_per_layer(...)['collectives_per_pass']; the run counted them in COMM_LOG."),
+    "05.6": Exercise(
+        "Vocabulary-parallel cross-entropy on t = 8 ranks, V = 50,304, 8,192 tokens, fp32: instead of an "
+        "all-gather of the logits, three all-reduces of one number per token (max, sum of exponentials, target "
+        "logit). Counting a ring all-gather as receiving (t-1)/t of the gathered tensor and a ring all-reduce as "
+        "2(t-1)/t of its tensor, how many times fewer bytes does each rank receive?",
+        _float_answer(8384, 1e-3, [(lambda v: abs(v - 16768) < 1, "a ring all-reduce moves 2(t-1)/t of its tensor "
+                                    "per rank, twice an all-gather's (t-1)/t"),
+                                   (lambda v: abs(v - 50304) < 1, "three all-reduces, each 2(t-1)/t x 8,192 x 4 "
+                                    "bytes"),
+                                   (lambda v: abs(v - 25152) < 1, "count all three all-reduces (max, sum of "
+                                    "exponentials, target logit), each 2(t-1)/t of its tensor"),
+                                   (lambda v: abs(v - 1048) < 1, "the gathered logits are V wide per token, not V/t")],
+                      "(t-1)/t x 8,192 x V x 4 bytes against 3 x 2(t-1)/t x 8,192 x 4 bytes: V / 6 = 8,384; the "
+                      "logits never leave the rank that computed them"),
+        "8384 = V / 6: the all-gather brings (t-1)/t x N V x 4 bytes, the three all-reduces 3 x ring_bytes_per_rank("
+        "4 N, t) = 3 x 2(t-1)/t x 4 N; the ratio does not depend on t or on the number of tokens."),
     "05.5": Exercise(
         "Eight layers with forward times 1, 1, 1, 1, 2, 2, 2, 2 ms (backward twice that) on p = 2 stages, GPipe "
         "with m = 4 micro-batches. With the best split, how many ms does one step take (messages free)?",
@@ -285,7 +301,7 @@ EXERCISES: dict[str, Exercise] = {
                         "default": "count the all-reduce rounds per step in each case"},
                     "8: one full all-reduce per micro-batch instead of one per step (grad_accumulation.py counted it)"),
         "8 = micro-batches per step: every backward outside no_sync all-reduces every gradient byte once."),
-    "07.5": Exercise(
+    "07.7": Exercise(
         "A 24-block GPT under FSDP2 with fully_shard on every block and then on the root (default "
         "reshard_after_forward), on 8 ranks: how many all-gathers does one training step issue?",
         _int_answer(49, {25: "a block reshards after its forward, so backward gathers it again: 2 per block",
@@ -326,6 +342,37 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "steps / H"},
                     "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
         "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
+    "08.5": Exercise(
+        "Top-k sparsification keeps 1% of a 25e6-parameter fp32 gradient on 8 ranks and sends each kept entry as "
+        "an (index, value) pair of two fp32 numbers by a ring all-gather, as sparsify.py's hook does; dense is a "
+        "ring all-reduce of fp32. How many times fewer bytes does each rank send with top-k?",
+        _float_answer(12.5, 1e-3, [(lambda v: abs(v - 100) < 0.5, "1/ratio counts only what each rank keeps; each "
+                                    "rank also forwards every other rank's pairs (an all-gather grows with n)"),
+                                   (lambda v: abs(v - 50) < 0.5, "a pair is 8 bytes, and the all-gather forwards "
+                                    "the other ranks' pairs too: (n-1) x 8 k bytes against 2(n-1)/n x 4P"),
+                                   (lambda v: abs(v - 25) < 0.5, "the dense ring all-reduce sends 2(n-1)/n x 4P "
+                                    "bytes per rank, not (n-1)/n x 4P"),
+                                   (lambda v: abs(v - 0.08) < 1e-3, "that is top-k's bytes over dense's; the "
+                                    "question asks how many times fewer")],
+                      "dense 2(n-1)/n x 4P = 175 MB per rank, top-k (n-1) x 8 x 0.01P = 14 MB: 12.5 = 1/(n x ratio), "
+                      "so the saving shrinks as n grows (the all-gather carries every rank's pairs)"),
+        "12.5 = ring_bytes_per_rank(4 * 25e6, 8) / (7 * 8 * 0.01 * 25e6) = 1 / (8 x 0.01): the sparse all-gather "
+        "brings each rank every other rank's k pairs, so with n ranks the saving is 1/(n x ratio)."),
+    "08.6": Exercise(
+        "DiLoCo on 8 workers: H = 500 inner steps between outer steps, 10,000 inner steps in all, a model of "
+        "1e9 parameters whose change (pseudo-gradient) is all-reduced in fp32 by a ring. How many GB (1e9 bytes) "
+        "does each worker send over the whole run?",
+        _float_answer(140, 1e-3, [(lambda v: abs(v - 160) < 0.5, "a ring sends 2(n-1)/n x S per rank, not 2S: "
+                                   "with n = 8, 1.75 S"),
+                                  (lambda v: abs(v - 80) < 0.5, "an all-reduce sends about twice the tensor per "
+                                   "rank: reduce-scatter and all-gather, 2(n-1)/n x S"),
+                                  (lambda v: abs(v - 70) < 0.5, "fp32 is 4 bytes per parameter"),
+                                  (lambda v: abs(v - 70000) < 10, "that is an all-reduce every step; DiLoCo "
+                                   "communicates once per H = 500 steps"),
+                                  (lambda v: abs(v - 7) < 0.01, "that is one outer step; count 10,000 / 500 = 20")],
+                      "10,000 / 500 = 20 outer steps, each a ring all-reduce of 4 GB: 20 x 2 x 7/8 x 4 GB = 140 GB, "
+                      "500 times less than all-reducing fp32 gradients every step (70,000 GB)"),
+        "140 = 20 x ring_bytes_per_rank(4e9, 8) / 1e9 (mgpu_utils.costs.bandwidth)."),
     "09.1": Exercise(
         "A recipe trains with a learning rate of 0.1 for a global batch of 256. You move it to 64 GPUs with 32 "
         "images each and keep the number of epochs. By the linear scaling rule, what learning rate do you use?",
