@@ -182,3 +182,13 @@ def test_exit_stress_scratch_is_removed_when_its_process_exits(tmp_path, starts_
                          env={**__import__("os").environ, "TMPDIR": str(tmp_path)}, check=True).stdout.split()
     assert len(out) == 2 and out[0] != out[1] and Path(out[0]).parent == Path(out[1]).parent
     assert list(tmp_path.iterdir()) == [], "exit_stress.scratch() left a folder behind"
+
+
+def test_lesson_00_lists_every_launch_script_in_its_committed_output():
+    """Lesson 00 shows launch()'s 'Available:' list in a # NBVAL_CHECK_OUTPUT cell, which the browser test
+    compares with a fresh run: a new script makes that list stale (hybrid_3d.py did). Caught here in a second."""
+    nb = json.loads((ROOT / "notebooks" / "00_setup.ipynb").read_text())
+    text = next("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                for o in c.get("outputs", []) if "Available: " in "".join(o.get("text", "")))
+    listed = re.findall(r"[\w]+\.py", " ".join(text.split("Available: ", 1)[1].split()))
+    assert sorted(listed) == sorted(p.name for p in SCRIPTS), "re-run notebooks/00_setup.ipynb and commit it"
