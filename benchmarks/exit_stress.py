@@ -43,6 +43,7 @@ def scratch() -> str:
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
+    "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.8, "--seeds", 1, "--target", 0.8],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--per-rank-batch", 4, "--check-grads", "--max-steps", 3],

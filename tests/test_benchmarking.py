@@ -51,6 +51,24 @@ def test_amdahl_fit_recovers_the_serial_fraction():
         scaling.fit_amdahl([1, 2], [1.0])
 
 
+def test_critical_batch_fit_recovers_the_model():
+    b = np.array([4, 8, 16, 64, 256])
+    fit = scaling.fit_critical_batch(b, scaling.critical_batch_steps(b, 50.0, 20.0))
+    assert fit["s_min"] == pytest.approx(50.0) and fit["b_crit"] == pytest.approx(20.0)
+    assert fit["e_min"] == pytest.approx(1000.0) and fit["max_rel_error"] < 1e-9
+    assert scaling.critical_batch_steps(20, 50, 20) == pytest.approx(100)       # S(B_crit) = 2 S_min
+    noisy = scaling.critical_batch_steps(b, 50.0, 20.0) * np.array([1.1, 0.9, 1.05, 0.95, 1.0])
+    assert scaling.fit_critical_batch(b, noisy)["max_rel_error"] == pytest.approx(0.1, abs=0.05)
+    with pytest.raises(ValueError, match="do not fit"):
+        scaling.fit_critical_batch([4, 8, 16], [10, 20, 40])            # rising with B
+    with pytest.raises(ValueError, match="do not fit"):
+        scaling.fit_critical_batch([8, 64], [385, 19])                  # falling faster than 1 / B
+    with pytest.raises(ValueError, match="2 different batch sizes"):
+        scaling.fit_critical_batch([4, 4], [10, 20])
+    with pytest.raises(ValueError, match="batch > 0"):
+        scaling.critical_batch_steps(0, 50, 20)
+
+
 def test_two_level_allreduce_by_hand():
     """Lesson 10's nodes: NVLink inside a node of 8, one NIC per GPU between nodes."""
     from mgpu_utils.costs.bandwidth import hierarchical_allreduce_model, ring_allreduce_model

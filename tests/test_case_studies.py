@@ -137,3 +137,37 @@ def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypat
     scope = {}
     exec(compile(setup, "09 setup", "exec"), scope)
     assert scope["RN"] >= 2 and 32 // scope["RN"] >= 16, scope["RN"]
+
+
+SWEEP = ["--global-batches", 8, 64, 256, "--lrs", 0.4, 0.8, "--seeds", 2, "--target", 0.9]
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 4])
+def test_batch_size_sweep_is_the_same_on_any_number_of_ranks(nproc, starts_processes):
+    """The ranks share the runs; rank 0's table must not depend on how many ranks ran them, and the larger
+    batches must need fewer steps but more examples (the point of lesson 09's section)."""
+    r = launch("batch_size_sweep.py", nproc=nproc, args=SWEEP, show="none", threads_per_rank=1)
+    one = launch("batch_size_sweep.py", nproc=1, args=SWEEP, show="none") if nproc > 1 else r
+    assert r["world_size"] == nproc and [x["global_batch"] for x in r["rows"]] == [8, 64, 256]
+    assert [x["steps_per_seed"] for x in r["rows"]] == [x["steps_per_seed"] for x in one["rows"]]
+    steps = [x["steps"] for x in r["rows"]]
+    assert steps[0] > steps[1] >= 0.5 * steps[2], steps
+    assert all(x["examples"] == x["steps"] * x["global_batch"] for x in r["rows"])
+    assert r["rows"][2]["examples"] > 2 * r["rows"][0]["examples"]
+    assert 0 < r["fit"]["b_crit"] and r["fit"]["s_min"] > 0
+
+
+def test_batch_size_sweep_reports_a_fit_it_cannot_make(starts_processes):
+    """One rate and a low target: the steps fall faster than 1 / B, which the model cannot fit; the table
+    still comes, and the fit says why."""
+    r = launch("batch_size_sweep.py", nproc=2, show="none", threads_per_rank=1,
+               args=["--global-batches", 8, 64, "--lrs", 0.8, "--seeds", 1, "--target", 0.8])
+    assert len(r["rows"]) == 2
+    assert "do not fit" in r["fit"]["error"] and "b_crit" not in r["fit"]
+
+
+def test_batch_size_sweep_refuses_a_batch_larger_than_the_data(starts_processes):
+    from mgpu_utils.launch.launcher import LaunchError
+
+    with pytest.raises(LaunchError, match="at most 1438"):
+        launch("batch_size_sweep.py", nproc=1, args=["--global-batches", 8, 5000], show="none")

@@ -67,6 +67,7 @@ RIGHT = {
     "09.2": 5.094,
     "09.3": "ddp.module.config",
     "09.4": 3,
+    "09.6": 1.6,
     "11.1": 37.95,
     "10.1": 80,
     "10.2": 9.14,
@@ -114,6 +115,7 @@ WRONG = {
     "09.2": 3.82,
     "09.3": "ddp.config",
     "09.4": 2,
+    "09.6": 4,
     "10.1": 3.2,
     "10.2": 20,
     "10.3": 16.67,
@@ -201,6 +203,9 @@ def test_exercise_answers_match_the_facts():
     assert run_cost(64, 72, 2.50) == RIGHT["10.4"]
     assert 0.1 * (64 * 32) / 256 == pytest.approx(RIGHT["09.1"])
     assert 8 * 13e9 * 260e9 / (512 * 120e12) / 86400 == pytest.approx(RIGHT["09.2"], rel=1e-3)
+    from mgpu_utils.costs.scaling import critical_batch_steps
+    assert (critical_batch_steps(1024, 2000, 1024) / critical_batch_steps(4096, 2000, 1024)
+            == pytest.approx(RIGHT["09.6"]))
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
     import torch.distributed as dist

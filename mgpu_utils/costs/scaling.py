@@ -8,6 +8,9 @@
   (:func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`, fitted by ``fit_ring_allreduce``, lesson 04), on
   this machine or on GPUs and links from :mod:`mgpu_utils.costs.hardware`; on nodes with a NIC per GPU,
   the two-level all-reduce (``hierarchical_allreduce_model``).
+* :func:`critical_batch_steps` / :func:`fit_critical_batch`: McCandlish et al. (2018)'s steps to a target,
+  S(B) = S_min (1 + B_crit / B), and its fit to measured steps per global batch (lesson 09,
+  ``launch_scripts/batch_size_sweep.py``).
 
 Pure Python and numpy: no process group, no torch.
 """
@@ -178,3 +181,57 @@ def gpu_compute_seconds(flops: float, peak_tflops: float, mfu: float) -> float:
     if peak_tflops <= 0:
         raise ValueError(f"peak must be > 0 TFLOP/s, got {peak_tflops}")
     return flops / (peak_tflops * 1e12 * mfu)
+
+
+def critical_batch_steps(batch, s_min: float, b_crit: float):
+    """Steps to a target at global batch B: S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018, eq. 2.11).
+
+    Below B_crit, doubling the batch nearly halves the steps (S ~ S_min B_crit / B: the same number of
+    examples); above it the steps approach S_min and the examples, E = S B = E_min (1 + B / B_crit) with
+    E_min = S_min B_crit, grow about linearly with B: a larger batch then buys little time and costs compute.
+
+    Args:
+        batch: global batch size(s) B > 0, scalar or array; s_min: steps at an infinite batch (> 0);
+        b_crit: the critical batch size (>= 0), where S = 2 S_min and E = 2 E_min.
+
+    Returns:
+        Steps, float or numpy array like ``batch``.
+
+    Raises:
+        ValueError: a batch <= 0, s_min <= 0 or b_crit < 0.
+    """
+    b = np.asarray(batch, dtype=float)
+    if np.any(b <= 0) or s_min <= 0 or b_crit < 0:
+        raise ValueError(f"need batch > 0, s_min > 0 and b_crit >= 0, got {batch}, {s_min}, {b_crit}")
+    out = s_min * (1 + b_crit / b)
+    return float(out) if out.ndim == 0 else out
+
+
+def fit_critical_batch(batches, steps) -> dict:
+    """Fit S(B) = S_min (1 + B_crit / B) to measured steps to a target (lesson 09).
+
+    S is linear in 1 / B (S = S_min + S_min B_crit / B), so a least-squares line through (1 / B, S), each
+    point weighted by 1 / S so that every batch size counts by its relative error, gives both numbers.
+
+    Args:
+        batches: global batch sizes (at least 2 different, > 0); steps: measured steps to the target (> 0).
+
+    Returns:
+        ``{"s_min", "b_crit", "e_min", "max_rel_error"}``: steps at an infinite batch, the critical batch
+        size, the examples at a tiny batch (S_min B_crit) and the largest |fit - measured| / measured.
+
+    Raises:
+        ValueError: fewer than 2 distinct batch sizes, lengths differ, a value <= 0, or the measured steps do
+            not fit the model (rising with B, or falling faster than 1 / B: S_min or B_crit would be negative).
+    """
+    b, s = np.asarray(batches, dtype=float), np.asarray(steps, dtype=float)
+    if b.shape != s.shape or len(set(b.tolist())) < 2 or np.any(b <= 0) or np.any(s <= 0):
+        raise ValueError("need steps > 0 for at least 2 different batch sizes > 0, one value per batch size")
+    slope, s_min = np.polyfit(1 / b, s, 1, w=1 / s)
+    if s_min <= 0 or slope < 0:
+        raise ValueError(f"the steps do not fit S_min (1 + B_crit / B) with both >= 0 (fitted S_min = "
+                         f"{s_min:.3g}, S_min B_crit = {slope:.3g}): they must fall as B grows, at most as 1 / B; "
+                         f"measure more batch sizes, more seeds, or a harder target")
+    fitted = critical_batch_steps(b, s_min, slope / s_min)
+    return {"s_min": float(s_min), "b_crit": float(slope / s_min), "e_min": float(slope),
+            "max_rel_error": float(np.max(np.abs(fitted - s) / s))}

@@ -1,4 +1,5 @@
-"""Figures of notebooks/09_case_studies.ipynb: one DDP step of each case, the large-batch recipe, GAN samples.
+"""Figures of notebooks/09_case_studies.ipynb: one DDP step of each case, the large-batch recipe,
+steps and examples to a target per batch size, GAN samples.
 
 Every function draws on a new figure and returns it; nothing is drawn at import.
 """
@@ -95,6 +96,40 @@ def plot_recipe(runs: list[dict]):
     b.set(xlabel="epoch", ylabel="training loss (epoch mean)", title="training loss", xticks=range(1, 1 + max(
         len(r["epoch_losses"]) for r in runs)))
     b.legend(fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_critical_batch(result: dict):
+    """Steps (left) and examples (right) to the target accuracy per global batch, log-log, with the fit.
+
+    ``result``: a batch_size_sweep.py result (``rows`` with ``global_batch``, ``steps``, ``examples``;
+    ``fit`` with ``s_min``, ``b_crit``; ``target``). Perfect scaling (steps halve when B doubles: the same
+    examples) is drawn from the smallest batch. Returns the figure.
+    """
+    from mgpu_utils.costs.scaling import critical_batch_steps
+
+    b = np.array([r["global_batch"] for r in result["rows"]], dtype=float)
+    steps = np.array([r["steps"] for r in result["rows"]], dtype=float)
+    fit = result["fit"]
+    grid = np.geomspace(b[0], b[-1], 100)
+    fitted = critical_batch_steps(grid, fit["s_min"], fit["b_crit"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for ax, y, scale, name in [(axes[0], steps, 1, "steps"), (axes[1], steps * b, grid, "examples")]:
+        ax.plot(b, y, "o", color=rank_color(0), markersize=7, label="measured (median of seeds)")
+        ax.plot(grid, fitted * scale, "-", color=rank_color(1),
+                label=f"fit S_min (1 + B_crit / B), B_crit = {fit['b_crit']:.0f}")
+        ax.plot(grid, steps[0] * b[0] / grid * scale, ":", color="gray", label="perfect scaling")
+        ax.axvline(fit["b_crit"], color=rank_color(1), lw=1, alpha=0.5)
+        ax.text(fit["b_crit"] * 1.08, 0.04, "B_crit", transform=ax.get_xaxis_transform(), fontsize=10,
+                color=rank_color(1))
+        ax.set(xscale="log", yscale="log", xlabel="global batch B (images per step)",
+               ylabel=f"{name} to {result['target']:.0%} test accuracy")
+        ax.set_xticks(b, [str(int(v)) for v in b])
+        ax.minorticks_off()
+    axes[0].set_title("steps fall with B, then stop falling")
+    axes[1].set_title("examples grow with B, steeply past B_crit")
+    axes[0].legend(fontsize=9)
     fig.tight_layout()
     return fig
 

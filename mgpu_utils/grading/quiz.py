@@ -412,6 +412,21 @@ EXERCISES: dict[str, Exercise] = {
                     "3: D(real) and D(fake.detach()) for the discriminator's step, D(fake) for the generator's; "
                     "each backward that reaches D makes its DDP reducer all-reduce D's gradients"),
         "3 = d(real), d(fake.detach()), d(fake): see the step picture at the top of lesson 09."),
+    "09.6": Exercise(
+        "McCandlish et al. (2018): the steps to a target are S(B) = S_min (1 + B_crit / B). A model needs "
+        "S_min = 2,000 steps and its critical batch B_crit is 1,024. You go from a global batch of 1,024 to 4,096 "
+        "(4 times the GPUs, the same batch per GPU). By what factor does the number of steps fall?",
+        _float_answer(1.6, 1e-3, [(lambda v: abs(v - 4) < 1e-3, "that is perfect scaling, which holds only well "
+                                   "below B_crit: compute S(1024) and S(4096)"),
+                                  (lambda v: abs(v - 0.625) < 1e-3, "that is new steps / old steps; the factor "
+                                   "they fall by is old / new"),
+                                  (lambda v: abs(v - 2) < 1e-3, "that is S(1024) / S_min; the new batch is 4,096"),
+                                  (lambda v: abs(v - 1.25) < 1e-3, "that is S(4096) / S_min; divide S(1024) by "
+                                   "S(4096)")],
+                      "S(1024) = 2,000 x 2 = 4,000 and S(4096) = 2,000 x 1.25 = 2,500: 1.6 times fewer steps for "
+                      "4 times the GPUs, and each image is used 2.5 times as often (E = S B)"),
+        "1.6 = critical_batch_steps(1024, 2000, 1024) / critical_batch_steps(4096, 2000, 1024) "
+        "(mgpu_utils.costs.scaling)."),
     "10.1": Exercise(
         "Strong scaling: one rank takes 200 ms per step; 4 ranks take 62.5 ms per step on the same global batch. "
         "What is the parallel efficiency at 4 ranks, in percent?",
