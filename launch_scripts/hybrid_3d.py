@@ -82,7 +82,7 @@ def train_step(shard, x, target, global_batch, mesh, m):
     prev_rank, next_rank = mesh["prev"], mesh["next"]
     rows, outs, ins, sends, total = x.shape[0] // m, [], [], [], 0.0
     for k in range(m):                                       # forwards: receive, compute, send on
-        h = x[k * rows:(k + 1) * rows].clone() if s == 0 else torch.empty(rows, x.shape[1])
+        h = x[k * rows:(k + 1) * rows].clone() if s == 0 else torch.empty(rows, x.shape[1], device=x.device)
         if s > 0:
             dist.recv(h, src=prev_rank)
         h.requires_grad_(s > 0)
@@ -153,13 +153,13 @@ def main():
         mesh = {"s": s, "pp": pp, "tp_group": tp_group if tp > 1 else None,
                 "prev": rank_of(d, s - 1, t), "next": rank_of(d, s + 1, t)}
 
-        blocks = full_model(a)
+        blocks = [(w1.to(ctx.device), w2.to(ctx.device)) for w1, w2 in full_model(a)]   # made on the CPU
         shard = my_shard(blocks, s, pp, t, tp)
         ref = [(w1.clone().requires_grad_(), w2.clone().requires_grad_()) for w1, w2 in blocks]
         gen = torch.Generator().manual_seed(a.seed + 1)
         rows = a.global_batch // dp
         for step in range(a.steps):
-            X, T = (torch.randn(a.global_batch, a.width, generator=gen) for _ in range(2))
+            X, T = (torch.randn(a.global_batch, a.width, generator=gen).to(ctx.device) for _ in range(2))
             sq = train_step(shard, X[d * rows:(d + 1) * rows], T[d * rows:(d + 1) * rows], a.global_batch, mesh,
                             a.micro_batches)
             with torch.no_grad():
@@ -174,7 +174,7 @@ def main():
                 for w in (w for pair in ref for w in pair):
                     w -= a.lr * w.grad
                     w.grad = None
-            loss = torch.tensor([sq if t == 0 else 0.0])
+            loss = torch.tensor([sq if t == 0 else 0.0], device=ctx.device)
             if W > 1:
                 dist.all_reduce(loss)                             # the last stage's tp rank 0 of every replica
             torch.testing.assert_close(loss.item(), ref_loss.item(), rtol=1e-5, atol=1e-7)
@@ -183,7 +183,7 @@ def main():
         for pair, ref_pair in zip(shard, want):
             for x, y in zip(pair, ref_pair):
                 torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-5, atol=1e-6)
-        worst_t = torch.tensor([worst])
+        worst_t = torch.tensor([worst], device=ctx.device)
         if W > 1:
             dist.all_reduce(worst_t, op=dist.ReduceOp.MAX)
         ctx.log(f"{dp} x {tp} x {pp} (dp x tp x pp): after {a.steps} steps every shard equals one process's "

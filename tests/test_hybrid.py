@@ -240,3 +240,31 @@ def test_3d_run_equals_one_process(nproc, mesh, starts_processes):
 def test_3d_run_refuses_a_mesh_that_is_not_the_world(starts_processes):
     with pytest.raises(LaunchError, match=r"needs dp x tp x pp = world size 2 \(got 2 x 2 x 1\)"):
         launch("hybrid_3d.py", nproc=2, show="none", args=["--dp", 2, "--tp", 2, "--pp", 1])
+
+
+def test_3d_run_puts_every_tensor_on_the_ranks_device():
+    """On GPUs the ranks compute on cuda:LOCAL_RANK: a tensor made without device= (or made on the CPU with a
+    seeded CPU generator and never moved) stays on the CPU, and the run computes there or fails in a CUDA op.
+    Cannot run here (no GPU), so the source is read: every torch factory call in hybrid_3d.py names its
+    device, or is moved at once with .to(...)."""
+    import ast
+    from pathlib import Path
+
+    factories = {"arange", "zeros", "ones", "full", "empty", "tensor", "randn", "rand", "randint", "eye"}
+    tree = ast.parse(Path(__file__).parent.parent.joinpath("launch_scripts", "hybrid_3d.py").read_text())
+    moved = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "to"}
+    bare = [f"line {n.lineno}: torch.{n.func.attr}(...)" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+            and n.func.value.id == "torch" and n.func.attr in factories
+            and not any(k.arg == "device" for k in n.keywords) and id(n) not in moved]
+    # full_model() draws the weights on the CPU (the same numbers on every rank and tier); main() moves them
+    assert bare == [line for line in bare if "randn" in line and _in_function(tree, line, "full_model")], bare
+
+
+def _in_function(tree, line: str, name: str) -> bool:
+    import ast
+
+    lineno = int(line.split()[1].rstrip(":"))
+    return any(isinstance(f, ast.FunctionDef) and f.name == name and f.lineno <= lineno <= f.end_lineno
+               for f in ast.walk(tree))
