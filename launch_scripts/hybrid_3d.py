@@ -82,7 +82,7 @@ def train_step(shard, x, target, global_batch, mesh, m):
     prev_rank, next_rank = mesh["prev"], mesh["next"]
     rows, outs, ins, sends, total = x.shape[0] // m, [], [], [], 0.0
     for k in range(m):                                       # forwards: receive, compute, send on
-        h = x[k * rows:(k + 1) * rows].clone() if s == 0 else torch.empty(rows, x.shape[1], device=x.device)
+        h = x[k * rows:(k + 1) * rows].clone() if s == 0 else torch.empty_like(x[:rows])
         if s > 0:
             dist.recv(h, src=prev_rank)
         h.requires_grad_(s > 0)
