@@ -4,8 +4,8 @@
 For every global batch B of --global-batches, an MLP (make_mlp(--width, 1)) trains on the digits with plain SGD
 at each learning rate of --lrs and each of --seeds seeds, until its test accuracy first reaches --target (checked
 after every step) or --max-steps pass. Steps to target for B = the fewest over the learning rates (the best rate
-for each batch size, as Shallue et al. 2019 measure it), then the median over seeds. A run stops as soon as it
-needs more steps than the best so far for its (B, seed), so a too-small or diverging rate costs little.
+for each batch size, as Shallue et al. 2019 measure it), then the median over seeds. After the first rate, a run
+stops as soon as it needs more steps than the best so far for its (B, seed), so a worse rate costs little.
 
 A data-parallel step at global batch B computes the same update as one process at B (lesson 03 proved it), so
 each run trains in one process; the ranks share the runs (a sweep is the other way to keep many GPUs busy: one

@@ -184,7 +184,7 @@ def gpu_compute_seconds(flops: float, peak_tflops: float, mfu: float) -> float:
 
 
 def critical_batch_steps(batch, s_min: float, b_crit: float):
-    """Steps to a target at global batch B: S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018, eq. 2.11).
+    """Steps to a target at global batch B: S(B) = S_min (1 + B_crit / B) (McCandlish et al. 2018, section 2).
 
     Below B_crit, doubling the batch nearly halves the steps (S ~ S_min B_crit / B: the same number of
     examples); above it the steps approach S_min and the examples, E = S B = E_min (1 + B / B_crit) with

@@ -422,7 +422,9 @@ EXERCISES: dict[str, Exercise] = {
                                    "they fall by is old / new"),
                                   (lambda v: abs(v - 2) < 1e-3, "that is S(1024) / S_min; the new batch is 4,096"),
                                   (lambda v: abs(v - 1.25) < 1e-3, "that is S(4096) / S_min; divide S(1024) by "
-                                   "S(4096)")],
+                                   "S(4096)"),
+                                  (lambda v: abs(v - 2.5) < 1e-3, "that is how many more examples E = S B the run "
+                                   "uses; the question asks for steps")],
                       "S(1024) = 2,000 x 2 = 4,000 and S(4096) = 2,000 x 1.25 = 2,500: 1.6 times fewer steps for "
                       "4 times the GPUs, and each image is used 2.5 times as often (E = S B)"),
         "1.6 = critical_batch_steps(1024, 2000, 1024) / critical_batch_steps(4096, 2000, 1024) "
