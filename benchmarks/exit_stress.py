@@ -42,6 +42,8 @@ def scratch() -> str:
 # The arguments the tests use (small and quick); per world size where the script needs it; a function for
 # arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
+    "allreduce_placement.py": {1: ["--ranks-per-node", 1, "--sizes-kib", "4"], 2: ["--sizes-kib", "4"],
+                               4: ["--sizes-kib", "4"]},
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
     "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.8, "--seeds", 1, "--target", 0.8],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],

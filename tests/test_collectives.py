@@ -284,3 +284,35 @@ def test_hierarchical_model_by_hand():
     assert one_node["inter_s"] == 0.0 and math.isclose(one_node["flat_s"], one_node["intra_s"])
     with pytest.raises(ValueError):
         hierarchical_allreduce_seconds(S, 0, 4, nv, ib)
+
+
+@pytest.mark.parametrize("nproc, k", [(2, 1), (4, 2), (4, 1)])
+def test_placement_replay_of_the_logged_messages(nproc, k, starts_processes):
+    """Lesson 04: the flat and hierarchical rings from send/recv equal dist.all_reduce (the script asserts
+    torch.equal); replayed on the block placement their logged messages give exactly the alpha-beta model per
+    level, and the bytes crossing nodes are the formulas'; dealt round-robin, the hierarchy loses its advantage."""
+    from mgpu_utils.costs.interconnect import hierarchical_allreduce_seconds
+
+    res = launch("allreduce_placement.py", nproc=nproc, show="none",
+                 args=["--ranks-per-node", k, "--sizes-kib", "4,64"])
+    m = nproc // k
+    for row in res["rows"]:
+        S = row["bytes"]
+        model = hierarchical_allreduce_seconds(S, k, m, res["intra"], res["inter"])
+        flat, hier = row["flat"], row["hierarchical"]
+        assert flat["messages"] == nproc * 2 * (nproc - 1)
+        assert hier["messages"] == nproc * (2 * (k - 1) + 2 * (m - 1))
+        assert math.isclose(hier["block"]["emulated_s"], model["total_s"], rel_tol=1e-9)
+        assert math.isclose(flat["block"]["emulated_s"], model["flat_s"], rel_tol=1e-9)
+        assert hier["block"]["max_cross_node_bytes"] == 2 * (m - 1) * S // (k * m)
+        assert flat["block"]["max_cross_node_bytes"] == 2 * (nproc - 1) * S // nproc
+        if k > 1:
+            assert hier["interleaved"]["emulated_s"] > hier["block"]["emulated_s"]
+            assert hier["interleaved"]["max_cross_node_bytes"] > hier["block"]["max_cross_node_bytes"]
+
+
+def test_placement_needs_whole_nodes_and_runs_on_one_rank(starts_processes):
+    with pytest.raises(LaunchError, match="multiple of --ranks-per-node 2"):
+        launch("allreduce_placement.py", nproc=3, show="none", args=["--ranks-per-node", 2])
+    one = launch("allreduce_placement.py", nproc=1, show="none", args=["--ranks-per-node", 1, "--sizes-kib", "4"])
+    assert one["rows"][0]["hierarchical"]["block"] == {"emulated_s": 0.0, "max_cross_node_bytes": 0}
