@@ -194,7 +194,7 @@ def test_lesson_00_lists_every_launch_script_in_its_committed_output():
     assert sorted(listed) == sorted(p.name for p in SCRIPTS), "re-run notebooks/00_setup.ipynb and commit it"
 
 
-def test_no_symbolic_link_is_tracked():
+def test_no_symbolic_link_is_tracked(starts_processes):
     """A link committed by mistake (a `.venv` linked into a worktree) breaks every fresh clone: `make` finds a
     dangling .venv and stops. Found when a fresh clone failed in 1 s; .gitignore now ignores `.venv` itself."""
     import shutil
