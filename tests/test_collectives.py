@@ -306,7 +306,7 @@ def test_placement_replay_of_the_logged_messages(nproc, k, starts_processes):
         assert math.isclose(flat["block"]["emulated_s"], model["flat_s"], rel_tol=1e-9)
         assert hier["block"]["max_cross_node_bytes"] == 2 * (m - 1) * S // (k * m)
         assert flat["block"]["max_cross_node_bytes"] == 2 * (nproc - 1) * S // nproc
-        if k > 1:
+        if k > 1:   # by construction: the emulator's seconds are modelled from the log, not measured
             assert hier["interleaved"]["emulated_s"] > hier["block"]["emulated_s"]
             assert hier["interleaved"]["max_cross_node_bytes"] > hier["block"]["max_cross_node_bytes"]
 
