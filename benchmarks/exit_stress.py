@@ -45,7 +45,7 @@ CASES = {
     "allreduce_placement.py": {1: ["--ranks-per-node", 1, "--sizes-kib", "4"], 2: ["--sizes-kib", "4"],
                                4: ["--sizes-kib", "4"]},
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
-    "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.8, "--seeds", 1, "--target", 0.8],
+    "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.4, "--seeds", 1, "--target", 0.8],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--per-rank-batch", 4, "--check-grads", "--max-steps", 3],

@@ -158,12 +158,14 @@ def test_batch_size_sweep_is_the_same_on_any_number_of_ranks(nproc, starts_proce
 
 
 def test_batch_size_sweep_reports_a_fit_it_cannot_make(starts_processes):
-    """One rate and a low target: the steps fall faster than 1 / B, which the model cannot fit; the table
-    still comes, and the fit says why."""
+    """One batch size: no fit is possible; the table still comes, and the fit says why. (An earlier version
+    forced a fit error with batch 8 at rate 0.8, at the edge of divergence: on one machine's CPU that run
+    never reached the target and the script stopped. The fit's other errors are unit-tested in
+    test_benchmarking.py.)"""
     r = launch("batch_size_sweep.py", nproc=2, show="none", threads_per_rank=1,
-               args=["--global-batches", 8, 64, "--lrs", 0.8, "--seeds", 1, "--target", 0.8])
-    assert len(r["rows"]) == 2
-    assert "do not fit" in r["fit"]["error"] and "b_crit" not in r["fit"]
+               args=["--global-batches", 64, "--lrs", 0.4, "--seeds", 2, "--target", 0.8])
+    assert len(r["rows"]) == 1 and r["rows"][0]["steps"] > 1
+    assert "at least 2 different batch sizes" in r["fit"]["error"] and "b_crit" not in r["fit"]
 
 
 def test_batch_size_sweep_refuses_a_batch_larger_than_the_data(starts_processes):
