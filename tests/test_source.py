@@ -13,36 +13,56 @@ LAUNCHERS = {"launch", "run_torchrun", "launch_nodes"}
 
 
 def calls(cell_source: str):
-    """(function name, first positional str argument or None) of every call in a code cell, in order."""
+    """(line, function name, script or None, inside a try block) of every call in a code cell.
+
+    The script is the first positional argument or the ``script=`` keyword when it is a string literal, the
+    literal ``script=`` values of dicts unpacked with ``**`` in the same cell, else None (not readable here).
+    """
     try:
         tree = ast.parse(cell_source)
     except SyntaxError:                       # a cell with IPython magics: none in the course
         raise AssertionError(f"a code cell does not parse:\n{cell_source[:200]}")
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for b in t.body for n in ast.walk(b)}
+    dict_scripts = [k.value.value for d in ast.walk(tree) if isinstance(d, ast.Call)
+                    and getattr(d.func, "id", "") == "dict" for k in d.keywords
+                    if k.arg == "script" and isinstance(k.value, ast.Constant)]
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-            first = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
-            yield node.lineno, name, first
+            given = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "script"), None)
+            if isinstance(given, ast.Constant) and isinstance(given.value, str):
+                scripts = [given.value]
+            elif given is None and any(k.arg is None for k in node.keywords):
+                scripts = dict_scripts or [None]
+            else:
+                scripts = [None]
+            for script in scripts:
+                yield node.lineno, name, script, id(node) in guarded
 
 
 def launched_and_shown(path):
-    """{script: index of the first cell that launches it}, {script: index of the first cell that shows it}."""
-    launched, shown = {}, {}
+    """{script: index of the first cell that launches it}, {script: index of the first cell that shows it},
+    and the cells with a launch whose script cannot be read (not in a try block: a deliberate error)."""
+    launched, shown, unknown = {}, {}, []
     cells = json.loads(path.read_text())["cells"]
     for i, cell in enumerate(cells):
         if cell["cell_type"] != "code":
             continue
-        for _, name, first in sorted(calls("".join(cell["source"]))):
-            if name in LAUNCHERS and isinstance(first, str) and first.endswith(".py"):
-                launched.setdefault(first, i)
+        for _, name, first, in_try in sorted(calls("".join(cell["source"])), key=lambda c: c[0]):
+            if name in LAUNCHERS and first is None and not in_try:
+                unknown.append(i)
+            if name in LAUNCHERS and isinstance(first, str) and (SCRIPTS_DIR / first).is_file():
+                launched.setdefault(first, i)     # a missing one (an error demonstrated) has no code
             if name == "show_code" and isinstance(first, str):
                 shown.setdefault(first if first.endswith(".py") else first + ".py", i)
-    return launched, shown
+    return launched, shown, unknown
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_launch_is_preceded_by_its_code(path):
-    launched, shown = launched_and_shown(path)
+    launched, shown, unknown = launched_and_shown(path)
+    assert not unknown, (f"{path.name}: cells {unknown} launch a script this check cannot read (a variable): "
+                         "name the script as a string literal, so a reader sees which code runs")
     missing = {s: i for s, i in launched.items() if s not in shown or shown[s] > i}
     assert not missing, (f"{path.name}: these scripts are launched (cell index) before any show_code of them: "
                          f"{missing}; add show_code('SCRIPT', 'function', region='NAME') before the launch")
@@ -53,6 +73,22 @@ def test_the_notebook_check_finds_launches():
     found = {p.stem: launched_and_shown(p)[0] for p in NOTEBOOKS}
     assert "hello_dist.py" in found["00_setup"] and "elastic_train.py" in found["11_fault_tolerance"]
     assert sum(map(len, found.values())) >= 25
+
+
+def test_the_notebook_check_reads_every_way_a_script_is_named(tmp_path):
+    """Positional, keyword and **dict launches are read; a launch through a variable is reported."""
+    cells = ['show_code("hello_dist.py", region="hello")',
+             'launch("case_gan.py", nproc=2)',
+             'launch(script="case_bert.py", nproc=2)',
+             'for bad in [dict(script="sync_async.py", nproc=0)]:\n    try:\n        launch(**bad)\n'
+             '    except ValueError:\n        pass',
+             'name = "zero_memory.py"\nlaunch(name, nproc=2)',
+             'try:\n    launch(some_name, nproc=2)\nexcept FileNotFoundError:\n    pass']
+    nb = tmp_path / "99_x.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": c} for c in cells]}))
+    launched, shown, unknown = launched_and_shown(nb)
+    assert launched == {"case_gan.py": 1, "case_bert.py": 2, "sync_async.py": 3} and shown == {"hello_dist.py": 0}
+    assert unknown == [4]
 
 
 def test_one_way_to_reach_a_script():
