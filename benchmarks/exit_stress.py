@@ -65,6 +65,7 @@ CASES = {
     "ddp_uneven.py": [],
     "elastic_train.py": lambda: ["--ckpt-dir", scratch(), "--steps", 10],
     "fsdp2_practice.py": ["--layers", 2, "--steps", 2],
+    "fsdp2_scale.py": ["--layers", 2, "--steps", 2, "--case", "meta", "prefetch", "tp"],
     "grad_accumulation.py": ["--micro-batches", 4, "--global-batch", 64],
     "grade_exercise.py": ["--exercise", "04.4", "--solution", ROOT / "exercises" / "solutions" / "04_ring_all_gather.py"],
     "hello_dist.py": [],

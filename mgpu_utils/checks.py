@@ -71,6 +71,28 @@ def max_abs_diff(a, b) -> float:
     return 0.0
 
 
+def shard_max_diff(model, ref) -> float:
+    """Largest ``|shard - the same slice of ref's parameter|`` over every parameter of ``model`` and every rank.
+
+    ``model``'s parameters are DTensors (FSDP2, tensor parallel, or both); ``ref`` is the same architecture
+    with plain tensors (one process's model), in the same parameter order. Each rank cuts its slice from
+    ``ref`` locally (``distribute_tensor(..., src_data_rank=None)``), so nothing is gathered; one all-reduce
+    (MAX) of a scalar on ``ref``'s device makes the answer the same on every rank. Shards held on the CPU
+    (CPU offload) are compared on ``ref``'s device. Used by ``fsdp2_scale.py`` (lessons 06 and 07).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import distribute_tensor
+
+    d = 0.0
+    for p, q in zip(model.parameters(), ref.parameters()):
+        mine = distribute_tensor(q.detach(), p.device_mesh, p.placements, src_data_rank=None).to_local()
+        d = max(d, (p.to_local().detach().to(q.device) - mine).abs().max().item() if mine.numel() else 0.0)
+    t = torch.tensor(d, dtype=torch.float64, device=next(ref.parameters()).device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
 @contextmanager
 def exact_fp32():
     """Turn TF32 off for fp32 matmuls and convolutions inside the block (and cuDNN deterministic), and

@@ -1,5 +1,5 @@
-"""The small models the launch scripts train: a CNN and an MLP factory (digits in, 10 logits out), and a
-byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 10).
+"""The small models the launch scripts train: a CNN, an MLP factory and a residual MLP of transformer MLP
+blocks (digits in, 10 logits out), and a byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 10).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
 ``ddp_internals.py``); lessons 07 and 08 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
@@ -26,6 +26,36 @@ class SmallCNN(nn.Module):
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+class MLPBlock(nn.Module):
+    """A transformer's MLP sub-block with its residual: ``h + down(gelu(up(norm(h))))``, (B, width) -> (B, width).
+    ``up`` is [4 width, width], ``down`` [width, 4 width]: the pair Megatron splits by columns and rows."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, h):
+        return h + self.down(F.gelu(self.up(self.norm(h))))
+
+
+class ResidualMLP(nn.Module):
+    """Digits (B, 1, 8, 8) or (B, 64) float32 -> Linear(64, width) -> ``layers`` :class:`MLPBlock` (in
+    ``self.blocks``, the units FSDP2 shards one by one) -> Linear(width, 10) logits. Width 64 and 4 layers:
+    137,674 parameters. Used by ``fsdp2_scale.py`` (lessons 06 and 07)."""
+
+    def __init__(self, width: int = 64, layers: int = 4):
+        super().__init__()
+        self.inp = nn.Linear(64, width)
+        self.blocks = nn.ModuleList(MLPBlock(width) for _ in range(layers))
+        self.out = nn.Linear(width, 10)
+
+    def forward(self, x):
+        h = self.inp(x.flatten(1))
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h)
 
 
 def make_mlp(width: int, depth: int, d_in: int = 64, d_out: int = 10, flatten: bool = False) -> nn.Sequential:

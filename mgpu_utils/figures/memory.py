@@ -173,3 +173,41 @@ def draw_zero_stages(ranks: int = 4):
                fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
+
+
+def draw_prefetch_timeline(lines: dict[str, list[str]]):
+    """One rank's FSDP2 step as the order of its events, one row per setting (e.g. default and explicit
+    forward prefetching): ``AG`` all-gather, ``RS`` reduce-scatter, ``F<i>`` / ``B<i>`` block i's forward
+    / backward starting. Each all-gather is labelled with the unit it brings (counted: the root first,
+    then the blocks in forward order, then in backward order), each reduce-scatter with the unit it
+    reduces (the blocks in backward order, the root last), so "AG 1" before "F0" reads as block 1
+    prefetched while block 0 computes. Positions are issue order, not time.
+
+    Introduced in ``notebooks/07_memory.ipynb`` (section 5c, from ``fsdp2_scale.py``).
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colors = {"A": "#4C72B0", "R": "#DD8452", "F": "#55A868", "B": "#8172B2"}
+    width = max(len(v) for v in lines.values())
+    fig, ax = plt.subplots(figsize=(min(11, 1.0 + 0.45 * width), 0.9 + 0.8 * len(lines)))
+    for row, (name, events) in enumerate(lines.items()):
+        y, blocks = len(lines) - 1 - row, sum(e.startswith("F") for e in events)
+        order = ["root"] + [str(i) for i in range(blocks)] + [str(i) for i in reversed(range(blocks))]
+        gathered, reduced = iter(order), iter([str(i) for i in reversed(range(blocks))] + ["root"])
+        for x, e in enumerate(events):
+            unit = {"AG": gathered, "RS": reduced}.get(e)
+            label = f"{e}\n{next(unit, '?')}" if unit else e
+            ax.add_patch(Rectangle((x, y), 0.92, 0.7, fc=colors[e[0]], ec="#333333", lw=0.5))
+            ax.text(x + 0.46, y + 0.35, label, ha="center", va="center", color="white", fontsize=7)
+    ax.set_xlim(-0.1, width)
+    ax.set_ylim(-0.2, len(lines))
+    ax.set_yticks([len(lines) - 1 - r + 0.35 for r in range(len(lines))])
+    ax.set_yticklabels(list(lines))
+    ax.set_xticks([])
+    ax.set_xlabel("issue order on one rank →  (AG all-gather of a unit, RS reduce-scatter, "
+                  "F/B a block's forward/backward)")
+    for s in ("top", "right", "bottom"):
+        ax.spines[s].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -312,6 +312,20 @@ EXERCISES: dict[str, Exercise] = {
                     "49 = 1 + 2 x 24: the root once (it stays gathered until backward), each block in forward "
                     "and again in backward (fsdp2_practice.py counts 1 + 2L for its L = 4 blocks)"),
         "49 = 1 + 2 x 24 (and 25 reduce-scatters, one per unit); the number of ranks does not change the count."),
+    "07.8": Exercise(
+        "A GPT with a vocabulary of 50,257 and width 4,096 in fp32 (nn.Embedding for tokens, attention as four "
+        "[4,096 x 4,096] nn.Linear, MLP [16,384 x 4,096] and [4,096 x 16,384], an untied LM head with no bias) is "
+        "built on the meta device, sharded over 64 ranks and initialised by section 5c's replay. How many GB "
+        "(1e9 bytes) of whole weights does one rank hold at most at one time?",
+        _float_answer(0.8234, 1e-2, [
+            (lambda v: abs(v - 0.2684) < 0.01, "that is one MLP matrix; the vocabulary's modules are larger"),
+            (lambda v: abs(v - 1.6468) < 0.02, "the replay draws one module at a time: the embedding and "
+                                               "the head are never whole together"),
+            (lambda v: abs(v - 0.8234 / 64) < 0.001, "that is the shard a rank keeps; the replay draws the "
+                                                     "module whole first"),
+        ], "0.823 GB = 50,257 x 4,096 x 4 bytes: the token embedding (or the head, the same size), the largest "
+           "module; the number of ranks does not change it"),
+        "50,257 x 4,096 x 4 B = 0.823 GB: the replay holds the largest module whole, once."),
     "08.1": Exercise(
         "Ring all-reduce of a 100 MB fp32 gradient over 8 ranks on 10 GbE (B = 1.25 GB/s, alpha = 20 us): "
         "the modelled time in milliseconds?",
