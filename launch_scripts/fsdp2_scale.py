@@ -2,13 +2,14 @@
 
 ResidualMLP (mgpu_utils.models) on the digits, SGD (lr 0.1, momentum 0.9), --per-rank-batch images per rank;
 every rank also trains the one-process reference on the whole global batch. Without torchrun: one process.
-  meta      built on the meta device, sharded, to_empty, then initialised. Wrong: reset_parameters() on the
-            shards (every rank draws the first rows). Right: one seed, then module by module in build order,
-            its whole weights drawn and this rank's rows kept.
+  meta      built on the meta device, sharded, to_empty, then initialised. reset_parameters() on the shards:
+            on a CPU mesh (no DTensor random tracker) every rank draws the first rows; on CUDA the tracker
+            draws distinct numbers, not one process's. The replay: one seed, then module by module in build
+            order, its whole weights drawn on the CPU and this rank's rows copied: one process's numbers.
   prefetch  one step's per-rank order of all-gathers (AG), reduce-scatters (RS), block i's forward (F<i>) and
             backward (B<i>): default, then set_modules_to_forward_prefetch (block i gathers block i+1).
   tp        (dp, tp) mesh: up column- and down row-parallel over tp, then fully_shard over dp.
-  offload   CPUOffloadPolicy: device bytes and ms per step with and without (needs CUDA; else says so).
+  offload   CPUOffloadPolicy: device bytes (end, peak), ms per step, with and without (CUDA; else says so).
   compile   each block compiled after fully_shard (--compile-backend): graphs, ms per step, vs eager.
 
 Run:
@@ -16,6 +17,7 @@ Run:
 """
 import argparse
 import copy
+import gc
 import time
 import warnings
 
@@ -24,22 +26,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset as local_shape_and_offset
+from torch.distributed.tensor import _random as dtensor_random
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgpu_utils.checks import exact_fp32, shard_max_diff
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.measure.profiling import collective_order
 from mgpu_utils.models import ResidualMLP
-
-
-class Timeline(TorchDispatchMode):
-    """While active: 'AG' / 'RS' appended to self.log for each all-gather / reduce-scatter, in issue order."""
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        self.log += ["AG"] if "allgather" in name else ["RS"] if "reduce_scatter" in name else []
-        return func(*args, **(kwargs or {}))
 
 
 def train(model, batches, steps, ms=None):
@@ -64,18 +59,22 @@ def shard(model, mesh, **kw):
 
 def init_like_one_process(model, template, seed):
     """model: sharded, after to_empty; template: the model on the meta device. Replays one
-    process's manual_seed(seed); ResidualMLP(): module by module, weights whole, our rows kept."""
+    process's manual_seed(seed); ResidualMLP(): module by module, weights whole on the CPU, our
+    rows copied to the device. Returns the most bytes held whole at once (one module's)."""
     torch.manual_seed(seed)
-    sharded = dict(model.named_modules())
-    for name, t in template.named_modules():
-        if hasattr(t, "reset_parameters"):
-            t = copy.deepcopy(t).to_empty(device="cpu")        # this module only, whole
-            t.reset_parameters()                               # the draws of ResidualMLP(...)
+    sharded, held = dict(model.named_modules()), 0
+    for name, mod in template.named_modules():
+        if hasattr(mod, "reset_parameters"):
+            whole = copy.deepcopy(mod).to_empty(device="cpu")  # this module only, on the CPU
+            whole.reset_parameters()                           # the draws of ResidualMLP(...)
+            held = max(held, sum(q.numel() * q.element_size() for q in whole.parameters()))
             for pname, p in sharded[name].named_parameters(recurse=False):
-                whole = getattr(t, pname).detach().to(p.device)
-                with torch.no_grad():                          # this rank's rows, no communication
-                    p.to_local().copy_(distribute_tensor(whole, p.device_mesh, p.placements,
-                                                         src_data_rank=None).to_local())
+                size, start = local_shape_and_offset(p.shape, p.device_mesh, p.placements)
+                cut = tuple(slice(o, o + n) for o, n in zip(start, size))
+                with torch.no_grad():                          # only our rows reach the device
+                    p.to_local().copy_(getattr(whole, pname)[cut])
+            del whole
+    return held
 # endregion
 
 
@@ -87,19 +86,6 @@ def fsdp_tp(model, mesh):
         fully_shard(block, mesh=mesh["dp"])
     return fully_shard(model, mesh=mesh["dp"])
 # endregion
-
-
-def step_timeline(model, x, y):
-    """One forward + backward: the collectives and 'F<i>' / 'B<i>' as block i's forward / backward starts."""
-    mode, hooks = Timeline(), []
-    mode.log = log = []
-    for i, block in enumerate(model.blocks):
-        hooks += [block.register_forward_pre_hook(lambda *_, i=i: log.append(f"F{i}")),
-                  block.register_full_backward_pre_hook(lambda *_, i=i: log.append(f"B{i}"))]
-    with mode:
-        F.cross_entropy(model(x), y).backward()
-    [h.remove() for h in hooks]
-    return log
 
 
 CASES = ["meta", "prefetch", "tp", "offload", "compile"]
@@ -143,21 +129,27 @@ def main():
             with torch.device("meta"):
                 template = mk()
             wrong = shard(copy.deepcopy(template), mesh).to_empty(device=dev)
-            torch.manual_seed(a.seed)                       # the common mistake: each rank draws alone
+            torch.manual_seed(a.seed)                       # reset_parameters() on the shards
             [mod.reset_parameters() for mod in wrong.modules() if hasattr(mod, "reset_parameters")]
+            w, w0 = wrong.inp.weight.to_local(), base.inp.weight    # does every rank hold the first rows?
+            first = torch.tensor((w - w0[:len(w)]).abs().max().item() if len(w) else 0.0, device=dev)
+            dist.all_reduce(first, op=dist.ReduceOp.MAX)
             m = shard(copy.deepcopy(template), mesh).to_empty(device=dev)
-            init_like_one_process(m, template, a.seed)
+            held = init_like_one_process(m, template, a.seed)
             biggest = max(sum(q.numel() * 4 for q in t.parameters(recurse=False)) for t in template.modules())
-            out["meta"] = {"reset_per_shard": {"init_max_diff": shard_max_diff(wrong, base)},
-                           "replayed": {"init_max_diff": shard_max_diff(m, base),
+            out["meta"] = {"reset_per_shard": {"init_max_diff": shard_max_diff(wrong, base),
+                                               "max_diff_from_first_rows": first.item(),
+                                               "dtensor_rng": (r := dtensor_random._rng_tracker) and type(r).__name__},
+                           "replayed": {"init_max_diff": shard_max_diff(m, base), "held_bytes": held,
                                         "trained_max_diff": shard_max_diff(train(m, mine, a.steps), ref)},
                            "model_bytes": out["params"] * 4, "largest_module_bytes": biggest}
         if "prefetch" in a.case:
             m = shard(copy.deepcopy(base), mesh)
-            out["prefetch"] = {"default": step_timeline(m, *mine[0])}
+            step = lambda: F.cross_entropy(m(mine[0][0]), mine[0][1]).backward()     # noqa: E731
+            out["prefetch"] = {"default": collective_order(m.blocks, step)}
             for b, nxt in zip(m.blocks, list(m.blocks)[1:]):
                 b.set_modules_to_forward_prefetch([nxt])        # block i's forward gathers block i+1
-            out["prefetch"]["explicit"] = step_timeline(m, *mine[0])
+            out["prefetch"]["explicit"] = collective_order(m.blocks, step)
         if "tp" in a.case:
             mesh2 = init_device_mesh(dev.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
             per, d = n // (world // tp), mesh2.get_local_rank("dp")   # rows per dp rank; tp ranks share
@@ -168,18 +160,21 @@ def main():
                          "up_local_shape": list(up.to_local().shape), "up_shape": list(up.shape),
                          "max_diff_vs_one_process": shard_max_diff(m, ref)}
         if "offload" in a.case and dev.type != "cuda":
-            out["offload"] = {"ran": False, "why": f"the device is the {dev.type} already: "
-                              "CPUOffloadPolicy moves shards to pinned host memory and needs CUDA"}
+            out["offload"] = {"ran": False, "why": f"the device is the {dev.type} already: nothing to "
+                              "offload to (CPUOffloadPolicy frees an accelerator's memory)"}
         elif "offload" in a.case:
-            out["offload"] = {"ran": True}
+            out["offload"], m = {"ran": True}, None
             for how, kw in (("on_device", {}), ("offloaded", {"offload_policy": CPUOffloadPolicy()})):
+                del m
+                gc.collect()                                # FSDP2 modules sit in reference cycles
                 torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
                 before = torch.cuda.memory_allocated()
                 m = train(shard(copy.deepcopy(base), mesh, **kw), mine, a.steps, ms := [])
                 out["offload"][how] = {"device_bytes": torch.cuda.memory_allocated() - before, "ms_per_step": ms,
+                                       "device_peak_bytes": torch.cuda.max_memory_allocated() - before,
                                        "shard_device": str(next(m.parameters()).to_local().device),
                                        "max_diff_vs_one_process": shard_max_diff(m, ref)}
-                del m
         if "compile" in a.case:
             backend = a.compile_backend or ("inductor" if dev.type == "cuda" else "aot_eager")
             graphs, lookup = [], torch._dynamo.lookup_backend(backend)

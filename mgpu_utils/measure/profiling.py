@@ -116,3 +116,34 @@ def breakdown(rank_trace: dict) -> dict:
     out["overlapped"] = _overlap(comm, busy) / steps / 1e3
     out["exposed"] = out["all-reduce"] - out["overlapped"]
     return out
+
+
+def collective_order(blocks, step) -> list[str]:
+    """Run ``step()`` (one forward and backward) and return this rank's events in the order it issues them.
+
+    ``'AG'`` / ``'RS'``: an all-gather / a reduce-scatter (c10d ops, seen by a ``TorchDispatchMode``, so
+    CPU and GPU alike); ``'F<i>'`` / ``'B<i>'``: ``blocks[i]``'s forward / backward starting (module
+    pre-hooks, registered after FSDP2's own, so a unit's all-gather comes before its ``F``). Positions are
+    issue order, not time. Introduced in ``notebooks/07_memory.ipynb`` (section 5c, ``fsdp2_scale.py``).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    log = []
+
+    class Order(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func._schema.name
+            log.extend(["AG"] if "allgather" in name else ["RS"] if "reduce_scatter" in name else [])
+            return func(*args, **(kwargs or {}))
+
+    hooks = []
+    for i, block in enumerate(blocks):
+        hooks += [block.register_forward_pre_hook(lambda *_, i=i: log.append(f"F{i}")),
+                  block.register_full_backward_pre_hook(lambda *_, i=i: log.append(f"B{i}"))]
+    try:
+        with Order():
+            step()
+    finally:
+        for h in hooks:
+            h.remove()
+    return log
