@@ -58,23 +58,25 @@ slides: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# The oldest torch the course supports (mgpu_utils.compat.OLDEST_TORCH; its CPU wheel): the in-process tests and
-# the launches of the compat, collectives and DDP tests, in a second environment (.venv-floor) with the course's
-# pins but that torch, and no torchvision or transformers (their pinned releases need the pinned torch; PyPI's
-# torchvision does not load beside the CPU wheel), JupyterLab or Playwright: tests that need one of them say
-# SKIPPED. An API drift guard; .ci/run runs it after make test.
-FLOOR_TORCH ?= 2.13.0
-FLOOR_VENV  := .venv-floor
-FLOOR_SKIP  := torch torchvision transformers jupyterlab playwright
+# The oldest torch the course supports (mgpu_utils.compat.OLDEST_TORCH), from PyPI with its torchvision: the
+# in-process tests and the launches of the compat, collectives, DDP and model-parallel tests (the library's pipeline
+# schedules and DTensor: what broke on 2.9.1), in a second environment (.venv-floor) with the course's pins but
+# those two, and no JupyterLab or Playwright. An API drift guard; .ci/run runs it after make test.
+FLOOR_TORCH       ?= 2.10.0
+FLOOR_TORCHVISION ?= 0.25.0
+FLOOR_VENV        := .venv-floor
+FLOOR_SKIP        := torch torchvision jupyterlab playwright
+FLOOR_LAUNCHES    := tests/test_compat.py tests/test_collectives.py tests/test_ddp.py tests/test_model_parallel.py
 test-floor:
 	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(FLOOR_TORCH) $$($(PYTHON) -c "import tomllib; \
+	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION) \
+	  $$($(PYTHON) -c "import tomllib; \
 	  deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
 	  print(' '.join(d for d in deps if d.split('==')[0] not in '$(FLOOR_SKIP)'.split()))")
 	PYTHONPATH=$(CURDIR) $(FLOOR_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra --timeout 600" \
 	  tests -m "not launches" --ignore tests/test_browser.py --ignore tests/test_packaging.py
 	PYTHONPATH=$(CURDIR) $(FLOOR_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra --timeout 600" \
-	  tests/test_compat.py tests/test_collectives.py tests/test_ddp.py -m launches
+	  $(FLOOR_LAUNCHES) -m launches
 
 # The checks only a GPU can do (benchmarks/gpu_smoke.py; a CUDA torch already installed, nothing else of ours needed:
 # .venv's Python if there is one, else python3). SKIPPED without a GPU; ARGS=--dry-run lists the steps.

@@ -161,15 +161,25 @@ def run_step(step: Step) -> tuple[str, float, str]:
 
 
 def run_cells(path: Path) -> int:
-    """Run a notebook's code cells in order in this process, as a kernel would (no Jupyter): 0 when all pass."""
+    """Run a notebook's code cells in order in this process, as a kernel would (no Jupyter): 0 when all pass.
+    The backend, folder and import path it sets for the cells are put back afterwards."""
+    saved = os.environ.get("MPLBACKEND"), os.getcwd(), list(sys.path)
     os.environ.setdefault("MPLBACKEND", "Agg")
     os.chdir(path.parent)
     sys.path.insert(0, str(ROOT))
-    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
-    scope = {"__name__": "__main__"}
-    for i, cell in enumerate(cells, 1):
-        print(f"-- {path.name}: code cell {i}/{len(cells)}", flush=True)
-        exec(compile("".join(cell["source"]), f"{path.name}[{i}]", "exec"), scope)
+    try:
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        scope = {"__name__": "__main__"}
+        for i, cell in enumerate(cells, 1):
+            print(f"-- {path.name}: code cell {i}/{len(cells)}", flush=True)
+            exec(compile("".join(cell["source"]), f"{path.name}[{i}]", "exec"), scope)
+    finally:
+        if saved[0] is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = saved[0]
+        os.chdir(saved[1])
+        sys.path[:] = saved[2]
     print(f"{path.name}: {len(cells)} code cells ran")
     return 0
 

@@ -153,3 +153,44 @@ def no_rank_left_behind():
             break
         time.sleep(0.1)
     assert not left, f"processes of the warm template left after the test: {[p.pid for p in left]}"
+
+
+
+_AS_FOUND = pytest.StashKey[tuple]()
+#: set by a library on its first import in a process (scikit-learn: the KMP pair; torch._inductor: its cache),
+#: whichever test happens to import it first: kept, not counted as the test's change
+_SET_ON_IMPORT = {"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Note os.environ and the working directory before the test's fixtures are set up."""
+    import os
+
+    item.stash[_AS_FOUND] = dict(os.environ), os.getcwd()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test leaves os.environ and the working directory as it found them, once its fixtures (and
+    monkeypatch's undo) are torn down: the tests after it, and the kernels that nbval starts from this process
+    (they inherit its environment), must not see its changes. Seen once: a test that ran a notebook in-process
+    left ``MPLBACKEND=Agg`` behind, nbval's kernels then drew no figures, and three stored outputs differed
+    (where nbval runs the lessons: no browser). The process is put back, and the test fails."""
+    import os
+
+    result = yield
+    env, cwd = item.stash[_AS_FOUND]
+    changed = sorted(k for k in (env.keys() | os.environ.keys()) - _SET_ON_IMPORT if env.get(k) != os.environ.get(k))
+    moved = os.getcwd() != cwd
+    for k in changed:
+        if k in env:
+            os.environ[k] = env[k]
+        else:
+            del os.environ[k]
+    os.chdir(cwd)
+    if changed or moved:
+        raise AssertionError(f"{item.nodeid} left the process changed (use monkeypatch.setenv or .chdir): "
+                             f"environment {changed}, working directory {'moved' if moved else 'kept'}")
+    return result

@@ -60,9 +60,10 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
              r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
     "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
+    # torch < 2.13 has all_gather_into_tensor where 2.13 has all_gather_single (mgpu_utils.compat)
     "07.6": ("        reduce_scatter_single(out, flat)  ",
              "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()  ",
-             r"\(MLP, float32\): step 1 called \['all_gather_single'\]; a ZeRO-3 step all-gathers"),
+             r"\(MLP, float32\): step 1 called \['all_gather_(single|into_tensor)'\]; a ZeRO-3 step all-gathers"),
 }
 
 
