@@ -102,7 +102,7 @@ def test_predicted_step_strong_weak_and_overlap():
         with pytest.raises(ValueError):
             scaling.predict_step(**kw)
     assert scaling.gpu_compute_seconds(1e15, 1000, 0.5) == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="MFU"):
+    with pytest.raises(ValueError, match="share of the peak"):
         scaling.gpu_compute_seconds(1e15, 1000, 0.0)
 
 

@@ -278,8 +278,13 @@ def test_hierarchical_model_by_hand():
     assert math.isclose(got["intra_s"], 2 * 7 * (a_nv + S / (8 * b_nv)))
     assert math.isclose(got["inter_s"], 2 * 3 * (a_ib + S / 8 / (4 * b_ib)))
     assert math.isclose(got["flat_s"], 2 * 31 * (a_ib + S / (32 * b_ib)))
-    # by construction: modelled seconds, not measured; at 1 GB the slow link carries k times less
-    assert got["total_s"] < got["flat_s"]
+    # k rail-aligned channels: each ring carries S/k over all 32 ranks, on its own NIC
+    assert math.isclose(got["flat_channels_s"], 2 * 31 * (a_ib + S / 8 / (32 * b_ib)))
+    # by construction: modelled seconds, not measured. Against a one-NIC flat ring the hierarchy wins at
+    # every size; against k channels it wins on latency (small messages) and loses on bandwidth at 1 GB
+    assert got["total_s"] < got["flat_s"] and got["flat_channels_s"] < got["total_s"]
+    small = hierarchical_allreduce_seconds(1e3, k, m, nv, ib)
+    assert small["total_s"] < small["flat_channels_s"]         # by construction, as above
     one_node = hierarchical_allreduce_seconds(S, 8, 1, nv, ib)
     assert one_node["inter_s"] == 0.0 and math.isclose(one_node["flat_s"], one_node["intra_s"])
     with pytest.raises(ValueError):

@@ -82,8 +82,11 @@ def hierarchical_allreduce_seconds(size_bytes: float, ranks_per_node: int, nodes
     rank, each of S/k over the ``nodes`` nodes (a ring all-reduce of S/k on ``inter``, each rank its own NIC).
 
     Returns:
-        ``{"intra_s", "inter_s", "total_s", "flat_s"}``; ``flat_s`` is one ring over all k x nodes ranks,
-        whose every step waits for the slowest link it uses (``inter`` when nodes > 1).
+        ``{"intra_s", "inter_s", "total_s", "flat_s", "flat_channels_s"}``; ``flat_s`` is one ring over all
+        k x nodes ranks, whose every step waits for the slowest link it uses (``inter`` when nodes > 1): one NIC
+        per node carries it. ``flat_channels_s`` is the flat ring as NCCL runs it on a node with a NIC per GPU:
+        k rings at once (channels), each of S/k over all k x nodes ranks and each crossing nodes on its own NIC
+        (rail-aligned), so a node injects k NICs' bandwidth, as the hierarchy does.
 
     Raises:
         KeyError: unknown link. ValueError: k or nodes < 1, or a negative size.
@@ -94,8 +97,11 @@ def hierarchical_allreduce_seconds(size_bytes: float, ranks_per_node: int, nodes
     a_in, b_in = link_alpha_beta(intra)
     intra_s = 2 * (k - 1) * (a_in + size_bytes / (k * b_in))
     inter_s = ring_allreduce_seconds(size_bytes / k, m, inter)
-    flat_s = ring_allreduce_seconds(size_bytes, k * m, inter if m > 1 else intra)
-    return {"intra_s": intra_s, "inter_s": inter_s, "total_s": intra_s + inter_s, "flat_s": flat_s}
+    slowest = inter if m > 1 else intra
+    flat_s = ring_allreduce_seconds(size_bytes, k * m, slowest)
+    flat_channels_s = ring_allreduce_seconds(size_bytes / k, k * m, slowest)
+    return {"intra_s": intra_s, "inter_s": inter_s, "total_s": intra_s + inter_s, "flat_s": flat_s,
+            "flat_channels_s": flat_channels_s}
 
 
 def _payload_bytes(bucket, inner_state, inner_hook, before_numel) -> int:

@@ -170,17 +170,19 @@ def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: f
     return out
 
 
-def gpu_compute_seconds(flops: float, peak_tflops: float, mfu: float) -> float:
-    """Seconds a GPU needs for ``flops`` at a model-FLOP utilisation ``mfu`` (0..1] of its datasheet peak.
+def gpu_compute_seconds(flops: float, peak_tflops: float, efficiency: float) -> float:
+    """Seconds a GPU needs for ``flops`` while computing at ``efficiency`` (0..1] of its datasheet peak
+    (lesson 10). This is the kernels' share of peak, not MFU: MFU is measured over the whole step, so a
+    step that also waits for communication has an MFU of ``efficiency`` x the parallel efficiency.
 
     Raises:
-        ValueError: mfu outside (0, 1] or a peak <= 0.
+        ValueError: efficiency outside (0, 1] or a peak <= 0.
     """
-    if not 0.0 < mfu <= 1.0:
-        raise ValueError(f"MFU is a share of the peak between 0 and 1, got {mfu}")
+    if not 0.0 < efficiency <= 1.0:
+        raise ValueError(f"efficiency is a share of the peak between 0 and 1, got {efficiency}")
     if peak_tflops <= 0:
         raise ValueError(f"peak must be > 0 TFLOP/s, got {peak_tflops}")
-    return flops / (peak_tflops * 1e12 * mfu)
+    return flops / (peak_tflops * 1e12 * efficiency)
 
 
 def critical_batch_steps(batch, s_min: float, b_crit: float):
