@@ -256,6 +256,18 @@ class LoadWatch:
         """True when the claim's cores were free: enough usable cores and little other load."""
         return self.why_not() is None
 
+    def _short_why(self) -> str | None:
+        """:meth:`why_not` in a few words, for the one line :meth:`claim` prints."""
+        if self.why_not() is None:
+            return None
+        if self.usable_cores < self.cores:
+            return f"{self.usable_cores} usable core(s), the claim needs {self.cores}"
+        if self.other_cores is None:
+            return "the load of other processes cannot be measured here"
+        if self.other_cores > self.max_other_cores:
+            return f"busy machine: other processes used {self.other_cores:.2f} cores"
+        return f"the ranks got {self.cpu_share:.0%} of a core each: a busy host"
+
     def why_not(self) -> str | None:
         """Why the machine did not count as quiet (one phrase), or None when it did."""
         if self.wall_s is None:
@@ -287,11 +299,10 @@ class LoadWatch:
         """
         from mgpu_utils.dist import wrap_text
 
-        why = self.why_not() or unless
+        why = unless if self.why_not() is None else self._short_why()
         if why is None:
             assert ok, f"{what}: not shown by this run, on a quiet machine ({self.other_cores:.2f} other cores)"
-            print(wrap_text(f"checked on a quiet machine (others used {self.other_cores:.2f} cores): {what}"))
+            print(wrap_text(f"checked on a quiet machine: {what}"))
             return True
-        busy = "this machine was busy: " if why.startswith("other processes") else ""
-        print(wrap_text(f"{busy}{why}; not asserted on this run: {what}"))
+        print(wrap_text(f"not asserted on this run ({why}): {what}"))
         return False

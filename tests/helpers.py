@@ -1,4 +1,5 @@
 """Helpers that several test files share (one definition each)."""
+import re
 from pathlib import Path
 
 import psutil
@@ -19,3 +20,27 @@ def alive(pids) -> list:
 def rank_pids(folder: Path) -> list:
     """The process ids the ranks of ``tests/scripts/misbehave.py`` wrote into ``folder`` (``rank*.pid``)."""
     return [int(f.read_text()) for f in Path(folder).glob("rank*.pid") if f.read_text()]
+
+
+HEADING = re.compile(r"^(#{1,6})\s+(.*)")
+
+
+def heading_level(cell) -> int | None:
+    """The level of the heading a markdown cell opens with (1 for '#'), or None."""
+    if cell["cell_type"] != "markdown":
+        return None
+    m = HEADING.match("".join(cell["source"]).lstrip())
+    return len(m.group(1)) if m else None
+
+
+def core_and_deeper(cells: list[dict]) -> tuple[list[int], list[int]]:
+    """Indices of the core path's cells and of the deeper sections' cells."""
+    core, deeper, inside = [], [], None           # inside: the level of the deeper heading we are under
+    for i, cell in enumerate(cells):
+        level = heading_level(cell)
+        if inside is not None and level is not None and level <= inside:
+            inside = None
+        if inside is None and "deeper" in cell.get("metadata", {}).get("tags", []):
+            inside = level if level is not None else 99
+        (deeper if inside is not None else core).append(i)
+    return core, deeper

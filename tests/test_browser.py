@@ -3,7 +3,9 @@ Playwright) against JupyterLab started as `make lab` starts it. Each notebook is
 where this test runs it, nbval does not (tests/conftest.py deselects nbval's cells of these notebooks), so this
 test also makes nbval's checks.
 
-For every notebook, before running: widget cells show a picture, never `interactive(children=...`; then
+For every notebook, before running: the cells of its deeper sections are hidden under their collapsed headings
+and every other cell is shown; widget cells show a picture, never `interactive(children=...`; then (all headings
+expanded)
 Run All in a fresh kernel: every code cell runs (Run All stops at an unexpected error), no error output (the
 kernel's error messages, read on the page's websocket) and no traceback on stderr; every cell marked
 `# NBVAL_CHECK_OUTPUT` shows the committed output, compared as `nbval --nbval-lax` compares it, after the same
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from helpers import core_and_deeper
 from lab_server import (CHROMIUM, ROOT, api, browser_missing, browser_notebooks, browser_required,
                         running_lab)
 from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags, get_sanitize_patterns
@@ -57,6 +60,8 @@ CELLS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')]
               stderr: [...c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
                       .map(e => e.textContent).join('\\n'),
               text: (c.querySelector('.jp-OutputArea') || {}).textContent || ''}))"""
+# per cell: hidden (under a collapsed heading: JupyterLab sets display none), as the page shows it
+HIDDEN_JS = "() => [...document.querySelectorAll('" + PANEL + " .jp-Cell')].map(c => c.offsetParent === null)"
 # per cell, its own outputs (not those inside a widget): [data-mime-type, textContent] each
 OUTPUTS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')].map(c => {
   const area = c.querySelector('.jp-Cell-outputArea');
@@ -185,6 +190,15 @@ def _open(page, base: str, path: Path, n_cells: int):
                            timeout=60_000)
 
 
+def _expand_all_headings(page, n_cells: int):
+    """JupyterLab's "Expand All Headings" (its shortcut in command mode), then wait until every cell is shown."""
+    page.locator(f"{PANEL} .jp-Cell").first.click()             # the notebook has the focus
+    page.keyboard.press("Escape")                                 # command mode
+    page.keyboard.press("Control+Shift+ArrowRight")               # notebook:expand-all-headings
+    page.wait_for_function(f"() => [...document.querySelectorAll('{PANEL} .jp-Cell')]"
+                           f".filter(c => c.offsetParent !== null).length === {n_cells}", timeout=10_000)
+
+
 def _menu(page, menu: str, item: str):
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{menu}$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{item}$")).first.click()
@@ -289,6 +303,17 @@ def _run_all_notebooks(context, base, token, patterns, report):
         cells = page.locator(f"{PANEL} .jp-Cell")
         before = page.evaluate(CELLS_JS)
         assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
+        # the deeper sections open collapsed (tests/test_lesson_shape.py): their cells hidden, the rest shown
+        _, deeper = core_and_deeper(committed)
+        expect_hidden = [i for i in deeper if "deeper" not in committed[i].get("metadata", {}).get("tags", [])]
+        deadline = time.monotonic() + 15            # JupyterLab collapses a heading once it has rendered it
+        while (hidden := [i for i, h in enumerate(page.evaluate(HIDDEN_JS)) if h]) != expect_hidden:
+            # margin: collapsing takes well under a second, on a busy machine too; 15 s means not collapsed
+            assert time.monotonic() < deadline, \
+                f"{path.name}: cells {hidden} hidden on opening, expected {expect_hidden}"
+            page.wait_for_timeout(200)
+        if hidden:                                  # Run All runs them too; their figures are checked shown
+            _expand_all_headings(page, len(stored))
         for i, (is_code, n_img, is_widget) in enumerate(stored):
             if is_widget:                           # opened without running: a picture, not a repr
                 assert "children=" not in before[i]["text"], f"{path.name} cell {i}: {before[i]['text'][:80]}"

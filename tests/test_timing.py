@@ -72,7 +72,7 @@ def test_quiet_claims_are_asserted(monkeypatch, capsys):
         machine.claim(False, "2 ranks are faster than 1")
     # a reason the caller measured (lesson 05: a stalled action) wins over a quiet average
     assert machine.claim(False, "bubble on the formula", unless="rank 0's forward 5 stalled") is False
-    assert capsys.readouterr().out == "rank 0's forward 5 stalled; not asserted on this run: bubble on the formula\n"
+    assert capsys.readouterr().out == "not asserted on this run (rank 0's forward 5 stalled): bubble on the formula\n"
 
 
 def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):
@@ -82,7 +82,7 @@ def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):
     with LoadWatch(cores=2) as machine:
         pass
     assert machine.why_not() == "this process may use 1 core(s) and the claim needs 2"
-    assert machine.claim(False, "speed-up") is False and "claim needs 2; not asserted on this run: speed-up" in capsys.readouterr().out
+    assert machine.claim(False, "speed-up") is False and "(1 usable core(s), the claim needs 2): speed-up" in capsys.readouterr().out
 
 
 def test_unmeasurable_load_is_said(monkeypatch):
