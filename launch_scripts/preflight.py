@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from mgpu_utils.costs.bandwidth import algbw_gbps, busbw_gbps
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, new_group
 
 SHOWN = ("MASTER_", "NCCL_", "GLOO_", "TORCH_NCCL", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS")
 FIXES = ("check: the endpoint is the first node's address as the other nodes see it (RDZV_HOST); "
@@ -104,7 +104,7 @@ def check_ranks(args, ctx):
     if not dist.is_initialized():
         emit_result({"world_size": 1, "ranks": [me], "sweep": []})
         return
-    cpu = dist.new_group(backend="gloo")          # monitored_barrier needs gloo, also beside NCCL
+    cpu = new_group(backend="gloo")               # monitored_barrier needs gloo, also beside NCCL
     table = [None] * n
     dist.all_gather_object(table, me, group=cpu)
     row = "{:>4} {:>4} {:<16} {:>5} {:<8} {:<7} {}".format
