@@ -139,6 +139,25 @@ def test_job_on_two_nodes_equals_one_node(slurm, tmp_path, one_node_ddp, starts_
         assert len(list((logs / "torchrun" / f"node{node}").rglob("stdout.log"))) == 2   # 2 ranks per node
 
 
+def test_a_result_line_that_srun_cut_into_pieces_is_joined_again():
+    """Issue 57, item 4: srun --label writes a long line as pieces of 1,024 bytes, each with the task's label (as
+    measured with Slurm 22.05), and another task's lines may come between them."""
+    import json
+
+    from mgpu_utils.dist import RESULT_MARKER
+
+    result = {"steps": 400, "losses": [round(0.5 + i / 1000, 4) for i in range(400)]}
+    line = "[default0]:" + RESULT_MARKER + json.dumps(result)
+    pieces = [line[i:i + 1024] for i in range(0, len(line), 1024)]
+    assert len(pieces) == 3
+    text = "\n".join(["0: [default0]:[rank 0] step 400", f"0: {pieces[0]}", "1: [default1]:[rank 1] done",
+                      f"0: {pieces[1]}", f"0: {pieces[2]}", "0: [default0]:after", f"1: {RESULT_MARKER}{{}}"])
+    assert job_results(text) == [result, {}]
+    assert job_results(line) == [result]                                     # one piece: no label, not cut
+    with pytest.raises(ValueError, match=r"task 0's result line \(\d+ characters\) is not whole JSON.*output was cut"):
+        job_results(f"0: {pieces[0]}\n1: [default1]:done")
+
+
 def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts_processes):
     args = ["launch_scripts/elastic_train.py", "--steps", "30", "--step-seconds", "0.3", "--log-snapshots"]
     job, out = two_node_job(slurm, tmp_path, args, nproc=1)

@@ -259,17 +259,40 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.stop()
 
 
+#: srun writes a task's output in pieces of at most this many bytes, each with its ``--label`` (``0: ``): a longer
+#: line arrives as several lines (measured with Slurm 22.05: 1,024 bytes, then ``0: `` and the next 1,024).
+SRUN_PIECE_BYTES = 1024
+
+
 def job_results(text: str) -> list[dict]:
     """Every ``MGPU_RESULT`` JSON in a job's output, in order: lines may carry srun's ``--label`` prefix
-    (``0: ``) and torchrun's ``--tee`` prefix (``[default0]:``)."""
+    (``0: ``) and torchrun's ``--tee`` prefix (``[default0]:``). A result line longer than srun's pieces
+    (:data:`SRUN_PIECE_BYTES`) is joined again from the next lines of the same task.
+
+    Raises:
+        ValueError: a result line that is not whole JSON (the job's output was cut), with its task and length.
+    """
     import json
     import re
 
     from mgpu_utils.dist import RESULT_MARKER
 
-    found = []
-    for line in text.splitlines():
+    lines, found = text.splitlines(), []
+    for i, line in enumerate(lines):
         m = re.match(r"^(\s*\d+: )?(\[\w+\]:)?" + re.escape(RESULT_MARKER) + "(.*)$", line)
-        if m:
-            found.append(json.loads(m.group(3)))
+        if not m:
+            continue
+        label, payload, piece, j = m.group(1), m.group(3), line[len(m.group(1) or ""):], i
+        while label and len(piece.encode()) >= SRUN_PIECE_BYTES:      # srun cut it: the rest comes with its label
+            j = next((k for k in range(j + 1, len(lines)) if lines[k].startswith(label)), None)
+            if j is None:
+                break
+            piece = lines[j][len(label):]
+            payload += piece
+        try:
+            found.append(json.loads(payload))
+        except json.JSONDecodeError as e:
+            task = f"task {label.strip(' :')}'s" if label else "a"
+            raise ValueError(f"{task} result line ({len(payload)} characters) is not whole JSON ({e}): the job's "
+                             "output was cut (the job killed while printing, or a pipe that splits lines)") from None
     return found
