@@ -49,6 +49,9 @@ elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then ranks=$(tr , "\n" <<< "$CUDA_VISIB
 elif nvidia-smi -L >/dev/null 2>&1; then ranks=$(nvidia-smi -L | grep -c "^GPU")
 else ranks=$(nproc); fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))}
+# the workers make their own store on every attempt (as in cluster/slurm/job.sbatch): with torchrun's, a retry
+# can read the previous attempt's addresses and hang or fail to connect (pytorch/pytorch#135712)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 if [ "${PREFLIGHT:-1}" = 1 ]; then
     "$PYTHON" launch_scripts/preflight.py --endpoint "$RDZV_HOST:$((RDZV_PORT + 1))" \

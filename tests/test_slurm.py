@@ -139,6 +139,32 @@ def test_job_on_two_nodes_equals_one_node(slurm, tmp_path, one_node_ddp, starts_
         assert len(list((logs / "torchrun" / f"node{node}").rglob("stdout.log"))) == 2   # 2 ranks per node
 
 
+FAIL_ONCE = ROOT / "tests" / "scripts" / "fail_once.py"
+
+
+def test_a_rank_that_fails_once_is_retried_and_a_long_result_is_read(slurm, tmp_path, starts_processes):
+    """Issue 57, items 3 and 4. A rank fails on the first attempt: both agents restart and the retry finishes. The
+    workers make their own store on every attempt (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; with the agent's store
+    a retry hung for 5+ minutes or failed to connect in 4 of 6 jobs). The result line (over 3,000 characters) comes
+    through srun in pieces of 1,024 bytes, each with its label: job_results puts it back together."""
+    job, out = two_node_job(slurm, tmp_path, [FAIL_ONCE, "--rank", 1, "--result-chars", 3000], nproc=1)
+    info = slurm.wait(job)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text}"
+    assert "fails on attempt 0" in text
+    (result,) = job_results(text)
+    assert result["attempt"] == 1 and result["sum_of_ranks"] == 1.0 and result["agent_store"] == ["False"] * 2
+    assert len(result["padding"]) == 600
+
+
+def test_multinode_sh_retries_a_rank_that_fails_once(tmp_path, starts_processes):
+    """Issue 57, item 3, without Slurm: multinode.sh's retry also makes the workers' own store on every attempt."""
+    codes, outs = run_multinode(tmp_path, [str(FAIL_ONCE), "--rank", "1"], nproc=1, PREFLIGHT="0")
+    assert codes == [0, 0], "\n".join(outs)
+    (result,) = job_results(outs[0] + outs[1])
+    assert result["attempt"] == 1 and result["sum_of_ranks"] == 1.0 and result["agent_store"] == ["False"] * 2
+
+
 def test_a_result_line_that_srun_cut_into_pieces_is_joined_again():
     """Issue 57, item 4: srun --label writes a long line as pieces of 1,024 bytes, each with the task's label (as
     measured with Slurm 22.05), and another task's lines may come between them."""
