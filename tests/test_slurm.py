@@ -201,6 +201,32 @@ def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts
     assert "requeueing job" in text
 
 
+def test_stop_ends_the_clusters_own_processes_only(tmp_path, starts_processes):
+    """Issue 57, item 6: a user's process that has the cluster's SLURM_CONF (a shell that exported it) survives
+    stop(); the job's processes and its slurmstepd (detached from slurmd) do not."""
+    import psutil
+
+    if missing_programs():
+        pytest.skip(missing_programs())
+    with LocalSlurm(tmp_path / "slurm") as cluster:
+        user = subprocess.Popen(["sleep", "60.25"], env=cluster.env)
+        job = cluster.submit(["--output", tmp_path / "out", "--wrap", "srun sleep 60.5"], cwd=tmp_path)
+        cluster.wait(job, timeout_s=60, states={"RUNNING"})
+        deadline = time.monotonic() + 30
+        while not [q for s in cluster.steps() for q in s.children(recursive=True)
+                   if q.name() == "sleep" and "60.5" in q.cmdline()]:
+            assert time.monotonic() < deadline, "the job's sleep did not start"
+            time.sleep(0.2)
+        steps = cluster.steps()
+        job_procs = [q for s in steps for q in s.children(recursive=True)]
+    try:
+        assert user.poll() is None, "stop() ended a process that is not the cluster's"
+        assert not [q for q in steps + job_procs if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        user.kill()
+        user.wait()
+
+
 def test_srun_without_torchrun_is_refused(slurm, tmp_path, starts_processes):
     r = subprocess.run(["srun", "--ntasks", "2", sys.executable, "launch_scripts/hello_dist.py"], cwd=ROOT,
                        env={**slurm.env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)

@@ -232,24 +232,33 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Send ``sig`` to the job's batch shell now: what ``--signal=B:USR1@T`` sends T s before the time limit."""
         subprocess.run(["scancel", "-b", "-s", sig, job_id], env=self.env, check=True)   # -b: the batch shell only
 
-    def stop(self) -> None:
-        """Stop the daemons and every process they started (job steps included)."""
+    def steps(self) -> list:
+        """This cluster's ``slurmstepd`` processes (``psutil.Process``), one per job step: slurmd starts them detached
+        (their parent is init), so they are found by the slurmd log they keep open, this cluster's own."""
         import psutil
 
+        log = str(self.folder / "log" / "slurmd.log")
+        found = []
+        for q in psutil.process_iter(["name"]):
+            try:
+                if q.info["name"] == "slurmstepd" and any(f.path == log for f in q.open_files()):
+                    found.append(q)
+            except (psutil.Error, OSError):
+                pass
+        return found
+
+    def stop(self) -> None:
+        """Stop the daemons and every process they started, by pid: the daemons' process trees and those of this
+        cluster's job steps (:meth:`steps`: every job process runs under one). Nothing else is touched, even a
+        process that has this cluster's ``SLURM_CONF`` in its environment (a user's shell)."""
         from mgpu_utils.launch.processes import kill_all, process_tree
 
+        steps = self.steps()
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
         time.sleep(0.5)
-        leftover = [q for p in self.procs for q in process_tree(p.pid)]
-        for q in psutil.process_iter():                # job processes (slurmstepd runs detached from slurmd)
-            try:
-                if q.pid != os.getpid() and q.environ().get("SLURM_CONF") == str(self.conf):
-                    leftover += process_tree(q.pid)
-            except (psutil.Error, OSError):
-                pass
-        kill_all(leftover)
+        kill_all([q for pid in [p.pid for p in self.procs] + [q.pid for q in steps] for q in process_tree(pid)])
         self.procs.clear()
 
     def __enter__(self) -> "LocalSlurm":
