@@ -54,12 +54,13 @@ def test_daly_model_by_hand_and_its_first_order_limit():
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path, starts_processes):
+    (tmp_path / "snapshot.pt.tmp4242").write_bytes(b"half")     # what a save killed mid-write leaves (issue 57)
     r = run_torchrun("elastic_train.py", nproc, ["--ckpt-dir", tmp_path, "--kill-rank", nproc - 1, "--kill-step", 13],
                      max_restarts=1, show="none")
     assert r.restarts == 1 and r.result["restarts"] == 1 and r.result["resumed_from_step"] == 10
     assert r.result["max_param_diff_vs_uninterrupted"] <= 1e-6 and r.result["batches_trained_twice"] == 0
     assert r.attempt_failures and str(nproc - 1) in r.attempt_failures[0].split("without")[0], r.attempt_failures
-    assert not list(tmp_path.glob("*.tmp*")), "no half-written snapshot left behind"
+    assert not list(tmp_path.glob("*.tmp*")), "a half-written snapshot left behind"
 
 
 def test_every_part_of_the_snapshot_is_needed(tmp_path, starts_processes):
