@@ -18,6 +18,7 @@ usage="NNODES=N NODE_RANK=K RDZV_HOST=HOST bash cluster/multinode.sh SCRIPT [ARG
 [ $# -ge 1 ] || { echo "usage: $usage" >&2; exit 2; }
 COURSE_DIR=$(cd "$(dirname "$0")/.." && pwd)
 cd "$COURSE_DIR"
+[ -f "$1" ] || { echo "no script $1 in $COURSE_DIR: check its name (e.g. launch_scripts/ddp_train.py)" >&2; exit 2; }
 PYTHON=${PYTHON:-$COURSE_DIR/.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
 RDZV_PORT=${RDZV_PORT:-29400}

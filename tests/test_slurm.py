@@ -165,6 +165,19 @@ def test_multinode_sh_retries_a_rank_that_fails_once(tmp_path, starts_processes)
     assert result["attempt"] == 1 and result["sum_of_ranks"] == 1.0 and result["agent_store"] == ["False"] * 2
 
 
+def test_a_misspelt_script_is_named_at_once(slurm, tmp_path, starts_processes):
+    """Issue 57, item 6: a typo in the script's name stops job.sbatch and multinode.sh before the preflight and
+    torchrun's tries (which ended with "exit status 143")."""
+    job, out = two_node_job(slurm, tmp_path, ["launch_scripts/ddp_trian.py"])
+    info = slurm.wait(job, timeout_s=60)
+    assert info["ExitCode"] == "2:0", f"{info}\n{out.read_text()}"
+    assert f"no script launch_scripts/ddp_trian.py in {ROOT}: check its name" in out.read_text()
+    r = subprocess.run(["bash", "cluster/multinode.sh", "launch_scripts/ddp_trian.py"], cwd=ROOT, timeout=30,
+                       env={**os.environ, "NNODES": "2", "NODE_RANK": "0", "RDZV_HOST": "127.0.0.1"},
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no script launch_scripts/ddp_trian.py" in r.stderr, r.stdout + r.stderr
+
+
 def test_a_result_line_that_srun_cut_into_pieces_is_joined_again():
     """Issue 57, item 4: srun --label writes a long line as pieces of 1,024 bytes, each with the task's label (as
     measured with Slurm 22.05), and another task's lines may come between them."""
