@@ -289,6 +289,22 @@ def test_preflight_names_the_node_that_cannot_reach_the_rendezvous(starts_proces
     assert "RDZV_HOST" in out1 and "RDZV_PORT" in out1
 
 
+def test_preflight_names_a_host_that_does_not_resolve_or_is_not_node_0s(starts_processes):
+    """Issue 57, item 5: node 0 said "another process holds the port: choose another (RDZV_PORT)" after 60-120 s
+    and about 250 lines of C++ stack frames. Now, at once and first: the name does not resolve, or the address
+    is not one of node 0's (192.0.2.1: TEST-NET-1, never a local address); both fixes name RDZV_HOST."""
+    port = free_port()
+    t0 = time.monotonic()
+    (rc0, out0), (rc1, out1) = node_checks([f"no-such-host.invalid:{port}"] * 2)
+    (rc2, out2), = node_checks([f"192.0.2.1:{port}"])
+    assert time.monotonic() - t0 < 30      # margin: three starts of python with torch (about 2 s each, busy)
+    assert rc0 == rc1 == rc2 == 1
+    assert out0.startswith("node 0 (") and "no-such-host.invalid does not resolve" in out0 and "RDZV_HOST" in out0
+    assert out1.startswith("node 1 (") and "no-such-host.invalid does not resolve" in out1
+    assert out2.startswith("node 0 (") and "192.0.2.1 (192.0.2.1) is not an address of this node" in out2
+    assert "RDZV_HOST" in out2 and "RDZV_PORT" not in out0 + out2
+
+
 def test_preflight_ranks(starts_processes):
     r = launch("preflight.py", 2, ["--max-mib", "1", "--repeats", "2"], show="none")
     assert r["world_size"] == 2 and [x["rank"] for x in r["ranks"]] == [0, 1]
