@@ -18,6 +18,7 @@ usage="NNODES=N NODE_RANK=K RDZV_HOST=HOST bash cluster/multinode.sh SCRIPT [ARG
 [ $# -ge 1 ] || { echo "usage: $usage" >&2; exit 2; }
 COURSE_DIR=$(cd "$(dirname "$0")/.." && pwd)
 cd "$COURSE_DIR"
+[ -f "$1" ] || { echo "no script $1 in $COURSE_DIR: check its name (e.g. launch_scripts/ddp_train.py)" >&2; exit 2; }
 PYTHON=${PYTHON:-$COURSE_DIR/.venv/bin/python}
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3)
 RDZV_PORT=${RDZV_PORT:-29400}
@@ -49,6 +50,9 @@ elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then ranks=$(tr , "\n" <<< "$CUDA_VISIB
 elif nvidia-smi -L >/dev/null 2>&1; then ranks=$(nvidia-smi -L | grep -c "^GPU")
 else ranks=$(nproc); fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))}
+# the workers make their own store on every attempt (as in cluster/slurm/job.sbatch): with torchrun's, a retry
+# can read the previous attempt's addresses and hang or fail to connect (pytorch/pytorch#135712)
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 if [ "${PREFLIGHT:-1}" = 1 ]; then
     "$PYTHON" launch_scripts/preflight.py --endpoint "$RDZV_HOST:$((RDZV_PORT + 1))" \

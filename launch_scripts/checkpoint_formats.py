@@ -25,7 +25,6 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -33,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.checks import exact_fp32, max_abs_diff
 from mgpu_utils.launch.cluster import shared_folder
 from mgpu_utils.data import load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result, new_group
 from mgpu_utils.models import make_mlp
 
 
@@ -76,7 +75,7 @@ def sharded(args, ctx):
     """The seeded MLP, each Linear and then the whole of it under FSDP2 on every rank; its Adam."""
     torch.manual_seed(args.seed)
     model = make_mlp(args.width, args.layers).to(ctx.device)
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    mesh = device_mesh(ctx.device.type, (ctx.world_size,))
     for part in [m for m in model if isinstance(m, nn.Linear)] + [model]:
         fully_shard(part, mesh=mesh)
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -143,7 +142,7 @@ def save_phase(args, ctx, x, y, r):
     r["dcp_bytes"] = sum(p.stat().st_size for p in (folder / "dcp").iterdir())
     # async_save runs the save's collectives in a background thread: on a group of their own, or they interleave
     # with this thread's collectives on the default group and the ranks hang (measured here: 1 run in 3)
-    pending, group = [], dist.new_group(backend="gloo")
+    pending, group = [], new_group(backend="gloo")
 
     def wait_then_clear():                                # a real loop trains meanwhile, and waits before the next save
         pending and pending.pop().result()

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from mgpu_utils.checks import exact_fp32
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.memory import SavedTensorCounter
 from mgpu_utils.parallel.context import new_log, ring_attention, shard, ulysses_attention
 
@@ -59,11 +59,10 @@ def inputs(args, device):
 
 def check_torch(args, rank, n, device):
     """PyTorch's context_parallel against the reference (forward): (rows, why a case cannot run)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # as torch's tutorial
     q, k, v = inputs(args, device)[:3]
-    mesh, rows, reasons = init_device_mesh(device.type, (n,)), [], []
+    mesh, rows, reasons = device_mesh(device.type, (n,)), [], []
     for causal in (False, True):
         bufs = [t.clone() for t in (q, k, v)]                # context_parallel shards them in place
         try:

@@ -45,8 +45,10 @@ def make_job(args, device):
 
 
 def save_snapshot(path: Path, state: dict) -> None:
-    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto
-    it (and the folder flushed, so that after a power loss the name points at complete data)."""
+    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto it (and the
+    folder flushed: after a power loss the name points at complete data). First the files of killed saves go."""
+    for stale in path.parent.glob(path.name + ".tmp*"):
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -163,10 +165,8 @@ def main():
     g.add_argument("--dropout", type=float, default=0.2, help="0: no per-rank randomness (resume on another world size exactly)")
     g.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long in every step (a slower job)")
     g = p.add_argument_group("failure injection")
-    g.add_argument("--kill-rank", type=int, default=-1)
-    g.add_argument("--kill-step", type=int, default=-1)
-    g.add_argument("--hang-rank", type=int, default=-1)
-    g.add_argument("--hang-step", type=int, default=-1)
+    for flag in ("--kill-rank", "--kill-step", "--hang-rank", "--hang-step"):
+        g.add_argument(flag, type=int, default=-1)
     args = p.parse_args()
 
     with distributed() as ctx, exact_fp32():          # TF32 off: results are compared

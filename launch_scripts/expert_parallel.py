@@ -25,16 +25,15 @@ from torch.testing import assert_close
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.memory import tensor_bytes
 from mgpu_utils.parallel.experts import MoE, ExpertParallelMoE
 
 
 def check(args, rank, world, ep, device):
     """EP (groups of ep ranks, dp = world / ep replicas) against one process; returns a row."""
-    from torch.distributed.device_mesh import init_device_mesh
     dp = world // ep
-    mesh = init_device_mesh(device.type, (dp, ep), mesh_dim_names=("dp", "ep"))
+    mesh = device_mesh(device.type, (dp, ep), mesh_dim_names=("dp", "ep"))
     torch.manual_seed(args.seed)
     full = MoE(args.width, args.ffn, args.experts, args.top_k).to(device)
     x = torch.randn(world * args.tokens, args.width, device=device, requires_grad=True)

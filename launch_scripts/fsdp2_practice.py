@@ -29,7 +29,6 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
@@ -37,7 +36,7 @@ from torch.nn.utils import clip_grad_norm_
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mgpu_utils.checks import exact_fp32, max_abs_diff
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.models import byte_gpt2
 from mgpu_utils.text_data import byte_corpus, get_batch, split
 
@@ -134,7 +133,7 @@ def main():
         shard_size = min(a.shard_size, world)
         if world % shard_size and "hsdp" in a.case:
             raise ValueError(f"--shard-size {a.shard_size} must divide the world size {world}")
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = device_mesh(device.type, (world,))
         base = byte_gpt2(layers=a.layers, embd=a.width, heads=4, seq=a.seq, seed=a.seed).to(device)
         train_bytes, _ = split(byte_corpus())
         n = a.per_rank_batch * world
@@ -174,7 +173,7 @@ def main():
             out["clip"] = {"norm_one_process": norm_one, "norm_sharded": norm, "max_norm": a.max_norm,
                            "max_diff_vs_one_process": max_abs_diff(full(m), full(one))}
         if "hsdp" in a.case:
-            mesh2 = init_device_mesh(device.type, (world // shard_size, shard_size),
+            mesh2 = device_mesh(device.type, (world // shard_size, shard_size),
                                      mesh_dim_names=("replicate", "shard"))
             m = shard(copy.deepcopy(base), mesh2)
             train(m, mine, a.steps, first=(cb := CollectiveBytes()))

@@ -24,7 +24,6 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset as local_shape_and_offset
 from torch.distributed.tensor import _random as dtensor_random
@@ -32,7 +31,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from mgpu_utils.checks import exact_fp32, shard_max_diff
 from mgpu_utils.data import load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.profiling import collective_order
 from mgpu_utils.models import ResidualMLP
 
@@ -112,7 +111,7 @@ def main():
         tp = a.tp or (2 if world % 2 == 0 else 1)
         if "tp" in a.case and (tp < 1 or world % tp or 4 * a.width % tp):
             raise ValueError(f"--tp {a.tp} must divide the world size {world} and 4 x --width")
-        mesh = init_device_mesh(dev.type, (world,))
+        mesh = device_mesh(dev.type, (world,))
         data, _ = load_data()
         n, mk = a.per_rank_batch * world, lambda: ResidualMLP(a.width, a.layers)
         glob = [(data.tensors[0][s * n:(s + 1) * n].to(dev), data.tensors[1][s * n:(s + 1) * n].to(dev))
@@ -151,7 +150,7 @@ def main():
                 b.set_modules_to_forward_prefetch([nxt])        # block i's forward gathers block i+1
             out["prefetch"]["explicit"] = collective_order(m.blocks, step)
         if "tp" in a.case:
-            mesh2 = init_device_mesh(dev.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+            mesh2 = device_mesh(dev.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
             per, d = n // (world // tp), mesh2.get_local_rank("dp")   # rows per dp rank; tp ranks share
             m = train(fsdp_tp(copy.deepcopy(base), mesh2), [(x[d * per:(d + 1) * per], y[d * per:(d + 1) * per])
                                                               for x, y in glob], a.steps)

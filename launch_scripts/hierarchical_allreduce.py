@@ -23,15 +23,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mgpu_utils.compat import all_gather_single, reduce_scatter_single
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, new_group
 
 
 def node_groups(k):
     """(this rank's intra-node group, its inter-node group); every rank creates every group, in
-    the same order (new_group is itself a collective over the default group)."""
+    the same order (new_group, dist.new_group with the course's collective timeout, is itself a
+    collective over the default group)."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    intra = [dist.new_group(list(range(g * k, (g + 1) * k))) for g in range(n // k)]
-    inter = [dist.new_group(list(range(j, n, k))) for j in range(k)]
+    intra = [new_group(list(range(g * k, (g + 1) * k))) for g in range(n // k)]
+    inter = [new_group(list(range(j, n, k))) for j in range(k)]
     return intra[rank // k], inter[rank % k]
 
 

@@ -23,7 +23,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, new_group
 
 
 class CopyToTP(torch.autograd.Function):
@@ -144,11 +144,11 @@ def main():
         if W > 1:                                            # every rank creates every group, in the same order
             for d_ in range(dp):
                 for s_ in range(pp):
-                    grp = dist.new_group([rank_of(d_, s_, u) for u in range(tp)])
+                    grp = new_group([rank_of(d_, s_, u) for u in range(tp)])
                     tp_group = grp if (d_, s_) == (d, s) else tp_group
             for s_ in range(pp):
                 for t_ in range(tp):
-                    grp = dist.new_group([rank_of(e, s_, t_) for e in range(dp)])
+                    grp = new_group([rank_of(e, s_, t_) for e in range(dp)])
                     dp_group = grp if (s_, t_) == (s, t) else dp_group
         mesh = {"s": s, "pp": pp, "tp_group": tp_group if tp > 1 else None,
                 "prev": rank_of(d, s - 1, t), "next": rank_of(d, s + 1, t)}

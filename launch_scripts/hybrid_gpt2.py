@@ -16,13 +16,12 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, parallelize_module
 
 from mgpu_utils.checks import exact_fp32
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.models import byte_gpt2 as make_model
 from mgpu_utils.costs.planner import parse_layouts
 from mgpu_utils.text_data import byte_corpus, corpus_sha256, get_batch, split
@@ -160,7 +159,7 @@ def main():
         for dp, tp in layouts:
             model, d, dp_group = to_linear_gpt2(mk()), 0, None
             if dist.is_initialized():                     # plain python (world size 1): no mesh
-                mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+                mesh = device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
                 d, dp_group = mesh.get_local_rank("dp"), mesh.get_group("dp")
                 model = tensor_parallel(model, mesh["tp"])
             rows = slice(d * n // dp, (d + 1) * n // dp)  # this dp rank's rows of every global batch

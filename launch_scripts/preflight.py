@@ -29,11 +29,30 @@ import torch
 import torch.distributed as dist
 
 from mgpu_utils.costs.bandwidth import algbw_gbps, busbw_gbps
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, new_group
 
 SHOWN = ("MASTER_", "NCCL_", "GLOO_", "TORCH_NCCL", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS")
 FIXES = ("check: the endpoint is the first node's address as the other nodes see it (RDZV_HOST); "
          "the port is open between the nodes (firewall, RDZV_PORT); the first node's step started")
+
+
+def endpoint_problem(host, port, serve):
+    """What is wrong with the endpoint, found at once (a name that does not resolve; for node 0, which serves it,
+    an address that is not this node's, or a port another process holds), with the fix; None if nothing is."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        return f"{host} does not resolve ({e.strerror}); fix: RDZV_HOST, the first node's name or address"
+    for where, what in (((addr[0], 0), "address"), (("", port), "port")) if serve else ():
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the store: a closed one's port is free
+            try:
+                s.bind(where)
+            except OSError:
+                return (f"{host} ({addr[0]}) is not an address of this node; fix: RDZV_HOST, an address of the first "
+                        "node (it serves the rendezvous)") if what == "address" else \
+                    f"another process holds the port {port}: choose another (RDZV_PORT)"
+    return None
 
 
 def check_nodes(args):
@@ -42,14 +61,17 @@ def check_nodes(args):
     k = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_PROCID", "0"))
     host, _, port = args.endpoint.rpartition(":")
     me = f"node {k} ({socket.gethostname()})"
+    what = ("cannot serve the rendezvous" if k == 0 else "cannot reach the rendezvous") + f" at {args.endpoint}"
+    problem = endpoint_problem(host, int(port), k == 0)
+    if problem:
+        print(f"{me} {what}: {problem}", flush=True)
+        return 1
     wait = datetime.timedelta(seconds=args.timeout)
     try:
         store = dist.TCPStore(host, int(port), None, k == 0, wait, wait_for_workers=False)
-    except Exception as e:       # refused, unreachable, unresolvable: the same advice
-        what = ("cannot serve the rendezvous" if k == 0 else "cannot reach the rendezvous") + f" at {args.endpoint}"
-        fix = "another process holds the port: choose another (RDZV_PORT)" if k == 0 else FIXES
+    except Exception as e:       # refused, unreachable: the usual fixes
         print(f"{me} {what} within {args.timeout:g} s:\n  {type(e).__name__}: {str(e).splitlines()[0]}\n"
-              f"  {fix}", flush=True)
+              f"  {FIXES}", flush=True)
         return 1
     store.set(f"node{k}", socket.gethostname())
     store.add("signed_in", 1)
@@ -104,7 +126,7 @@ def check_ranks(args, ctx):
     if not dist.is_initialized():
         emit_result({"world_size": 1, "ranks": [me], "sweep": []})
         return
-    cpu = dist.new_group(backend="gloo")          # monitored_barrier needs gloo, also beside NCCL
+    cpu = new_group(backend="gloo")               # monitored_barrier needs gloo, also beside NCCL
     table = [None] * n
     dist.all_gather_object(table, me, group=cpu)
     row = "{:>4} {:>4} {:<16} {:>5} {:<8} {:<7} {}".format

@@ -30,7 +30,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, new_group
 from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.models import make_mlp
 
@@ -143,7 +143,7 @@ def main():
         model = make_mlp(128, 1, flatten=True).to(device)  # 64 -> 128 -> 10, 9,610 parameters
         theta0 = parameters_to_vector(model.parameters()).detach().cpu().clone()
         proj = torch.randn(P := theta0.numel(), generator=torch.Generator().manual_seed(1234), dtype=torch.float64)
-        ps_group, workers = dist.new_group(backend="gloo"), dist.new_group(ranks=list(range(1, world)))
+        ps_group, workers = new_group(backend="gloo"), new_group(ranks=list(range(1, world)))
         runs, finals = {}, {}
         for delay in [0.0] + ([a.delay_ms / 1000] if a.delay_ms > 0 else []):
             for mode in a.modes:

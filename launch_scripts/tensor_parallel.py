@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from mgpu_utils.parallel import tensor_parallel as tp
 from mgpu_utils.checks import exact_fp32
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 
 
 class Block(nn.Module):
@@ -117,12 +117,11 @@ def main():
             errors["scratch_" + name] = compare(d, make(d), x, dy, pairs(d), sl)[0]
             comm["scratch_" + name] = list(tp.COMM_LOG)
         if dist.is_initialized():
-            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor import Replicate, Shard
             from torch.distributed.tensor.debug import CommDebugMode
             from torch.distributed.tensor.parallel import (
                 ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module)
-            mesh = init_device_mesh(dev.type, (t,))
+            mesh = device_mesh(dev.type, (t,))
             col, row = ColwiseParallel, RowwiseParallel
             plans = [("mlp", mlp, {"fc1": col(), "fc2": row()}, None),
                      ("attention", attn, {"q": col(), "k": col(), "v": col(), "o": row()}, None),

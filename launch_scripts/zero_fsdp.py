@@ -29,14 +29,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.memory import optimizer_tensors, tensor_bytes
 from mgpu_utils.models import make_mlp
 
@@ -138,7 +137,7 @@ def main():
         torch.optim.Adam(ref.parameters(), lr=args.lr).step()
         p_ref = [p.detach().clone() for p in ref.parameters()]
 
-        mesh = init_device_mesh(device.type, (world,)) if world > 1 else None
+        mesh = device_mesh(device.type, (world,)) if world > 1 else None
         out = {}
         for mode in modes:
             gc.collect()                                        # the previous mode's model is gone

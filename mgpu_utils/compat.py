@@ -6,7 +6,8 @@ helpers call these wrappers instead of the newest names, so the same code runs o
 
 * ``all_gather_single`` (2.13 and newer) was ``all_gather_into_tensor`` (1.13 - 2.12; deprecated with a
   FutureWarning since);
-* ``reduce_scatter_single`` (2.13 and newer) was ``reduce_scatter_tensor`` (the same releases).
+* ``reduce_scatter_single`` (2.13 and newer) was ``reduce_scatter_tensor`` (the same releases);
+* ``set_group_timeout``: ``dist.set_timeout`` where it exists, ``distributed_c10d._set_pg_timeout`` before.
 
 The course runs on 2.10 and newer: the whole test suite and every notebook pass on 2.10.0 through these
 wrappers (measured 2026-12-04, docs/testing.md). On 2.9.1 the library's pipeline schedules abort in gloo (a
@@ -72,3 +73,19 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, op=dist.Red
     """
     return _pick("reduce_scatter_single", "reduce_scatter_tensor")(output, input, op=op, group=group,
                                                                    async_op=async_op)
+
+
+def set_group_timeout(timeout, group=None) -> None:
+    """Set the collective timeout (a ``datetime.timedelta``) of ``group`` (default: the default group), for
+    every backend of the group (gloo and NCCL of a ``cpu:gloo,cuda:nccl`` group): what
+    :func:`mgpu_utils.dist.device_mesh` uses, as ``init_device_mesh`` has no ``timeout`` argument.
+
+    ``dist.set_timeout`` where it exists, torch's older ``distributed_c10d._set_pg_timeout`` before.
+    Raises ``ValueError`` when this rank is not in ``group``."""
+    from torch.distributed import distributed_c10d
+
+    fn = getattr(dist, "set_timeout", None) or getattr(distributed_c10d, "_set_pg_timeout", None)
+    if fn is None:
+        raise RuntimeError(f"torch.distributed has neither set_timeout nor _set_pg_timeout (torch "
+                           f"{torch.__version__}); this course needs torch >= {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]}")
+    fn(timeout, group)

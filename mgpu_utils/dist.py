@@ -310,6 +310,61 @@ def _report_error(rank: int, exc: BaseException) -> None:
 GROUP_BACKENDS = {"nccl": "cpu:gloo,cuda:nccl", "gloo": "gloo"}
 
 
+def collective_timeout() -> datetime.timedelta:
+    """The course's collective timeout: ``$MGPU_COLLECTIVE_TIMEOUT_S`` seconds (:data:`TIMEOUT_ENV`), 120 when
+    unset (lessons 03 and 11). The one place that decides it: the default group (:func:`distributed`), every
+    subgroup (:func:`new_group`), every device mesh (:func:`device_mesh`) and the graders' subgroups use it.
+
+    Short on purpose: a rank waiting for a collective that another rank never calls fails within it, instead
+    of torch's default for groups made without a timeout (30 minutes on gloo, 10 on NCCL).
+
+    Raises:
+        ValueError: the variable is not a positive number (the message names it).
+    """
+    text = os.environ.get(TIMEOUT_ENV, "120")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r}: the collective timeout must be a positive number of seconds "
+                         f"(unset it for the default, 120)")
+    return datetime.timedelta(seconds=seconds)
+
+
+def new_group(ranks=None, **kwargs):
+    """``dist.new_group(ranks, **kwargs)`` with the course's collective timeout (:func:`collective_timeout`).
+
+    torch gives a group made without ``timeout=`` its backend's default (30 minutes on gloo, 10 on NCCL),
+    not the default group's: a subgroup collective that one rank never joins would wait that long
+    (lessons 04, 06). Like ``dist.new_group`` it is a collective over the default group: every rank creates
+    every group, in the same order. Returns the group (``GroupMember.NON_GROUP_MEMBER`` on ranks outside it).
+    """
+    import torch.distributed as dist
+
+    kwargs.setdefault("timeout", collective_timeout())
+    return dist.new_group(ranks, **kwargs)
+
+
+def device_mesh(device_type: str, mesh_shape: tuple, mesh_dim_names: tuple | None = None):
+    """``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)`` whose every dimension's group has the
+    course's collective timeout (:func:`collective_timeout`; lessons 05-07, 11, 12).
+
+    ``init_device_mesh`` takes no timeout: a dimension smaller than the world gets a new group (or an NCCL
+    split) with the backend's default (30 minutes on gloo, 10 on NCCL), so the timeout is set on each
+    dimension's group afterwards (:func:`mgpu_utils.compat.set_group_timeout`). Returns the ``DeviceMesh``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from mgpu_utils.compat import set_group_timeout
+
+    mesh = init_device_mesh(device_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
+    timeout = collective_timeout()
+    for dim in range(mesh.ndim):
+        set_group_timeout(timeout, mesh.get_group(dim))
+    return mesh
+
+
 def init_group(chosen: str, device, timeout_s: float) -> None:
     """Create the default process group for backend ``chosen`` ("nccl" or "gloo"; lessons 00 and 03).
 
@@ -346,9 +401,9 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
 
     Args:
         backend: force "gloo" or "nccl" (default: automatic, or ``$MGPU_BACKEND``).
-        timeout_s: collective timeout in seconds (default ``$MGPU_COLLECTIVE_TIMEOUT_S`` or 120):
-            short, so a rank waiting for a collective that another rank never calls fails instead of
-            waiting for torch's default (30 minutes for gloo, 10 for NCCL).
+        timeout_s: collective timeout in seconds (default :func:`collective_timeout`:
+            ``$MGPU_COLLECTIVE_TIMEOUT_S`` or 120): short, so a rank waiting for a collective that another
+            rank never calls fails instead of waiting for torch's default (30 minutes for gloo, 10 for NCCL).
         quiet: do not print the backend line.
 
     Yields:
@@ -361,11 +416,11 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     import torch
 
     env = get_dist_env()
-    if timeout_s is None:
-        timeout_s = float(os.environ.get(TIMEOUT_ENV, "120"))
     if hasattr(signal, "SIGUSR2") and signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
         faulthandler.register(signal.SIGUSR2, all_threads=True)   # `pkill -USR2 -f SCRIPT`: every rank's stack
     try:
+        if timeout_s is None:
+            timeout_s = collective_timeout().total_seconds()
         chosen, reason = choose_backend(env.local_world_size, forced=backend)
         if chosen == "nccl":
             torch.cuda.set_device(env.local_rank)

@@ -168,3 +168,63 @@ def test_the_nccl_group_also_serves_cpu_tensors(monkeypatch):
     assert kw == {"device_id": torch.device("cuda", 1), "timeout": datetime.timedelta(seconds=5)}
     mdist.init_group("gloo", torch.device("cpu"), 5)
     assert calls[-1] == ("gloo", {"timeout": datetime.timedelta(seconds=5)})
+
+
+def test_the_collective_timeout_has_one_home(monkeypatch):
+    """Issue 57, item 1: the default group, new_group and device_mesh read the timeout from collective_timeout();
+    a bad value is refused with the variable's name."""
+    import datetime
+
+    from mgpu_utils.dist import TIMEOUT_ENV, collective_timeout
+
+    monkeypatch.delenv(TIMEOUT_ENV, raising=False)
+    assert collective_timeout() == datetime.timedelta(seconds=120)
+    monkeypatch.setenv(TIMEOUT_ENV, "2.5")
+    assert collective_timeout() == datetime.timedelta(seconds=2.5)
+    for bad in ("0", "-3", "ten", ""):
+        monkeypatch.setenv(TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=f"{TIMEOUT_ENV}=.*positive number of seconds"):
+            collective_timeout()
+
+
+#: torch's calls that make a group, and what the course calls instead (mgpu_utils.dist).
+GROUP_MAKERS = {"new_group": "mgpu_utils.dist.new_group", "init_device_mesh": "mgpu_utils.dist.device_mesh",
+                "DeviceMesh": "mgpu_utils.dist.device_mesh", "split_group": "mgpu_utils.dist.new_group",
+                "new_subgroups": "timeout=collective_timeout()",
+                "new_subgroups_by_enumeration": "timeout=collective_timeout()"}
+
+
+def untimed_group_calls(source: str) -> list[str]:
+    """Calls in ``source`` that make a process group without the course's timeout: torch's own (``dist.new_group``,
+    ``init_device_mesh``, ...) with no ``timeout=`` argument."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        torch_call = isinstance(f, ast.Attribute) or name in ("init_device_mesh", "DeviceMesh", "split_group",
+                                                              "new_subgroups", "new_subgroups_by_enumeration")
+        if name in GROUP_MAKERS and torch_call and not any(k.arg == "timeout" for k in node.keywords):
+            found.append(f"line {node.lineno}: {name}(...) without the course's timeout: use {GROUP_MAKERS[name]}")
+    return found
+
+
+def test_every_subgroup_and_mesh_gets_the_course_timeout():
+    """Issue 57, item 1: no launch script, helper or exercise makes a group with torch's default timeout (30
+    minutes on gloo): they go through mgpu_utils.dist.new_group / device_mesh (or pass the timeout)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert untimed_group_calls("g = dist.new_group([0, 1])\nm = init_device_mesh('cpu', (2, 2))\n") == [
+        "line 1: new_group(...) without the course's timeout: use mgpu_utils.dist.new_group",
+        "line 2: init_device_mesh(...) without the course's timeout: use mgpu_utils.dist.device_mesh"]
+    assert untimed_group_calls("g = new_group([0, 1])\ns = dist.new_subgroups_by_enumeration(r, timeout=t)\n") == []
+    bad = {}
+    for path in [*(root / "launch_scripts").glob("*.py"), *(root / "mgpu_utils").rglob("*.py"),
+                 *(root / "exercises").rglob("*.py")]:
+        if path != root / "mgpu_utils" / "dist.py":
+            bad.update({f"{path.relative_to(root)} {c}": 1 for c in untimed_group_calls(path.read_text())})
+    assert not bad, "\n".join(bad)

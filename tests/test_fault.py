@@ -1,5 +1,6 @@
 """Lesson 11: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
 a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
+import re
 import signal
 
 import numpy as np
@@ -53,12 +54,13 @@ def test_daly_model_by_hand_and_its_first_order_limit():
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path, starts_processes):
+    (tmp_path / "snapshot.pt.tmp4242").write_bytes(b"half")     # what a save killed mid-write leaves (issue 57)
     r = run_torchrun("elastic_train.py", nproc, ["--ckpt-dir", tmp_path, "--kill-rank", nproc - 1, "--kill-step", 13],
                      max_restarts=1, show="none")
     assert r.restarts == 1 and r.result["restarts"] == 1 and r.result["resumed_from_step"] == 10
     assert r.result["max_param_diff_vs_uninterrupted"] <= 1e-6 and r.result["batches_trained_twice"] == 0
     assert r.attempt_failures and str(nproc - 1) in r.attempt_failures[0].split("without")[0], r.attempt_failures
-    assert not list(tmp_path.glob("*.tmp*")), "no half-written snapshot left behind"
+    assert not list(tmp_path.glob("*.tmp*")), "a half-written snapshot left behind"
 
 
 def test_every_part_of_the_snapshot_is_needed(tmp_path, starts_processes):
@@ -94,6 +96,22 @@ def test_a_hung_rank_times_out_and_the_job_resumes(tmp_path, starts_processes):
                      max_restarts=1, show="none", env={"MGPU_COLLECTIVE_TIMEOUT_S": 5})
     assert r.restarts == 1 and r.result["max_param_diff_vs_uninterrupted"] <= 1e-6
     assert "Timed out" in r.attempt_failures[0] or "timed out" in r.attempt_failures[0].lower()
+
+
+@pytest.mark.parametrize("kind, nproc", [("group", 2), ("mesh", 4)])
+def test_a_subgroup_collective_a_rank_never_joins_fails_within_the_course_timeout(kind, nproc, starts_processes):
+    """Issue 57, item 1: a new_group, and the "dp" dimension of a 2 x 2 device mesh, get the course's collective
+    timeout (3 s here), not torch's default for groups made without one (30 minutes on gloo): rank 1's all-reduce
+    fails after 3 s. Without it, it waited until its peer exited (measured: the peer's 20 s sleep)."""
+    from pathlib import Path
+
+    script = Path(__file__).parent / "scripts" / "subgroup_hang.py"
+    with pytest.raises(LaunchError) as info:
+        run_torchrun(str(script), nproc, ["--kind", kind, "--sleep", 20], show="none",
+                     env={"MGPU_COLLECTIVE_TIMEOUT_S": 3}, timeout_s=120)
+    m = re.search(r"the subgroup all-reduce failed after ([\d.]+) s: \S+: .*Timed out", str(info.value))
+    assert m and info.value.rank == 1, str(info.value)
+    assert 2.5 <= float(m.group(1)) < 12     # the 3 s timeout (a busy machine adds little); without it: 20 s
 
 
 def test_max_restarts_is_validated(starts_processes):

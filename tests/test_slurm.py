@@ -139,6 +139,64 @@ def test_job_on_two_nodes_equals_one_node(slurm, tmp_path, one_node_ddp, starts_
         assert len(list((logs / "torchrun" / f"node{node}").rglob("stdout.log"))) == 2   # 2 ranks per node
 
 
+FAIL_ONCE = ROOT / "tests" / "scripts" / "fail_once.py"
+
+
+def test_a_rank_that_fails_once_is_retried_and_a_long_result_is_read(slurm, tmp_path, starts_processes):
+    """Issue 57, items 3 and 4. A rank fails on the first attempt: both agents restart and the retry finishes. The
+    workers make their own store on every attempt (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; with the agent's store
+    a retry hung for 5+ minutes or failed to connect in 4 of 6 jobs). The result line (over 3,000 characters) comes
+    through srun in pieces of 1,024 bytes, each with its label: job_results puts it back together."""
+    job, out = two_node_job(slurm, tmp_path, [FAIL_ONCE, "--rank", 1, "--result-chars", 3000], nproc=1)
+    info = slurm.wait(job)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text}"
+    assert "fails on attempt 0" in text
+    (result,) = job_results(text)
+    assert result["attempt"] == 1 and result["sum_of_ranks"] == 1.0 and result["agent_store"] == ["False"] * 2
+    assert len(result["padding"]) == 600
+
+
+def test_multinode_sh_retries_a_rank_that_fails_once(tmp_path, starts_processes):
+    """Issue 57, item 3, without Slurm: multinode.sh's retry also makes the workers' own store on every attempt."""
+    codes, outs = run_multinode(tmp_path, [str(FAIL_ONCE), "--rank", "1"], nproc=1, PREFLIGHT="0")
+    assert codes == [0, 0], "\n".join(outs)
+    (result,) = job_results(outs[0] + outs[1])
+    assert result["attempt"] == 1 and result["sum_of_ranks"] == 1.0 and result["agent_store"] == ["False"] * 2
+
+
+def test_a_misspelt_script_is_named_at_once(slurm, tmp_path, starts_processes):
+    """Issue 57, item 6: a typo in the script's name stops job.sbatch and multinode.sh before the preflight and
+    torchrun's tries (which ended with "exit status 143")."""
+    job, out = two_node_job(slurm, tmp_path, ["launch_scripts/ddp_trian.py"])
+    info = slurm.wait(job, timeout_s=60)
+    assert info["ExitCode"] == "2:0", f"{info}\n{out.read_text()}"
+    assert f"no script launch_scripts/ddp_trian.py in {ROOT}: check its name" in out.read_text()
+    r = subprocess.run(["bash", "cluster/multinode.sh", "launch_scripts/ddp_trian.py"], cwd=ROOT, timeout=30,
+                       env={**os.environ, "NNODES": "2", "NODE_RANK": "0", "RDZV_HOST": "127.0.0.1"},
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no script launch_scripts/ddp_trian.py" in r.stderr, r.stdout + r.stderr
+
+
+def test_a_result_line_that_srun_cut_into_pieces_is_joined_again():
+    """Issue 57, item 4: srun --label writes a long line as pieces of 1,024 bytes, each with the task's label (as
+    measured with Slurm 22.05), and another task's lines may come between them."""
+    import json
+
+    from mgpu_utils.dist import RESULT_MARKER
+
+    result = {"steps": 400, "losses": [round(0.5 + i / 1000, 4) for i in range(400)]}
+    line = "[default0]:" + RESULT_MARKER + json.dumps(result)
+    pieces = [line[i:i + 1024] for i in range(0, len(line), 1024)]
+    assert len(pieces) == 3
+    text = "\n".join(["0: [default0]:[rank 0] step 400", f"0: {pieces[0]}", "1: [default1]:[rank 1] done",
+                      f"0: {pieces[1]}", f"0: {pieces[2]}", "0: [default0]:after", f"1: {RESULT_MARKER}{{}}"])
+    assert job_results(text) == [result, {}]
+    assert job_results(line) == [result]                                     # one piece: no label, not cut
+    with pytest.raises(ValueError, match=r"task 0's result line \(\d+ characters\) is not whole JSON.*output was cut"):
+        job_results(f"0: {pieces[0]}\n1: [default1]:done")
+
+
 def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts_processes):
     args = ["launch_scripts/elastic_train.py", "--steps", "30", "--step-seconds", "0.3", "--log-snapshots"]
     job, out = two_node_job(slurm, tmp_path, args, nproc=1)
@@ -154,6 +212,32 @@ def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts
     assert resumed["max_param_diff_vs_uninterrupted"] <= 1e-6       # the same job without the requeue
     assert resumed["batches_trained_twice"] == 0
     assert "requeueing job" in text
+
+
+def test_stop_ends_the_clusters_own_processes_only(tmp_path, starts_processes):
+    """Issue 57, item 6: a user's process that has the cluster's SLURM_CONF (a shell that exported it) survives
+    stop(); the job's processes and its slurmstepd (detached from slurmd) do not."""
+    import psutil
+
+    if missing_programs():
+        pytest.skip(missing_programs())
+    with LocalSlurm(tmp_path / "slurm") as cluster:
+        user = subprocess.Popen(["sleep", "60.25"], env=cluster.env)
+        job = cluster.submit(["--output", tmp_path / "out", "--wrap", "srun sleep 60.5"], cwd=tmp_path)
+        cluster.wait(job, timeout_s=60, states={"RUNNING"})
+        deadline = time.monotonic() + 30
+        while not [q for s in cluster.steps() for q in s.children(recursive=True)
+                   if q.name() == "sleep" and "60.5" in q.cmdline()]:
+            assert time.monotonic() < deadline, "the job's sleep did not start"
+            time.sleep(0.2)
+        steps = cluster.steps()
+        job_procs = [q for s in steps for q in s.children(recursive=True)]
+    try:
+        assert user.poll() is None, "stop() ended a process that is not the cluster's"
+        assert not [q for q in steps + job_procs if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        user.kill()
+        user.wait()
 
 
 def test_srun_without_torchrun_is_refused(slurm, tmp_path, starts_processes):
@@ -203,6 +287,22 @@ def test_preflight_names_the_node_that_cannot_reach_the_rendezvous(starts_proces
     assert rc0 == 1 and "1 of 2 nodes missing: node 1" in out0 and "node 1 did not reach the rendezvous" in out0
     assert rc1 == 1 and f"node 1 ({socket.gethostname()}) cannot reach the rendezvous at 127.0.0.1:{bad}" in out1
     assert "RDZV_HOST" in out1 and "RDZV_PORT" in out1
+
+
+def test_preflight_names_a_host_that_does_not_resolve_or_is_not_node_0s(starts_processes):
+    """Issue 57, item 5: node 0 said "another process holds the port: choose another (RDZV_PORT)" after 60-120 s
+    and about 250 lines of C++ stack frames. Now, at once and first: the name does not resolve, or the address
+    is not one of node 0's (192.0.2.1: TEST-NET-1, never a local address); both fixes name RDZV_HOST."""
+    port = free_port()
+    t0 = time.monotonic()
+    (rc0, out0), (rc1, out1) = node_checks([f"no-such-host.invalid:{port}"] * 2)
+    (rc2, out2), = node_checks([f"192.0.2.1:{port}"])
+    assert time.monotonic() - t0 < 30      # margin: three starts of python with torch (about 2 s each, busy)
+    assert rc0 == rc1 == rc2 == 1
+    assert out0.startswith("node 0 (") and "no-such-host.invalid does not resolve" in out0 and "RDZV_HOST" in out0
+    assert out1.startswith("node 1 (") and "no-such-host.invalid does not resolve" in out1
+    assert out2.startswith("node 0 (") and "192.0.2.1 (192.0.2.1) is not an address of this node" in out2
+    assert "RDZV_HOST" in out2 and "RDZV_PORT" not in out0 + out2
 
 
 def test_preflight_ranks(starts_processes):

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
-from mgpu_utils.dist import emit_result
+from mgpu_utils.dist import collective_timeout, emit_result
 from mgpu_utils.models import make_mlp
 from mgpu_utils.parallel.context import ring_attention, shard
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
@@ -766,10 +766,8 @@ def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
     :func:`two_d_layouts`, against the same steps in one process; a wrong result is named from the known
     mistakes' results after step 1 (:data:`TWO_D_FORWARDS` x :data:`TWO_D_SYNCS`), or gradients carried into
     step 2. Only all-reduce is allowed: a gather would hold more than this rank's shard."""
-    import datetime
-
     world, rank = ctx.world_size, ctx.rank
-    timeout = datetime.timedelta(seconds=float(os.environ.get("MGPU_COLLECTIVE_TIMEOUT_S", "120")))
+    timeout = collective_timeout()                      # the subgroups time out as the default group does
     D, N, O, B = (TWO_D_SIZES[k] for k in "DNOB")
     g = torch.Generator().manual_seed(6)
     P0 = {"w0": torch.randn(D, D, generator=g) / D ** 0.5, "w1": torch.randn(N, D, generator=g) / D ** 0.5,

@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mgpu_utils.dist import wrap_text
+from mgpu_utils.dist import TIMEOUT_ENV, wrap_text
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
 from mgpu_utils.env import REPO_ROOT
 
@@ -512,7 +512,7 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
     or None where it passes. Raises :class:`LaunchError` if any file raises (check_script reports those)."""
     args = [a for exercise_id, path in cases for a in ("--exercise", exercise_id, "--solution", Path(path).resolve())]
     res = run_torchrun("grade_exercise.py", world, args, show="none", timeout_s=300,
-                       env={"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S}).result
+                       env={TIMEOUT_ENV: HANG_TIMEOUT_S}).result
     results = res["results"] if "results" in res else [res]
     return [None if r["ok"] else problem_hint(telling(r["problems"]), world) for r in results]
 
@@ -521,7 +521,7 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[st
     """Run once at world size ``world``: (None when it passes, else the hint; what was measured, to print on
     success)."""
     seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (rank_checks.start_values)
-    env = {"MGPU_COLLECTIVE_TIMEOUT_S": HANG_TIMEOUT_S, "MGPU_GRADE_SEED": seed}
+    env = {TIMEOUT_ENV: HANG_TIMEOUT_S, "MGPU_GRADE_SEED": seed}
     try:
         if g.mode == "function":
             run = run_torchrun("grade_exercise.py", world, ["--exercise", exercise_id, "--solution", path],

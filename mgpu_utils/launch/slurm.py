@@ -232,24 +232,33 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """Send ``sig`` to the job's batch shell now: what ``--signal=B:USR1@T`` sends T s before the time limit."""
         subprocess.run(["scancel", "-b", "-s", sig, job_id], env=self.env, check=True)   # -b: the batch shell only
 
-    def stop(self) -> None:
-        """Stop the daemons and every process they started (job steps included)."""
+    def steps(self) -> list:
+        """This cluster's ``slurmstepd`` processes (``psutil.Process``), one per job step: slurmd starts them detached
+        (their parent is init), so they are found by the slurmd log they keep open, this cluster's own."""
         import psutil
 
+        log = str(self.folder / "log" / "slurmd.log")
+        found = []
+        for q in psutil.process_iter(["name"]):
+            try:
+                if q.info["name"] == "slurmstepd" and any(f.path == log for f in q.open_files()):
+                    found.append(q)
+            except (psutil.Error, OSError):
+                pass
+        return found
+
+    def stop(self) -> None:
+        """Stop the daemons and every process they started, by pid: the daemons' process trees and those of this
+        cluster's job steps (:meth:`steps`: every job process runs under one). Nothing else is touched, even a
+        process that has this cluster's ``SLURM_CONF`` in its environment (a user's shell)."""
         from mgpu_utils.launch.processes import kill_all, process_tree
 
+        steps = self.steps()
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
         time.sleep(0.5)
-        leftover = [q for p in self.procs for q in process_tree(p.pid)]
-        for q in psutil.process_iter():                # job processes (slurmstepd runs detached from slurmd)
-            try:
-                if q.pid != os.getpid() and q.environ().get("SLURM_CONF") == str(self.conf):
-                    leftover += process_tree(q.pid)
-            except (psutil.Error, OSError):
-                pass
-        kill_all(leftover)
+        kill_all([q for pid in [p.pid for p in self.procs] + [q.pid for q in steps] for q in process_tree(pid)])
         self.procs.clear()
 
     def __enter__(self) -> "LocalSlurm":
@@ -259,17 +268,40 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self.stop()
 
 
+#: srun writes a task's output in pieces of at most this many bytes, each with its ``--label`` (``0: ``): a longer
+#: line arrives as several lines (measured with Slurm 22.05: 1,024 bytes, then ``0: `` and the next 1,024).
+SRUN_PIECE_BYTES = 1024
+
+
 def job_results(text: str) -> list[dict]:
     """Every ``MGPU_RESULT`` JSON in a job's output, in order: lines may carry srun's ``--label`` prefix
-    (``0: ``) and torchrun's ``--tee`` prefix (``[default0]:``)."""
+    (``0: ``) and torchrun's ``--tee`` prefix (``[default0]:``). A result line longer than srun's pieces
+    (:data:`SRUN_PIECE_BYTES`) is joined again from the next lines of the same task.
+
+    Raises:
+        ValueError: a result line that is not whole JSON (the job's output was cut), with its task and length.
+    """
     import json
     import re
 
     from mgpu_utils.dist import RESULT_MARKER
 
-    found = []
-    for line in text.splitlines():
+    lines, found = text.splitlines(), []
+    for i, line in enumerate(lines):
         m = re.match(r"^(\s*\d+: )?(\[\w+\]:)?" + re.escape(RESULT_MARKER) + "(.*)$", line)
-        if m:
-            found.append(json.loads(m.group(3)))
+        if not m:
+            continue
+        label, payload, piece, j = m.group(1), m.group(3), line[len(m.group(1) or ""):], i
+        while label and len(piece.encode()) >= SRUN_PIECE_BYTES:      # srun cut it: the rest comes with its label
+            j = next((k for k in range(j + 1, len(lines)) if lines[k].startswith(label)), None)
+            if j is None:
+                break
+            piece = lines[j][len(label):]
+            payload += piece
+        try:
+            found.append(json.loads(payload))
+        except json.JSONDecodeError as e:
+            task = f"task {label.strip(' :')}'s" if label else "a"
+            raise ValueError(f"{task} result line ({len(payload)} characters) is not whole JSON ({e}): the job's "
+                             "output was cut (the job killed while printing, or a pipe that splits lines)") from None
     return found
