@@ -45,8 +45,8 @@ def make_job(args, device):
 
 
 def save_snapshot(path: Path, state: dict) -> None:
-    """torch.save to a temporary file next to ``path``, flushed to disk, then an atomic rename onto it (and the
-    folder flushed: after a power loss the name points at complete data). First the files of killed saves go."""
+    """torch.save to a temporary file beside ``path``, flushed, then renamed onto it atomically;
+    the folder flushed too (a power loss keeps complete data). Killed saves' files go first."""
     for stale in path.parent.glob(path.name + ".tmp*"):
         stale.unlink(missing_ok=True)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
