@@ -20,7 +20,7 @@ from helpers import HEADING, core_and_deeper, heading_level
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-REWORKED = {"04", "10", "12"}
+REWORKED = {"00", "01", "02", "04", "06", "08", "10", "11", "12"}
 MAX_CORE_CELLS, MAX_CORE_WORDS, MAX_CODE_LINES, MAX_MD_WORDS, MAX_SUMMARY_BULLETS = 35, 2500, 40, 300, 5
 DEEPER = re.compile(r"^(\d+[a-z]?\.\s+)?Deeper: ")      # "Deeper: ..." or "4. Deeper: ..."
 COLLAPSED = "jp-MarkdownHeadingCollapsed"
@@ -33,6 +33,16 @@ def _source(cell) -> str:
 def words(text: str) -> int:
     """Words of prose: tokens with a letter or a digit (a table's pipes and rules, a bullet's star are not)."""
     return sum(1 for token in text.split() if re.search(r"\w", token))
+
+
+def _inner_headings(text: str) -> list[str]:
+    """Heading lines after a markdown cell's first line (outside code fences)."""
+    found, fenced = [], False
+    for k, line in enumerate(text.splitlines()):
+        fenced ^= line.startswith("```")
+        if k and not fenced and HEADING.match(line):
+            found.append(line)
+    return found
 
 
 def shape(cells: list[dict]) -> dict:
@@ -82,6 +92,9 @@ def test_reworked_lesson_has_a_short_core(nb_path):
             problems.append(f"cell {i}: {len(text.splitlines())} lines of code (at most {MAX_CODE_LINES})")
         if cell["cell_type"] == "markdown" and words(text) > MAX_MD_WORDS:
             problems.append(f"cell {i}: {words(text)} words (at most {MAX_MD_WORDS})")
+        if cell["cell_type"] == "markdown" and (inner := _inner_headings(text)):
+            problems.append(f"cell {i}: a heading inside the cell ({inner[0]!r}): a heading opens its own cell, "
+                            "so that JupyterLab collapses what the core path leaves out")
     assert not problems, f"{nb_path.name}:\n" + "\n".join(problems)
 
 
