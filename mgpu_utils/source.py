@@ -106,13 +106,22 @@ def fit_comments(code: str, width: int = WIDTH) -> str:
                 moves[row - 1] = col
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return code
-    out = []
-    for i, line in enumerate(lines):
-        if i in moves:
-            indent = line[:len(line) - len(line.lstrip())]
-            out += [indent + line[moves[i]:].strip(), line[:moves[i]].rstrip()]
-        else:
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        if i not in moves:
             out.append(line)
+            i += 1
+            continue
+        col, indent = moves[i], line[:len(line) - len(line.lstrip())]
+        comment = [line[col:].strip()]
+        # the comment's continuation lines (comments alone, aligned under it) go up with it
+        while (i + 1 < len(lines) and i + 1 not in moves and lines[i + 1][:col].strip() == ""
+               and lines[i + 1][col:].startswith("#")):
+            i += 1
+            comment.append(lines[i].strip())
+        out += [indent + c for c in comment] + [line[:col].rstrip()]
+        i += 1
     return "\n".join(out)
 
 
@@ -123,7 +132,8 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
         what: a launch script's file name (``"sync_async.py"``, the ``.py`` optional), another file of the
             course by its path (``"cluster/slurm/job.sbatch"``: regions only, ``#`` comments), or a function,
             class or module (of ``mgpu_utils`` or a script from :func:`load_script`).
-        names: functions or classes of the script (``"run_ps"``, ``"Block.forward"``), in the order shown.
+        names: functions or classes of the script (``"run_ps"``, ``"Block.forward"``), in the order shown;
+            after a function, class or module, more of them as objects (``show_code(f, g)``).
         region: one ``# region NAME`` block name, or several, shown after the names.
 
     Returns:
@@ -133,13 +143,20 @@ def read_code(what, *names: str, region: str | tuple[str, ...] = ()) -> str:
     Raises:
         FileNotFoundError: no such launch script (the message lists them).
         ValueError: a name or region that the file does not have (the message lists those it has),
-            or nothing asked for in a script (a script is shown in parts, never whole).
+            nothing asked for in a script (a script is shown in parts, never whole), or names given as
+            strings after an object.
     """
     if not isinstance(what, (str, Path)):
-        lines, first = inspect.getsourcelines(what)
-        path = Path(inspect.getsourcefile(what))
-        head = f"# {_shown_path(path)}, lines {first}-{first + len(lines) - 1}"
-        return head + "\n" + fit_comments(textwrap.dedent("".join(lines)).rstrip("\n"))
+        if region or any(isinstance(n, (str, Path)) for n in names):
+            raise ValueError("with a function, class or module, name more of them as objects "
+                             "(show_code(f, g)), not by name or region: those are for a script")
+        parts = []
+        for obj in (what, *names):
+            lines, first = inspect.getsourcelines(obj)
+            path = Path(inspect.getsourcefile(obj))
+            head = f"# {_shown_path(path)}, lines {first}-{first + len(lines) - 1}"
+            parts.append(head + "\n" + fit_comments(textwrap.dedent("".join(lines)).rstrip("\n")))
+        return "\n\n".join(parts)
     path = _script_path(what)
     text = path.read_text()
     wanted = [(n, False) for n in names] + [(r, True) for r in ([region] if isinstance(region, str) else region)]

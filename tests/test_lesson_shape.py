@@ -6,8 +6,7 @@ and is collapsed when the notebook opens in JupyterLab (cell metadata ``jp-Markd
 runs to the next heading of the same or a higher level. Its cells still run (``make course``, nbval, the
 browser test). The **core path** is every other cell.
 
-For every lesson: each ``deeper`` cell is such a heading, collapsed. For the reworked lessons (``REWORKED``;
-the rest follow one by one): the core path holds at most ``MAX_CORE_CELLS`` cells and about
+For every lesson: each ``deeper`` cell is such a heading, collapsed, and (``REWORKED``: every lesson) the core path holds at most ``MAX_CORE_CELLS`` cells and about
 ``MAX_CORE_WORDS`` words of prose, no code cell runs over ``MAX_CODE_LINES`` lines and no markdown cell over
 ``MAX_MD_WORDS`` words, and the summary has at most ``MAX_SUMMARY_BULLETS`` bullets.
 """
@@ -20,7 +19,7 @@ from helpers import HEADING, core_and_deeper, heading_level
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-REWORKED = {"00", "01", "02", "04", "06", "08", "10", "11", "12"}
+REWORKED = {p.name[:2] for p in NOTEBOOKS}            # every lesson now
 MAX_CORE_CELLS, MAX_CORE_WORDS, MAX_CODE_LINES, MAX_MD_WORDS, MAX_SUMMARY_BULLETS = 35, 2500, 40, 300, 5
 DEEPER = re.compile(r"^(\d+[a-z]?\.\s+)?Deeper: ")      # "Deeper: ..." or "4. Deeper: ..."
 COLLAPSED = "jp-MarkdownHeadingCollapsed"

@@ -189,6 +189,21 @@ def test_fit_comments_moves_only_long_lines_comments():
     assert out.splitlines() == ["x = 1  # short", "if x:", "    # " + ("a long comment " * 6).strip(),
                                 "    y = compute(x, x, x)", "s = '# not a comment'"]
     assert fit_comments("f(1,  # cut mid-call", width=5) == "f(1,  # cut mid-call"   # does not tokenize: as is
+    # a comment continued on the lines below, aligned under it, moves up whole (lesson 04's ring)
+    code = "ops = post(send, recv)   # posted together: no\n                         # cycle of waiting sends\nwait(ops)"
+    assert fit_comments(code, width=40).splitlines() == [
+        "# posted together: no", "# cycle of waiting sends", "ops = post(send, recv)", "wait(ops)"]
+
+
+def test_show_code_of_several_objects_shows_each():
+    """Lesson 12 shows two functions in one call: both appear, in order (before, only the first did)."""
+    from mgpu_utils.parallel import context
+
+    text = read_code(context.ulysses_attention, context.merge)
+    assert "def ulysses_attention(" in text and "def merge(" in text
+    assert text.index("def ulysses_attention(") < text.index("def merge(")
+    with pytest.raises(ValueError, match="as objects"):
+        read_code(context.ulysses_attention, "merge")
 
 
 def test_a_shell_file_of_the_course_is_shown_by_region(capsys):
