@@ -179,15 +179,17 @@ EXERCISES: dict[str, Exercise] = {
                       "algbw = 1 GB / 0.1 s = 10 GB/s, busbw = 10 x 3/4 = 7.5 GB/s"),
         "7.5 = busbw_gbps('all_gather', 1e9, 0.1, 4)."),
     "04.3": Exercise(
-        "ZeRO-2 / FSDP give each rank only its shard of the summed gradients. Which collective does that "
-        "in one call: 'all_reduce', 'reduce_scatter', 'all_gather' or 'all_to_all'?",
-        _choice("reduce_scatter", {"all_reduce": "all_reduce gives every rank the whole sum: more than a shard",
-                                   "all_gather": "all_gather collects shards without summing; FSDP uses it for "
-                                                 "the parameters before forward",
-                                   "all_to_all": "all_to_all exchanges different data without summing (MoE)",
-                                   "default": "one of 'all_reduce', 'reduce_scatter', 'all_gather', 'all_to_all'"},
-                "reduce_scatter: sum, and leave rank r with chunk r only (half of an all-reduce)"),
-        "reduce_scatter (and all_gather to rebuild parameters): all_reduce = reduce_scatter + all_gather."),
+        "ZeRO-2 and FSDP leave each rank only its shard of the summed gradients. For 1 GiB of fp32 gradients on "
+        "8 ranks, with the collective that does it in one call (bandwidth-optimal), how many MiB does each rank "
+        "send?",
+        _float_answer(896.0, 1e-6, [(lambda v: abs(v - 1792) < 1e-6, "1792 MiB is an all-reduce, 2(n-1)/n x S: "
+                                     "a shard needs only the reduce-scatter half"),
+                                    (lambda v: abs(v - 128) < 1e-6, "128 MiB is the shard each rank keeps, "
+                                     "not what it sends"),
+                                    (lambda v: abs(v - 1024) < 1e-6, "each rank sends n - 1 chunks of S/n, "
+                                     "not the whole buffer")],
+                      "reduce-scatter: (n-1)/n x S = 7/8 x 1024 MiB = 896 MiB, half of an all-reduce"),
+        "896 = (8 - 1) / 8 x 1024: a reduce-scatter (the table of section 1), half of an all-reduce."),
     "05.1": Exercise(
         "GPipe with p = 8 stages and m = 24 micro-batches: what fraction of the step is bubble (idle)?",
         _float_answer(7 / 31, 0.01, [(lambda v: abs(v - 7 / 24) < 2e-3, "the step lasts m + p - 1 slots, not m: "
