@@ -265,8 +265,8 @@ class LoadWatch:
         if self.other_cores is None:
             return "the load of other processes cannot be measured here"
         if self.other_cores > self.max_other_cores:
-            return f"busy machine: other processes used {self.other_cores:.2f} cores"
-        return f"the ranks got {self.cpu_share:.0%} of a core each: a busy host"
+            return f"busy machine: others used {self.other_cores:.2f} cores"
+        return f"busy host: ranks got {self.cpu_share:.0%} of a core"
 
     def why_not(self) -> str | None:
         """Why the machine did not count as quiet (one phrase), or None when it did."""
@@ -302,7 +302,7 @@ class LoadWatch:
         why = unless if self.why_not() is None else self._short_why()
         if why is None:
             assert ok, f"{what}: not shown by this run, on a quiet machine ({self.other_cores:.2f} other cores)"
-            print(wrap_text(f"checked on a quiet machine: {what}"))
+            print(wrap_text(f"checked (quiet machine): {what}"))
             return True
-        print(wrap_text(f"not asserted on this run ({why}): {what}"))
+        print(wrap_text(f"not asserted ({why}): {what}"))
         return False

@@ -67,12 +67,12 @@ def test_quiet_claims_are_asserted(monkeypatch, capsys):
         time.sleep(1.0)
     assert machine.quiet and machine.other_cores == pytest.approx(0.1, abs=0.02)
     assert machine.claim(True, "2 ranks are faster than 1") is True
-    assert capsys.readouterr().out.startswith("checked on a quiet machine")
+    assert capsys.readouterr().out.startswith("checked (quiet machine): ")
     with pytest.raises(AssertionError, match="not shown by this run, on a quiet machine"):
         machine.claim(False, "2 ranks are faster than 1")
     # a reason the caller measured (lesson 05: a stalled action) wins over a quiet average
     assert machine.claim(False, "bubble on the formula", unless="rank 0's forward 5 stalled") is False
-    assert capsys.readouterr().out == "not asserted on this run (rank 0's forward 5 stalled): bubble on the formula\n"
+    assert capsys.readouterr().out == "not asserted (rank 0's forward 5 stalled): bubble on the formula\n"
 
 
 def test_too_few_usable_cores_is_not_quiet(monkeypatch, capsys):

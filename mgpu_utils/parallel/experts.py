@@ -90,8 +90,8 @@ class MoE(nn.Module):
 
 
 class AllToAll(torch.autograd.Function):
-    """Differentiable ``all_to_all_single`` of rows: rank r sends ``send[d]`` rows to rank d and receives
-    ``recv[s]`` rows from rank s; backward sends the gradients back the same way reversed."""
+    """Differentiable ``all_to_all_single`` of rows: rank r sends ``send[d]`` rows to rank d and
+    receives ``recv[s]`` rows from rank s; backward sends the gradients back the same way reversed."""
 
     @staticmethod
     def forward(ctx, x, recv, send, group, log):
