@@ -91,7 +91,7 @@ class MoE(nn.Module):
 
 class AllToAll(torch.autograd.Function):
     """Differentiable ``all_to_all_single`` of rows: rank r sends ``send[d]`` rows to rank d and
-    receives ``recv[s]`` rows from rank s; backward sends the gradients back the same way reversed."""
+    receives ``recv[s]`` rows from rank s; backward sends the gradients back, the way reversed."""
 
     @staticmethod
     def forward(ctx, x, recv, send, group, log):
