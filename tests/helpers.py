@@ -35,12 +35,25 @@ def heading_level(cell) -> int | None:
 
 def core_and_deeper(cells: list[dict]) -> tuple[list[int], list[int]]:
     """Indices of the core path's cells and of the deeper sections' cells."""
-    core, deeper, inside = [], [], None           # inside: the level of the deeper heading we are under
+    core, deeper, _ = _walk_deeper(cells)
+    return core, deeper
+
+
+def hidden_on_opening(cells: list[dict]) -> list[int]:
+    """The cells JupyterLab hides when the notebook opens: every cell of a deeper section but the heading that
+    opens it (a deeper heading inside another deeper section is hidden with it)."""
+    _, deeper, outer = _walk_deeper(cells)
+    return [i for i in deeper if i not in outer]
+
+
+def _walk_deeper(cells):
+    core, deeper, outer, inside = [], [], [], None      # inside: the level of the deeper heading we are under
     for i, cell in enumerate(cells):
         level = heading_level(cell)
         if inside is not None and level is not None and level <= inside:
             inside = None
         if inside is None and "deeper" in cell.get("metadata", {}).get("tags", []):
             inside = level if level is not None else 99
+            outer.append(i)
         (deeper if inside is not None else core).append(i)
-    return core, deeper
+    return core, deeper, outer

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import core_and_deeper
+from helpers import hidden_on_opening
 from lab_server import (CHROMIUM, ROOT, api, browser_missing, browser_notebooks, browser_required,
                         running_lab)
 from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags, get_sanitize_patterns
@@ -304,8 +304,7 @@ def _run_all_notebooks(context, base, token, patterns, report):
         before = page.evaluate(CELLS_JS)
         assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
         # the deeper sections open collapsed (tests/test_lesson_shape.py): their cells hidden, the rest shown
-        _, deeper = core_and_deeper(committed)
-        expect_hidden = [i for i in deeper if "deeper" not in committed[i].get("metadata", {}).get("tags", [])]
+        expect_hidden = hidden_on_opening(committed)
         deadline = time.monotonic() + 15            # JupyterLab collapses a heading once it has rendered it
         while (hidden := [i for i, h in enumerate(page.evaluate(HIDDEN_JS)) if h]) != expect_hidden:
             # margin: collapsing takes well under a second, on a busy machine too; 15 s means not collapsed

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import HEADING, core_and_deeper, heading_level
+from helpers import HEADING, core_and_deeper, heading_level, hidden_on_opening
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -104,4 +104,8 @@ def test_the_core_path_leaves_out_deeper_sections():
              md("#### a sub-heading inside"), code, md("### Back in the core"), code, md("## Summary\n\n* one")]
     core, deeper = core_and_deeper(cells)
     assert deeper == [3, 4, 5, 6] and core == [0, 1, 2, 7, 8, 9]
+    assert hidden_on_opening(cells) == [4, 5, 6]
+    # a deeper section inside another is hidden with it, its heading too
+    nested = [md("## Deeper: outer", ["deeper"]), code, md("### Deeper: inner", ["deeper"]), code, md("## Core")]
+    assert hidden_on_opening(nested) == [1, 2, 3] and core_and_deeper(nested)[0] == [4]
     assert shape(cells)["summary_bullets"] == 1
