@@ -35,7 +35,7 @@ def test_a_busy_process_of_someone_else_is_other_load(capsys, starts_processes):
     assert not machine.quiet and "other processes used" in machine.why_not()
     assert machine.claim(False, "a claim that would fail") is False      # printed, not raised
     out = capsys.readouterr().out
-    assert out.startswith("this machine was busy: other processes used") and "a claim that would fail" in out
+    assert out.startswith("not asserted (busy machine: others used") and "a claim that would fail" in out
 
 
 def test_the_jobs_own_children_are_not_other_load(starts_processes):
