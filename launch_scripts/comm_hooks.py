@@ -5,7 +5,8 @@ Part 1, accuracy: DDP(SmallCNN) on digits trained from the same start with each 
   default (allreduce_hook: fp32, what DDP does without a hook), fp16_compress_hook, bf16_compress_hook,
   and PowerSGD (powerSGD_hook, rank-r factors with error feedback after --powersgd-start vanilla steps).
   Every hook is wrapped by mgpu_utils.costs.interconnect.emulated_link_hook with link=None, which only counts
-  the bytes each all-reduce carries (after compression).
+  the bytes each all-reduce carries (after compression). --bucket-cap-mb sets DDP's buckets, except PowerSGD's
+  on gloo: one bucket (mgpu_utils.dist.powersgd_bucket_cap_mb says why).
 Part 2, time: for each link in --links (keys of mgpu_utils.costs.hardware.LINKS) and hooks fp32 / fp16 / PowerSGD,
   2 warm-up steps (PowerSGD's plain all-reduce) then --emu-steps timed ones, the emulator adding the
   alpha-beta time of a ring all-reduce of the bytes sent, charged for --scale x the payload (a model --scale
@@ -32,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.data import batch_stream, load_data
-from mgpu_utils.dist import distributed, emit_result
+from mgpu_utils.dist import distributed, emit_result, powersgd_bucket_cap_mb
 from mgpu_utils.costs.hardware import LINKS
 from mgpu_utils.costs.interconnect import emulated_link_hook
 from mgpu_utils.models import SmallCNN
@@ -45,8 +46,12 @@ def make_ddp(ctx, a, hook_name, link, scale, powersgd_start):
     """A fresh DDP(SmallCNN) (the same initial weights each time) and its hook: (ddp, stats)."""
     torch.manual_seed(a.seed)
     model = SmallCNN().to(ctx.device)
-    ddp = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
     inner = HOOKS[hook_name]
+    cap = a.bucket_cap_mb
+    if inner is powerSGD_hook:            # on gloo one bucket: two can hang its hook (the helper says why)
+        cap = powersgd_bucket_cap_mb(model, ctx.backend, cap, log=ctx.log)
+    ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    ddp = DDP(model, device_ids=ids, bucket_cap_mb=cap)
     state = (PowerSGDState(process_group=None, matrix_approximation_rank=a.powersgd_rank,
                            start_powerSGD_iter=powersgd_start, use_error_feedback=True,
                            warm_start=True, random_seed=a.seed)
@@ -86,6 +91,8 @@ def main():
     g.add_argument("--powersgd-rank", type=int, default=2, help="rank r of PowerSGD's factors")
     g.add_argument("--powersgd-start", type=int, default=10, help="vanilla all-reduce steps before PowerSGD (> 1)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="DDP's bucket_cap_mb in MiB (default: DDP's own, 25 with a 1 MiB first bucket)")
     g = p.add_argument_group("interconnect emulator")
     g.add_argument("--links", nargs="*", default=["NVLink 4 (H100, 18 links)", "PCIe 4.0 x16",
                                                   "InfiniBand NDR (400 Gb/s)", "Ethernet 100 GbE", "Ethernet 10 GbE"])

@@ -365,6 +365,59 @@ def device_mesh(device_type: str, mesh_shape: tuple, mesh_dim_names: tuple | Non
     return mesh
 
 
+#: Reasons :func:`powersgd_bucket_cap_mb` already printed in this process (each is said once).
+_POWERSGD_SAID: set = set()
+
+
+def powersgd_bucket_cap_mb(model, backend: str, bucket_cap_mb: float | None = None, log=print) -> float | None:
+    """DDP's ``bucket_cap_mb`` (MiB) for ``model`` when its gradients go through torch's ``powerSGD_hook``
+    (lesson 08, ``comm_hooks.py``): on gloo, one bucket for the whole model.
+
+    Why: the hook launches its second and third all-reduce (the P and Q factors) from inside a future's
+    callback and waits there. gloo runs that callback on its own thread while the backward pass launches the
+    next bucket's all-reduce, so with two buckets the ranks can issue their collectives in different orders:
+    the job hangs, times out, or aborts in gloo, varying from run to run (torch 2.14, 2 ranks: SmallCNN with
+    ``bucket_cap_mb=0.05`` hung once and aborted once; six ``Linear(256, 256)``, 1.6 MB, with DDP's default
+    buckets hung twice). Any model over 1 MiB has two buckets by default. On NCCL, what the hook is written
+    for, the cap is left as asked (not checked here: it needs two GPUs).
+
+    Args:
+        model: the module about to be wrapped in DDP (parameters on their device).
+        backend: the process group's backend ("gloo" or "nccl", ``ctx.backend``).
+        bucket_cap_mb: the cap asked for (None: DDP's default, 25 MiB after a first bucket of 1 MiB).
+        log: where the one line goes when the cap is raised (``ctx.log`` in a launch script); said once per
+            process.
+
+    Returns:
+        The cap to pass to ``DDP(..., bucket_cap_mb=...)``: on gloo, ``bucket_cap_mb`` if it already holds every
+        parameter, else the parameters' size in MiB rounded up; otherwise ``bucket_cap_mb`` as given.
+
+    Raises:
+        ValueError: on gloo, parameters of several dtypes or devices (DDP gives each its own bucket, whatever
+            the cap): cast the model to one dtype on one device first.
+    """
+    if backend != "gloo":
+        return bucket_cap_mb
+    params = [p for p in model.parameters() if p.requires_grad]
+    kinds = sorted({f"{p.dtype} on {p.device}" for p in params})
+    if len(kinds) > 1:
+        raise ValueError(f"PowerSGD on gloo needs one DDP bucket, but the parameters are {', '.join(kinds)}: DDP "
+                         "buckets each kind apart, and torch's powerSGD_hook can hang gloo with two buckets. Cast "
+                         "the model to one dtype on one device (model.to(dtype)) before DDP")
+    need = sum(p.numel() * p.element_size() for p in params)
+    if bucket_cap_mb is not None and bucket_cap_mb * 2**20 >= need:
+        return bucket_cap_mb
+    cap = max(1, -(-need // 2**20))                    # MiB, rounded up
+    first = 1.0 if bucket_cap_mb is None else bucket_cap_mb   # DDP's default starts with a 1 MiB bucket
+    if need > first * 2**20:
+        asked = "DDP's 1 + 25 MiB" if bucket_cap_mb is None else f"{bucket_cap_mb:g} MiB ones"
+        why = f"PowerSGD on gloo: one {cap} MiB bucket, not {asked}: its hook can hang gloo with two"
+        if why not in _POWERSGD_SAID:
+            _POWERSGD_SAID.add(why)
+            log(why)
+    return cap
+
+
 def init_group(chosen: str, device, timeout_s: float) -> None:
     """Create the default process group for backend ``chosen`` ("nccl" or "gloo"; lessons 00 and 03).
 

@@ -17,7 +17,8 @@ from mgpu_utils.models import SmallCNN, make_mlp
 from mgpu_utils.costs.hardware import LINKS
 from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.costs.interconnect import emulated_link_hook, ring_allreduce_seconds
-from mgpu_utils.launch.launcher import launch
+from mgpu_utils.dist import powersgd_bucket_cap_mb
+from mgpu_utils.launch.launcher import launch, run_torchrun
 
 
 def _by_hand(size_bytes, n, link):
@@ -90,6 +91,40 @@ def test_emulator_adds_the_modelled_delay_for_the_bytes_sent(gloo_group_of_one, 
             # by construction: the hook sleeps the modelled time, so the step really took that long
             assert slept >= modelled * 0.999 and s >= modelled * 0.999
         assert math.isclose(stats.modelled_s, sum(m for _, m, _ in stats.per_call))
+
+
+def test_powersgd_on_gloo_gets_one_bucket_and_says_why_once():
+    lines = []
+    big = torch.nn.Linear(1024, 1024)                            # 4.2 MB of fp32 parameters: 5 MiB rounded up
+    assert powersgd_bucket_cap_mb(big, "nccl", None, lines.append) is None     # NCCL: left as asked
+    assert powersgd_bucket_cap_mb(big, "nccl", 0.5, lines.append) == 0.5 and lines == []
+    assert powersgd_bucket_cap_mb(big, "gloo", 8.0, lines.append) == 8.0 and lines == []   # already one bucket
+    assert powersgd_bucket_cap_mb(big, "gloo", 0.5, lines.append) == 5
+    assert powersgd_bucket_cap_mb(big, "gloo", 0.5, lines.append) == 5
+    assert len(lines) == 1 and "one 5 MiB bucket, not 0.5 MiB ones" in lines[0]   # said once
+    assert powersgd_bucket_cap_mb(big, "gloo", None, lines.append) == 5                 # 25 MiB, first 1 MiB
+    assert len(lines) == 2 and "not DDP's 1 + 25 MiB" in lines[1] and "hang gloo" in lines[1]
+    assert powersgd_bucket_cap_mb(SmallCNN(), "gloo", None, lines.append) == 1 and len(lines) == 2  # fits 1 MiB
+    mixed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).half())
+    with pytest.raises(ValueError, match=r"torch.float16 on cpu, torch.float32 on cpu.*model.to\(dtype\)"):
+        powersgd_bucket_cap_mb(mixed, "gloo")
+
+
+def test_powersgd_with_two_buckets_on_gloo_trains_instead_of_hanging(starts_processes):
+    """torch's powerSGD_hook waits on its P and Q all-reduces inside a future's callback, which gloo runs on
+    its own thread while backward launches the next bucket: with two buckets the ranks' collectives cross and
+    the job hangs (past timeout_s here) or aborts in gloo, varying run to run. Measured with --bucket-cap-mb
+    passed to DDP as it is (the script without the helper): a rank killed by SIGABRT after 8 s twice, past
+    the 90 s timeout once, in 3 runs. comm_hooks.py now gives PowerSGD's DDP one bucket on gloo
+    (mgpu_utils.dist.powersgd_bucket_cap_mb) and says so once: about 4 s on 2 cores."""
+    r = run_torchrun("comm_hooks.py", nproc=2, backend="gloo", show="none", timeout_s=90,
+                     args=["--steps", "8", "--eval-every", "8", "--powersgd-start", "2", "--links",
+                           "--bucket-cap-mb", "0.05"])
+    hooks = r.result["hooks"]
+    assert hooks["fp32 (default)"]["calls"] > 8 * 1.5      # the cap did split SmallCNN (0.15 MB) elsewhere
+    assert hooks["PowerSGD"]["calls"] == 8                  # PowerSGD: one bucket per step
+    said = [line for line in r.logs[0]["stdout"].splitlines() if "PowerSGD on gloo" in line]
+    assert len(said) == 1 and "one 1 MiB bucket, not 0.05 MiB ones" in said[0]
 
 
 def _reference_sgd(steps, lr, n_workers, batch_size=16, seed=0):
