@@ -29,7 +29,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mgpu_utils.checks import exact_fp32, max_abs_diff
+from mgpu_utils.checks import check_optimizer_matches, exact_fp32, max_abs_diff
 from mgpu_utils.launch.cluster import shared_folder
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import device_mesh, distributed, emit_result, new_group
@@ -78,7 +78,9 @@ def sharded(args, ctx):
     mesh = device_mesh(ctx.device.type, (ctx.world_size,))
     for part in [m for m in model if isinstance(m, nn.Linear)] + [model]:
         fully_shard(part, mesh=mesh)
-    return model, torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)       # after fully_shard: the sharded parameters
+    check_optimizer_matches(model, opt)
+    return model, opt
 
 
 def save_phase(args, ctx, x, y, r):

@@ -35,7 +35,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.nn.utils import clip_grad_norm_
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mgpu_utils.checks import exact_fp32, max_abs_diff
+from mgpu_utils.checks import check_optimizer_matches, exact_fp32, max_abs_diff
 from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.models import byte_gpt2
 from mgpu_utils.text_data import byte_corpus, get_batch, split
@@ -72,6 +72,7 @@ def train(model, batches, steps, clip=None, first=None):
     """AdamW on batches[:steps] (int64 (b, seq+1) byte windows), step 0 inside the context manager `first`
     (a counter). Returns the losses and the first step's gradient norm (with clip)."""
     opt, losses, norm = torch.optim.AdamW(model.parameters(), lr=1e-3), [], None
+    check_optimizer_matches(model, opt)              # built after fully_shard, over the model's parameters
     for step, xb in enumerate(batches[:steps]):
         with first if first is not None and step == 0 else contextlib.nullcontext():
             loss = model(xb, labels=xb).loss

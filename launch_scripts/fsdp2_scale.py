@@ -29,7 +29,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor import _random as dtensor_random
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from mgpu_utils.checks import exact_fp32, shard_max_diff
+from mgpu_utils.checks import check_optimizer_matches, exact_fp32, shard_max_diff
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.profiling import collective_order
@@ -39,6 +39,7 @@ from mgpu_utils.models import ResidualMLP
 def train(model, batches, steps, ms=None):
     """SGD (momentum 0.9) on batches[:steps] ((images, labels) pairs); each step's ms appended to ms."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    check_optimizer_matches(model, opt)              # built after fully_shard, over the model's parameters
     for x, y in batches[:steps]:
         t0 = time.perf_counter()                       # (on CUDA, synchronised below)
         opt.zero_grad(set_to_none=True)

@@ -33,7 +33,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mgpu_utils.checks import exact_fp32
+from mgpu_utils.checks import check_optimizer_matches, exact_fp32
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import device_mesh, distributed, emit_result
 from mgpu_utils.measure.memory import optimizer_tensors, tensor_bytes
@@ -63,7 +63,8 @@ def wrap(mode, model, device, lr, mesh):
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh, reshard_after_forward=(mode == "fsdp3"))
     fully_shard(model, mesh=mesh, reshard_after_forward=(mode == "fsdp3"))
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)    # after fully_shard: over the sharded parameters
+    check_optimizer_matches(model, opt)
     return model, opt, opt
 
 

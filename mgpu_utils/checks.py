@@ -5,6 +5,9 @@
 (lesson 03's 11-layer MLP: 93% of the gradient entries are below it), so a layer left un-averaged,
 or zeroed, still passes. :func:`assert_tensors_close` scales the absolute tolerance by each tensor's
 own largest entry. Introduced in ``notebooks/03_ddp.ipynb`` (the proof of equivalence).
+
+For FSDP2 (lesson 07): :func:`shard_max_diff` compares a sharded model with one process's, shard by shard, and
+:func:`check_optimizer_matches` refuses an optimizer built before ``fully_shard`` (it would train nothing).
 """
 
 from __future__ import annotations
@@ -91,6 +94,41 @@ def shard_max_diff(model, ref) -> float:
     t = torch.tensor(d, dtype=torch.float64, device=next(ref.parameters()).device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def check_optimizer_matches(model, optimizer) -> None:
+    """Check that every tensor ``optimizer`` updates is one of ``model``'s current parameters (lesson 07, FSDP2).
+
+    ``fully_shard(module)`` replaces each of the module's parameters with a new one, a DTensor holding this
+    rank's shard. An optimizer built before it still holds the old, unsharded tensors: they get no gradient,
+    so its steps change nothing, no error is raised, and the model never trains (it ends where it started,
+    away from one process's result). Call this after building the optimizer, before training; the course's
+    FSDP2 scripts do. An optimizer that covers only some of the parameters (frozen layers, or several
+    optimizers) passes: only tensors that are not the model's are refused.
+
+    Args:
+        model: the module the optimizer should train (after ``fully_shard``, DDP or nothing).
+        optimizer: a ``torch.optim.Optimizer`` (its ``param_groups`` are read).
+
+    Returns:
+        None; the check passed.
+
+    Raises:
+        ValueError: some optimizer tensors are not the model's parameters; the message names the fix:
+            build the optimizer after ``fully_shard(...)``.
+    """
+    current = {id(p) for p in model.parameters()}
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    stale = [p for p in held if id(p) not in current]
+    if not stale:
+        return
+    sharded = sum(hasattr(p, "full_tensor") for p in model.parameters())      # DTensors: fully_shard ran
+    kinds = "DTensor shards" if sharded else "plain tensors"
+    raise ValueError(
+        f"the optimizer holds {len(stale)} of its {len(held)} tensors that are not the model's parameters "
+        f"(the model's {len(current)} are {kinds}), so optimizer.step() would not change the model. "
+        "fully_shard(...) replaces every parameter with a sharded DTensor: build the optimizer after "
+        "fully_shard(...), e.g. opt = torch.optim.AdamW(model.parameters()) once the model is sharded")
 
 
 @contextmanager

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from mgpu_utils.checks import assert_tensors_close
+from mgpu_utils.checks import assert_tensors_close, check_optimizer_matches
 from mgpu_utils.models import make_mlp
 
 
@@ -90,3 +90,13 @@ def test_max_abs_diff_walks_nested_states():
         max_abs_diff(a, {"model": a["model"]})                  # a missing key is not a zero difference
     with pytest.raises(AssertionError):
         max_abs_diff({"lr": 0.1}, {"lr": 0.2})
+
+
+def test_an_optimizer_of_other_tensors_is_refused_and_a_partial_one_passes():
+    """In one process: the same rule fully_shard breaks (tests/test_fsdp2_practice.py runs the FSDP2 case)."""
+    model = make_mlp(8, 1)
+    check_optimizer_matches(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    check_optimizer_matches(model, torch.optim.SGD(model[0].parameters(), lr=0.1))     # only the first layer
+    other = make_mlp(8, 1)
+    with pytest.raises(ValueError, match=r"holds 4 of its 4 tensors .*build the optimizer after fully_shard"):
+        check_optimizer_matches(model, torch.optim.SGD(other.parameters(), lr=0.1))

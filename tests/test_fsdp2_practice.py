@@ -1,6 +1,8 @@
 """Lesson 07's FSDP2 in practice (issue 36): fsdp2_practice.py under real torchrun at 1, 2 and 4 ranks. Per-block
 units, a bf16 MixedPrecisionPolicy, clip_grad_norm_ on sharded gradients and HSDP, each against one process (the
 script computes the reference on every rank); the collectives counted against their formulas."""
+from pathlib import Path
+
 import pytest
 
 from mgpu_utils.launch.launcher import LaunchError, launch
@@ -37,3 +39,15 @@ def test_a_shard_size_that_does_not_divide_the_world_is_named(starts_processes):
     with pytest.raises(LaunchError) as err:
         launch("fsdp2_practice.py", nproc=3, show="none", args=["--case", "hsdp", "--shard-size", "2"])
     assert err.value.exc_type == "ValueError" and "must divide the world size 3" in err.value.message
+
+
+def test_an_optimizer_built_before_fully_shard_is_caught(starts_processes):
+    """The common mistake: torch.optim.X(model.parameters()) and then fully_shard. torch raises nothing and the
+    model never moves (here 0.03 from one process after 3 Adam steps); mgpu_utils.checks.check_optimizer_matches,
+    which the course's FSDP2 scripts call before training, names the fix. The right order passes and trains."""
+    r = launch(str(Path(__file__).parent / "scripts" / "fsdp2_optimizer_order.py"), nproc=2, backend="gloo",
+               show="none", timeout_s=120)
+    wrong = r["wrong"]
+    assert wrong["moved"] == 0.0 and wrong["max_diff_vs_one_process"] > 1e-3    # silent in torch
+    assert "build the optimizer after fully_shard(...)" in wrong["error"]
+    assert r["right"]["max_diff_vs_one_process"] < FP32
