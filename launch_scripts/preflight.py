@@ -25,7 +25,9 @@ import socket
 import sys
 import time
 
-import torch
+if "RANK" not in os.environ:     # the node check: c10d's retry warnings (C++ frames) would bury its own one line
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+import torch  # noqa: E402 (after the log level, which torch reads when it loads)
 import torch.distributed as dist
 
 from mgpu_utils.costs.bandwidth import algbw_gbps, busbw_gbps
@@ -55,6 +57,21 @@ def endpoint_problem(host, port, serve):
     return None
 
 
+def reach(host, port, seconds):
+    """Connect to ``host:port`` until it answers or ``seconds`` pass: None, or the last error as one line. (torch's
+    store client retries too, but for up to 3x its timeout and with a C++ warning per try.)"""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, left))):
+                return None
+        except OSError as e:
+            if left <= 0.2:
+                return f"{type(e).__name__}: {e.strerror or e}"
+            time.sleep(0.2)
+
+
 def check_nodes(args):
     """The node check: returns 0 when all --nnodes nodes signed in at the endpoint, else 1."""
     n = args.nnodes or int(os.environ.get("SLURM_NTASKS", "1"))
@@ -67,10 +84,21 @@ def check_nodes(args):
         print(f"{me} {what}: {problem}", flush=True)
         return 1
     wait = datetime.timedelta(seconds=args.timeout)
+    t0 = time.monotonic()
+    error = None if k == 0 else reach(host, int(port), args.timeout)
+    if error:
+        print(f"{me} {what} within {time.monotonic() - t0:.0f} s (--timeout {args.timeout:g}):\n  {error}\n"
+              f"  {FIXES}", flush=True)
+        return 1
     try:
         store = dist.TCPStore(host, int(port), None, k == 0, wait, wait_for_workers=False)
     except Exception as e:       # refused, unreachable: the usual fixes
-        print(f"{me} {what} within {args.timeout:g} s:\n  {type(e).__name__}: {str(e).splitlines()[0]}\n"
+        if "Ping failed" in str(e):  # a server answered, but not the store: another service at that address
+            print(f"{me} {what}: something else answers at {args.endpoint}, not node 0's rendezvous store; "
+                  "fix: RDZV_HOST and RDZV_PORT, the first node's address and a port free there", flush=True)
+            return 1
+        print(f"{me} {what} after {time.monotonic() - t0:.0f} s (--timeout {args.timeout:g}):\n"
+              f"  {type(e).__name__}: {str(e).splitlines()[0]}\n"
               f"  {FIXES}", flush=True)
         return 1
     store.set(f"node{k}", socket.gethostname())

@@ -288,6 +288,10 @@ def test_preflight_names_the_node_that_cannot_reach_the_rendezvous(starts_proces
     assert rc0 == 1 and "1 of 2 nodes missing: node 1" in out0 and "node 1 did not reach the rendezvous" in out0
     assert rc1 == 1 and f"node 1 ({socket.gethostname()}) cannot reach the rendezvous at 127.0.0.1:{bad}" in out1
     assert "RDZV_HOST" in out1 and "RDZV_PORT" in out1
+    # issue 57, item 5: its own line first (torch's store client logged a C++ warning with frames per retry) and
+    # the time it waited as it was (the client retried for up to 3x its timeout)
+    assert out1.startswith("node 1 (") and "frame #" not in out1, out1[:500]
+    assert re.search(r"within (9|10) s \(--timeout 10\)", out1), out1
 
 
 def test_preflight_names_a_host_that_does_not_resolve_or_is_not_node_0s(starts_processes):
