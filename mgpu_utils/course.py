@@ -15,9 +15,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
+
+#: a terminal colour code, as IPython writes them into tracebacks
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def start() -> None:
@@ -84,7 +88,9 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
     try:
         client.execute()
     except CellExecutionError as e:
-        status = "FAILED: " + (str(e).strip().splitlines() or ["?"])[-1][:120]
+        # the error's name and message, without the traceback's terminal colours (issue 58, G8)
+        error = ANSI.sub("", f"{e.ename}: {e.evalue}" if e.ename else str(e)).strip()
+        status = "FAILED: " + ((error.splitlines() or ["?"])[0])[:120]
     except Exception as e:  # kernel died, timeout
         status = f"FAILED: {type(e).__name__}: {str(e)[:120]}"
     finally:

@@ -26,7 +26,8 @@ def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd, starts_proc
     table = captured.out
     assert "02_bad.ipynb" in captured.err and "/2 [" in captured.err, "a per-cell progress bar on stderr"
     assert "without encryption" not in captured.err and "Parent appears to have exited" not in captured.err
-    assert "01_ok.ipynb" in table and "ok" in table and "FAILED" in table and "broken lesson" in table
+    assert "01_ok.ipynb" in table and "ok" in table and "FAILED: ValueError: broken lesson" in table
+    assert "\x1b" not in table, "the status column shows the error, not the traceback's colour codes"
     executed = nbformat.read(out / "01_ok.ipynb", 4)
     assert executed.cells[1].outputs[0]["text"] == "42\n"
     assert (out / "01_ok.html").stat().st_size > 0 and (out / "02_bad.html").exists()
