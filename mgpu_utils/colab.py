@@ -3,7 +3,7 @@ lesson (00-12), all made from one setting (README, "Colab").
 
 The address is ``[project.urls] Repository`` in ``pyproject.toml``. ``python -m mgpu_utils.colab`` writes
 it into the first cell of every notebook (which clones the course when it runs on Colab without it) and
-into the README's badge list; ``--check`` only compares, and ``tests/test_colab.py`` runs that check, so
+into the Colab column of the README's lesson table; ``--check`` only compares, and ``tests/test_colab.py`` runs that check, so
 a changed address fails the tests until the copies are regenerated.
 
 Usage::
@@ -22,8 +22,8 @@ from pathlib import Path
 from mgpu_utils.env import REPO_ROOT as ROOT
 
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
-BADGES_BEGIN = "<!-- colab badges: written by `python -m mgpu_utils.colab` from pyproject.toml -->"
-BADGES_END = "<!-- end of colab badges -->"
+#: the README defines the badge's image once, as a Markdown reference: ``[colab]: BADGE_IMAGE``
+BADGE_REFERENCE = f"[colab]: {BADGE_IMAGE}"
 SETUP_END = "from mgpu_utils.course import start; start()"   # how the setup block's last line starts
 
 SETUP_TEMPLATE = '''\
@@ -75,10 +75,26 @@ def setup_source(url: str | None = None) -> str:
     return SETUP_TEMPLATE.format(url=url or repo_url())
 
 
-def badges(notebooks: list[str], url: str | None = None) -> str:
-    """The README's badge list: one "Open in Colab" line per notebook, between the two markers."""
-    lines = [f"- [![Open In Colab]({BADGE_IMAGE})]({colab_link(n, url)}) `{n}`" for n in notebooks]
-    return "\n".join([BADGES_BEGIN, *lines, BADGES_END])
+def badge(notebook: str, url: str | None = None) -> str:
+    """The "Open in Colab" badge of one notebook, as the last cell of its row in the README's lesson table."""
+    return f"[![Open in Colab][colab]]({colab_link(notebook, url)})"
+
+
+def with_badges(readme: str, notebooks: list[str], url: str | None = None) -> str:
+    """``readme`` with the last cell of every notebook's row of the lesson table (the row that starts with
+    ``| [`NN_name.ipynb`]``) set to that notebook's badge.
+
+    Raises:
+        ValueError: a notebook has no row, or more than one, or the README lacks :data:`BADGE_REFERENCE`.
+    """
+    if BADGE_REFERENCE not in readme.splitlines():
+        raise ValueError(f"README.md lacks the line {BADGE_REFERENCE!r} (the badge's image, defined once)")
+    for name in notebooks:
+        row = re.compile(r"^(\| \[`" + re.escape(name) + r"`\].*\| )[^|]*( \|)$", re.M)
+        if len(row.findall(readme)) != 1:
+            raise ValueError(f"README.md: the lesson table needs one row for {name} ending with a Colab column")
+        readme = row.sub(lambda m: m.group(1) + badge(name, url) + m.group(2), readme)
+    return readme
 
 
 def pinned_torch(root: Path = ROOT) -> str:
@@ -120,14 +136,15 @@ def _notebooks(root: Path) -> list[Path]:
 
 
 def sync(root: Path = ROOT, check: bool = False) -> list[str]:
-    """Write (or, with ``check``, compare) the setup block of every notebook and the README's badges.
+    """Write (or, with ``check``, compare) the setup block of every notebook and the README's Colab column.
 
     Returns:
         The files that differ (``check``) or were rewritten.
 
     Raises:
         ValueError: a notebook's first code cell is not a setup block (it must end with
-            :data:`SETUP_END` on its last line, as :data:`SETUP_TEMPLATE` does).
+            :data:`SETUP_END` on its last line, as :data:`SETUP_TEMPLATE` does); the README's lesson table
+            lacks a notebook's row (:func:`with_badges`).
     """
     import nbformat
 
@@ -145,11 +162,7 @@ def sync(root: Path = ROOT, check: bool = False) -> list[str]:
                 nbformat.write(nb, path)
     readme = root / "README.md"
     text = readme.read_text()
-    new_badges = badges([p.name for p in _notebooks(root)], url)
-    pattern = re.compile(re.escape(BADGES_BEGIN) + ".*?" + re.escape(BADGES_END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"README.md has no badge markers ({BADGES_BEGIN!r} ... {BADGES_END!r})")
-    new_text = pattern.sub(lambda _: new_badges, text)
+    new_text = with_badges(text, [p.name for p in _notebooks(root)], url)
     if new_text != text:
         changed.append("README.md")
         if not check:

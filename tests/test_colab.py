@@ -65,6 +65,19 @@ def test_badges_and_setup_cells_agree_with_the_repository_setting():
     assert "<owner>" not in readme and "<this repository" not in readme
 
 
+def test_the_badges_are_a_column_of_the_lesson_table():
+    """Issue 61: one badge per lesson row (the README's separate badge list took 29% of its headroom)."""
+    row = "| [`00_setup.ipynb`](notebooks/00_setup.ipynb) | setup | 0.3 | 0 | old |"
+    readme = f"{row}\n\n{colab.BADGE_REFERENCE}\n"
+    fixed = colab.with_badges(readme, ["00_setup.ipynb"], "https://github.com/a/b")
+    assert fixed.splitlines()[0] == row.replace("old", colab.badge("00_setup.ipynb", "https://github.com/a/b"))
+    assert colab.with_badges(fixed, ["00_setup.ipynb"], "https://github.com/a/b") == fixed
+    with pytest.raises(ValueError, match="one row for 01_gpu.ipynb"):
+        colab.with_badges(readme, ["00_setup.ipynb", "01_gpu.ipynb"], "https://github.com/a/b")
+    with pytest.raises(ValueError, match=r"lacks the line '\[colab\]: "):
+        colab.with_badges(row, ["00_setup.ipynb"], "https://github.com/a/b")
+
+
 def test_links_and_settings_fail_with_the_fix(tmp_path):
     assert colab.colab_link("00_setup.ipynb", "https://github.com/a-b/c.d.git") == \
         "https://colab.research.google.com/github/a-b/c.d/blob/main/notebooks/00_setup.ipynb"
