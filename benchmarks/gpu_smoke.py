@@ -58,6 +58,13 @@ def torchrun(nproc, script, *args):
             f"launch_scripts/{script}", *map(str, args)]
 
 
+def pytest_argv(*args):
+    """``python -m pytest`` on ``args`` without the project's ``addopts`` (pyproject.toml): those name nbval's and
+    pytest-timeout's options, which pytest refuses ("unrecognized arguments", exit 4) where the plugins are
+    missing, as on a bare GPU image. Each step has its own time limit instead of --timeout."""
+    return [PY, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-o", "addopts=", *args]
+
+
 def snippet(code):
     """A step that runs Python code with the course importable."""
     return [PY, "-c", "import sys; sys.path.insert(0, '.')\n" + code]
@@ -106,11 +113,10 @@ def plan(ngpu: int, scratch: str) -> list[Step]:
                           timeout_s=300, env={"MGPU_NPROC": "4"}))
     steps += [
         Step("mixed tier, 4 ranks on the GPUs there are: DDP, hooks, sync/async",
-             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ddp.py", "tests/test_sync_async.py",
-              "tests/test_checks.py"], needs=("pytest",), timeout_s=300, env={"MGPU_NPROC": "4"}),
+             pytest_argv("tests/test_ddp.py", "tests/test_sync_async.py", "tests/test_checks.py"),
+             needs=("pytest",), timeout_s=300, env={"MGPU_NPROC": "4"}),
         Step("warm launches on the GPU, against torchrun",
-             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_warm.py", "-k",
-              "gpu_ranks or environment"], needs=("pytest",)),
+             pytest_argv("tests/test_warm.py", "-k", "gpu_ranks or environment"), needs=("pytest",)),
         Step("profile_step.py with CUDA activity",
              torchrun(1, "profile_step.py", "--layers", 2, "--steps", 2, "--traced-steps", 1, "--trace-dir", trace)),
         Step("NVML energy over 3 s of matmuls", snippet(ENERGY), needs=("pynvml",)),
@@ -185,11 +191,12 @@ def run_cells(path: Path) -> int:
 
 
 def run_notebook(path: Path) -> int:
-    """Under nbval when it is installed (stored outputs compared as `make test` does), else (or with
-    MGPU_PLAIN_CELLS=1) cell by cell."""
+    """Under nbval when it is installed (stored outputs compared as `make test` does, with its options named
+    here: pytest-timeout need not be there), else (or with MGPU_PLAIN_CELLS=1) cell by cell."""
     jupyter = all(importlib.util.find_spec(m) for m in ("nbval", "ipykernel", "pytest"))
     if jupyter and not os.environ.get("MGPU_PLAIN_CELLS"):
-        return subprocess.call([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)], cwd=ROOT)
+        nbval = ["--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
+        return subprocess.call(pytest_argv(*nbval, str(path)), cwd=ROOT)
     print("nbval or ipykernel missing: running the code cells in a plain Python process")
     return run_cells(path.resolve())
 

@@ -1,4 +1,5 @@
 """Lesson 01/02 helpers: the spec tables, timing and arithmetic intensity, gpu_check's behaviour."""
+import os
 import subprocess
 import sys
 import traceback
@@ -126,6 +127,40 @@ def test_gpu_check_on_a_simulated_two_gpu_machine(tmp_path, monkeypatch, capsys)
     assert '| NCCL collectives bench on 2 GPUs | passed |' in text and 'MGPU_RESULT {"busbw_GBps": 1.0}' in text
     assert len(ran) == sum(not smoke.why_not(s, 2) for s in smoke.plan(2, "X"))     # all but the skipped
     assert len(ran) >= len(smoke.plan(2, "X")) - 2                  # NVML, and SyncBN where torchvision is missing
+
+
+def without_plugins(*only):
+    """The environment of a bare GPU image's pytest: no plugin installed but ``only`` (module names); not
+    inside this pytest's test (the inner conftest would see our PYTEST_CURRENT_TEST go)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    return {**env, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": ",".join(only)}
+
+
+def test_gpu_checks_pytest_steps_run_where_pytest_has_no_plugins(starts_processes):
+    """A GPU image with pytest but not nbval or pytest-timeout (simulated: pytest's plugin autoload off).
+    The project's addopts name their options; a step that passed them on would exit 4, "unrecognized
+    arguments", and read failed instead of running. Each pytest step's options, on one in-process test."""
+    smoke = gpu_smoke()
+    steps = [s for s in smoke.plan(2, "X") if s.argv[1:3] == ["-m", "pytest"]]
+    assert len(steps) == 2
+    for opts in {tuple(s.argv[:next(i for i, a in enumerate(s.argv) if a.startswith("tests/"))]) for s in steps}:
+        p = subprocess.run([*opts, "tests/test_hardware.py::test_gpu_check_verdicts"], cwd=ROOT, timeout=120,
+                           env=without_plugins(), capture_output=True, text=True)
+        assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+
+def test_gpu_checks_lessons_run_under_nbval_without_pytest_timeout(monkeypatch, starts_processes):
+    """nbval there, pytest-timeout not (simulated as above, nbval's plugin named): the lesson step's pytest
+    collects the notebook's cells instead of refusing the project's --timeout."""
+    smoke = gpu_smoke()
+    called = []
+    monkeypatch.delenv("MGPU_PLAIN_CELLS", raising=False)
+    monkeypatch.setattr(smoke.subprocess, "call", lambda argv, **kw: called.append(argv) or 0)
+    assert smoke.run_notebook(Path("notebooks/00_setup.ipynb")) == 0
+    p = subprocess.run([*called[0], "--collect-only"], cwd=ROOT, timeout=120,
+                       env=without_plugins("nbval.plugin"), capture_output=True, text=True)
+    assert p.returncode == 0 and "00_setup.ipynb::Cell 0" in p.stdout, p.stdout + p.stderr
 
 
 def test_a_notebook_runs_cell_by_cell_without_jupyter(tmp_path, monkeypatch):
