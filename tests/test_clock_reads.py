@@ -19,6 +19,7 @@ ON_THE_HOST = {
     ("checkpoint_formats.py", "timed"): "it times what a checkpoint call blocks the host for (async_save's point); "
                                         "the saves copy the state to the host",
     ("collectives_bench.py", "time_once"): "the CPU branch; on CUDA the same function times with CUDA events",
+    ("collectives_bench.py", "copy_bandwidth"): "the CPU branch, as time_once",
     ("elastic_train.py", "train"): "the snapshot: torch.save on rank 0 copies the state to the host",
     ("sync_async.py", "run_ps"): "the parameter server holds its parameters and messages on the CPU",
     ("sync_async.py", "run_worker"): "the interval ends after a blocking receive on the CPU, which follows g.cpu()",
