@@ -53,9 +53,8 @@ def sync(device):
 
 
 def energy_meter(device, powercap_root="/sys/class/powercap"):
-    """The meter of a rank on ``device``: its own GPU through NVML (by UUID: NVML's indices need not match
-    CUDA's), never RAPL there, which counts the CPU packages and would be reported as the GPU run's energy;
-    on the CPU tier whatever the machine has (RAPL)."""
+    """A rank's meter: on CUDA its own GPU by NVML (by UUID: NVML's indices need not match CUDA's), never
+    RAPL, whose CPU packages would pass for the GPU run's energy; on the CPU tier what the machine has."""
     if device.type == "cuda":
         return EnergyMeter("nvml", gpus=[str(torch.cuda.get_device_properties(device).uuid)],
                            powercap_root=powercap_root)
