@@ -39,8 +39,8 @@ def scratch() -> str:
     return tempfile.mkdtemp(dir=_SCRATCH[0])
 
 
-# The arguments the tests use (small and quick); per world size where the script needs it; a function for
-# arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
+# The arguments the tests use (small and quick); per world size where the script needs it; a function of a
+# folder for arguments that must differ per run (a fresh folder: two runs at once must not share a snapshot).
 CASES = {
     "allreduce_placement.py": {1: ["--ranks-per-node", 1, "--sizes-kib", "4"], 2: ["--sizes-kib", "4"],
                                4: ["--sizes-kib", "4"]},
@@ -49,8 +49,7 @@ CASES = {
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--per-rank-batch", 4, "--check-grads", "--max-steps", 3],
-    "checkpoint_formats.py": lambda: ["--phase", "save", "--ckpt-dir", scratch(),
-                                      "--repeats", 1, "--width", 64],
+    "checkpoint_formats.py": lambda d: ["--phase", "save", "--ckpt-dir", d, "--repeats", 1, "--width", 64],
     "collective_errors.py": ["--case", "ok"],
     "collectives_bench.py": ["--ops", "all_reduce,all_gather", "--max-mib", 1, "--repeats", 1, "--warmup", 1],
     "collectives_demo.py": [],
@@ -63,7 +62,7 @@ CASES = {
     "ddp_train.py": ["--epochs", 1, "--per-rank-batch", 16],
     "expert_parallel.py": ["--steps", 3, "--capacity-factors", "1"],
     "ddp_uneven.py": [],
-    "elastic_train.py": lambda: ["--ckpt-dir", scratch(), "--steps", 10],
+    "elastic_train.py": lambda d: ["--ckpt-dir", d, "--steps", 10],
     "fsdp2_practice.py": ["--layers", 2, "--steps", 2],
     "fsdp2_scale.py": ["--layers", 2, "--steps", 2, "--case", "meta", "prefetch", "tp"],
     "grad_accumulation.py": ["--micro-batches", 4, "--global-batch", 64],
@@ -78,8 +77,8 @@ CASES = {
     "local_sgd.py": ["--H", 1, 2, "--with-sync", "--steps", 8, "--eval-every", 2],
     "pipeline_parallel.py": ["--stage-ms", 0],
     "preflight.py": ["--max-mib", 1, "--repeats", 2],
-    "profile_step.py": lambda: ["--layers", 1, "--width", 32, "--heads", 2, "--seq", 16, "--per-rank-batch", 2, "--warmup", 1,
-                                "--steps", 1, "--traced-steps", 1, "--trace-dir", scratch()],
+    "profile_step.py": lambda d: ["--layers", 1, "--width", 32, "--heads", 2, "--seq", 16, "--per-rank-batch", 2,
+                                  "--warmup", 1, "--steps", 1, "--traced-steps", 1, "--trace-dir", d],
     "ring_allreduce.py": ["--sizes-kib", ""],
     "sparsify.py": ["--steps", 4, "--check-steps", 2, "--eval-every", 2],
     "sync_async.py": ["--steps", 12, "--delay-ms", 0],
@@ -94,10 +93,11 @@ CASES = {
 MIN_RANKS = {"collectives_demo.py": 2, "collective_errors.py": 2, "sync_async.py": 2, "sparsify.py": 2}
 
 
-def args_for(script: str, nproc: int) -> list:
-    """The command-line arguments of ``script`` at world size ``nproc`` (KeyError: not in CASES)."""
+def args_for(script: str, nproc: int, folder: str | None = None) -> list:
+    """The command-line arguments of ``script`` at world size ``nproc`` (KeyError: not in CASES); a script that
+    writes files writes them under ``folder`` (default: a fresh :func:`scratch` folder)."""
     a = CASES[script]
-    return a[nproc] if isinstance(a, dict) else a() if callable(a) else a
+    return a[nproc] if isinstance(a, dict) else a(folder or scratch()) if callable(a) else a
 
 
 def one_run(script: str, nproc: int, via: str | None = None) -> tuple[str, float, str]:

@@ -7,15 +7,16 @@ a plain Python process (no Jupyter needed; figures go to matplotlib's Agg backen
 
 The steps, in order (each with its own time limit; a step that would start past --budget-s is skipped):
   1. the roofline against the datasheet (benchmarks/gpu_check.py: matmul and HBM copy >= 70%);
-  2. every launch script at world size 1 on the GPU (benchmarks/exit_stress.py's small arguments): a CPU tensor
-     handed to an NCCL collective fails here in seconds;
-  3. lessons 01, 03, 07 (the allocator) and 10 top to bottom: their GPU cells assert instead of printing SKIPPED;
-  4. the mixed tier (4 ranks on the GPUs there are: DDP, hooks, sync/async tests) and warm launches on the GPU;
-  5. profile_step.py with CUDA activity, and NVML energy over a 3-second window of matmuls;
+  2. profile_step.py with CUDA activity, and NVML energy over a 3-second window of matmuls (cheap, GPU-only);
+  3. every launch script at world size 1 under torchrun on the GPU, one step each (benchmarks/exit_stress.py's
+     small arguments, LAUNCH_S each): a CPU tensor handed to an NCCL collective fails here in seconds;
+  4. lessons 01, 03, 07 (the allocator) and 10 top to bottom: their GPU cells assert instead of printing SKIPPED;
+  5. the mixed tier (4 ranks on the GPUs there are: DDP, hooks, sync/async tests) and warm launches on the GPU;
   6. with 2 or more GPUs: the NCCL collectives bench, SyncBatchNorm against the whole batch, DCP async_save of
      CUDA tensors, the hang demonstration (reported as the collective timeout, not a crash), the scaling study.
 It writes a summary (--summary, Markdown): one row per step, passed / failed / skipped and why, its seconds and
-key numbers. Commit it under docs/ with the date and the GPU's name: the course's GPU reference.
+key numbers (a failed step: its exit or time limit and the line naming the error), then each failed step's last
+output lines. Commit it under docs/ with the date and the GPU's name: the course's GPU reference.
 
 Without a GPU it prints one SKIPPED line and exits 0. --dry-run plans every step, runs none, and writes the
 summary with why each step would be skipped on this machine. Exit status 1 if a step failed.
@@ -28,7 +29,9 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 LESSONS = ["01_gpu_architecture", "03_ddp", "07_memory", "10_benchmarking"]
+LAUNCH_S = 120          # limit of one launch script's run (a CUDA context and an NCCL communicator included)
+TAIL_LINES = 15         # a failed step's last lines of stdout, and of stderr, kept in the summary
 
 
 @dataclasses.dataclass
@@ -51,11 +56,19 @@ class Step:
     timeout_s: int = 120
     ok_codes: tuple = (0,)
     env: dict = dataclasses.field(default_factory=dict)
+    skip: str = ""                  # why it never runs here, known when planned
 
 
 def torchrun(nproc, script, *args):
     return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
             f"launch_scripts/{script}", *map(str, args)]
+
+
+def pytest_argv(*args):
+    """``python -m pytest`` on ``args`` without the project's ``addopts`` (pyproject.toml): those name nbval's and
+    pytest-timeout's options, which pytest refuses ("unrecognized arguments", exit 4) where the plugins are
+    missing, as on a bare GPU image. Each step has its own time limit instead of --timeout."""
+    return [PY, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "-o", "addopts=", *args]
 
 
 def snippet(code):
@@ -91,14 +104,31 @@ except LaunchError as e:
     assert "timed out" in text and "native crash" not in text, text[:2000]"""
 
 
+def every_script(scratch: str) -> list[Step]:
+    """One step per launch script: once at world size 1 under torchrun, with exit_stress.py's small arguments
+    (files under ``scratch``/<script>), each with its own limit and its own row in the summary."""
+    spec = importlib.util.spec_from_file_location("exit_stress", ROOT / "benchmarks" / "exit_stress.py")
+    stress = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stress)
+    steps = []
+    for script in sorted(stress.CASES):
+        need = stress.MIN_RANKS.get(script, 1)
+        steps.append(Step(f"{script} at world size 1 on the GPU", [] if need > 1 else torchrun(
+            1, script, *stress.args_for(script, 1, folder=f"{scratch}/{Path(script).stem}")), timeout_s=LAUNCH_S,
+            skip=f"needs {need} ranks (at world size 1 it says so)" if need > 1 else ""))
+    return steps
+
+
 def plan(ngpu: int, scratch: str) -> list[Step]:
     """Every step, in order; ``ngpu`` sizes the multi-GPU ones; traces and checkpoints go under ``scratch``."""
     n, trace = max(ngpu, 2), scratch
     steps = [
         Step("roofline vs datasheet (gpu_check.py; exit 4: no datasheet, measured not judged)",
              [PY, "benchmarks/gpu_check.py"], ok_codes=(0, 4)),
-        Step("every launch script at world size 1 on the GPU",
-             [PY, "benchmarks/exit_stress.py", "-k", "1", "--nproc", "1", "--via", "torchrun"], timeout_s=300),
+        Step("profile_step.py with CUDA activity",
+             torchrun(1, "profile_step.py", "--layers", 2, "--steps", 2, "--traced-steps", 1, "--trace-dir", trace)),
+        Step("NVML energy over 3 s of matmuls", snippet(ENERGY), needs=("pynvml",)),
+        *every_script(scratch),
     ]
     for lesson in LESSONS:
         steps.append(Step(f"lesson {lesson} top to bottom", [PY, "benchmarks/gpu_smoke.py", "--notebook",
@@ -106,14 +136,10 @@ def plan(ngpu: int, scratch: str) -> list[Step]:
                           timeout_s=300, env={"MGPU_NPROC": "4"}))
     steps += [
         Step("mixed tier, 4 ranks on the GPUs there are: DDP, hooks, sync/async",
-             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ddp.py", "tests/test_sync_async.py",
-              "tests/test_checks.py"], needs=("pytest",), timeout_s=300, env={"MGPU_NPROC": "4"}),
+             pytest_argv("tests/test_ddp.py", "tests/test_sync_async.py", "tests/test_checks.py"),
+             needs=("pytest",), timeout_s=300, env={"MGPU_NPROC": "4"}),
         Step("warm launches on the GPU, against torchrun",
-             [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_warm.py", "-k",
-              "gpu_ranks or environment"], needs=("pytest",)),
-        Step("profile_step.py with CUDA activity",
-             torchrun(1, "profile_step.py", "--layers", 2, "--steps", 2, "--traced-steps", 1, "--trace-dir", trace)),
-        Step("NVML energy over 3 s of matmuls", snippet(ENERGY), needs=("pynvml",)),
+             pytest_argv("tests/test_warm.py", "-k", "gpu_ranks or environment"), needs=("pytest",)),
         Step(f"NCCL collectives bench on {n} GPUs", torchrun(n, "collectives_bench.py", "--max-mib", 256), gpus=2,
              timeout_s=180),
         Step("SyncBatchNorm on 2 GPUs against the whole batch", snippet(SYNC_BN), gpus=2, needs=("torchvision",)),
@@ -131,6 +157,7 @@ def plan(ngpu: int, scratch: str) -> list[Step]:
 def why_not(step: Step, ngpu: int) -> str:
     """Why ``step`` cannot run on this machine: every reason, "; "-joined ("" when it can)."""
     why = [f"needs {step.gpus} GPU(s), found {ngpu}"] if ngpu < step.gpus else []
+    why += [step.skip] if step.skip else []
     missing = [m for m in step.needs if importlib.util.find_spec(m) is None]
     if missing:
         why.append(f"needs {', '.join(missing)} (pip install {' '.join(missing).replace('pynvml', 'nvidia-ml-py')})")
@@ -145,19 +172,54 @@ def key_numbers(out: str) -> str:
     return text.replace("|", "/")[:240]
 
 
-def run_step(step: Step) -> tuple[str, float, str]:
-    """(status, seconds, detail) of one step."""
+def error_line(out: str) -> str:
+    """The last line that names an exception (torchrun's own ChildFailedError left out: it names none of the
+    script's), else the last line; shortened for the summary."""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    named = [ln for ln in lines if re.search(r"\w*(Error|Exception|Interrupt)\b:", ln) and "ChildFailed" not in ln]
+    return (named or lines or [""])[-1].replace("|", "/")[:240]
+
+
+def run_captured(argv: list, env: dict, timeout_s: float) -> tuple[int | None, str, str]:
+    """(exit status, or None past ``timeout_s``; stdout; stderr) of ``argv`` run from the course's folder in a
+    session of its own. Past its limit the session gets SIGTERM (torchrun then stops its workers, which it
+    starts in sessions of their own), SIGKILL after 15 s; the output up to then is kept."""
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    code, out, err = None, b"", b""
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                out, err = p.communicate(timeout=grace)
+                break
+            except subprocess.TimeoutExpired as e:   # a worker of another session may still hold the pipes
+                out, err = e.output or b"", e.stderr or b""
+    return code, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def run_step(step: Step) -> tuple[str, float, str, str]:
+    """(status, seconds, detail, and when it failed the last TAIL_LINES lines of its stdout and of its stderr)
+    of one step."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **step.env}
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(step.argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=step.timeout_s)
-    except subprocess.TimeoutExpired:
-        return "failed", time.perf_counter() - t0, f"over its limit of {step.timeout_s} s"
+    code, stdout, stderr = run_captured(step.argv, env, step.timeout_s)
     sec = time.perf_counter() - t0
-    out = p.stdout + p.stderr
+    out = stdout + stderr
     print(out[-3000:], flush=True)
-    status = "passed" if p.returncode in step.ok_codes else "failed"
-    return status, sec, (key_numbers(p.stdout) if status == "passed" else f"exit {p.returncode}: {key_numbers(out)}")
+    if code in step.ok_codes:
+        return "passed", sec, key_numbers(stdout), ""
+    tail = "\n".join(stdout.rstrip().splitlines()[-TAIL_LINES:] + ["--- stderr:"]
+                     + stderr.rstrip().splitlines()[-TAIL_LINES:])
+    if code is None:                # the error is our signal: what it last printed says where it was
+        return "failed", sec, f"over its limit of {step.timeout_s} s; last printed: {key_numbers(stdout)}", tail
+    return "failed", sec, f"exit {code}: {error_line(out)}", tail
 
 
 def run_cells(path: Path) -> int:
@@ -185,18 +247,25 @@ def run_cells(path: Path) -> int:
 
 
 def run_notebook(path: Path) -> int:
-    """Under nbval when it is installed (stored outputs compared as `make test` does), else (or with
-    MGPU_PLAIN_CELLS=1) cell by cell."""
+    """Under nbval when it is installed (stored outputs compared as `make test` does, with its options named
+    here: pytest-timeout need not be there), else (or with MGPU_PLAIN_CELLS=1) cell by cell."""
     jupyter = all(importlib.util.find_spec(m) for m in ("nbval", "ipykernel", "pytest"))
     if jupyter and not os.environ.get("MGPU_PLAIN_CELLS"):
-        return subprocess.call([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)], cwd=ROOT)
+        nbval = ["--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
+        return subprocess.call(pytest_argv(*nbval, str(path)), cwd=ROOT)
     print("nbval or ipykernel missing: running the code cells in a plain Python process")
     return run_cells(path.resolve())
 
 
 def write_summary(path: Path, rows: list, header: str) -> None:
+    """The table, one row per (name, status, seconds, detail, tail); then each failed step's output tail."""
     lines = [f"# GPU check: {header}", "", "| step | status | seconds | key numbers, or why not |",
-             "|---|---|---|---|"] + [f"| {n} | {s} | {sec:.0f} | {d} |" for n, s, sec, d in rows]
+             "|---|---|---|---|"] + [f"| {n} | {s} | {sec:.0f} | {d} |" for n, s, sec, d, _ in rows]
+    failed = [(n, tail) for n, s, _, _, tail in rows if s == "failed"]
+    if failed:
+        lines += ["", f"## The failed steps' last {TAIL_LINES} lines of stdout and of stderr"]
+    for n, tail in failed:
+        lines += ["", f"### {n}", "", "~~~", tail, "~~~"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     print(f"summary: {path}")
@@ -241,12 +310,12 @@ def main() -> int:
             if not why and time.perf_counter() - t0 > a.budget_s:
                 why = f"over the time budget ({a.budget_s:.0f} s)"
             if why or a.dry_run:
-                rows.append((step.name, "skipped", 0.0, why or "dry run: would run here"))
+                rows.append((step.name, "skipped", 0.0, why or "dry run: would run here", ""))
                 print(f"== skipped: {step.name}: {rows[-1][3]}")
                 continue
             print(f"== {step.name}", flush=True)
-            status, sec, detail = run_step(step)
-            rows.append((step.name, status, sec, detail))
+            status, sec, detail, tail = run_step(step)
+            rows.append((step.name, status, sec, detail, tail))
             print(f"== {status}: {step.name} ({sec:.0f} s) {detail}", flush=True)
     finally:
         if not a.dry_run:

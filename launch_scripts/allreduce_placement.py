@@ -3,8 +3,9 @@ under two placements of the ranks on nodes, and the time a link emulator gives t
 
 Both all-reduces are written from send/recv here, so that every message is seen: a flat ring over all n ranks, and
 lesson 04's two levels (ring reduce-scatter inside each "node" of k consecutive ranks, ring all-reduce of each
-chunk between the nodes, ring all-gather inside the node). Both are checked equal to dist.all_reduce (integer
-data: exact). Every rank logs the messages it sends: (phase, ring step, source, destination, bytes).
+chunk between the nodes, ring all-gather inside the node); each ring step posts its send and receive together
+(batch_isend_irecv, as NCCL needs). Both are checked equal to dist.all_reduce (integer data: exact). Every rank
+logs the messages it sends: (phase, ring step, source, destination, bytes).
 
 The algorithm takes a node to be k consecutive ranks, as torchrun numbers them. Two placements of ranks on real
 nodes are then replayed from the same log:
@@ -36,7 +37,9 @@ def ring(chunks, ranks, phase, log, reduce):
         send = (me - step) % n if reduce else (me + 1 - step) % n
         recv = (me - step - 1) % n if reduce else (me - step) % n
         out, buf = chunks[send].contiguous(), torch.empty_like(chunks[recv])
-        for req in [dist.isend(out, nxt), dist.irecv(buf, prv)]:
+        # posted together: on NCCL a lone isend may wait for its irecv, and every rank sends first
+        ops = [dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.irecv, buf, prv)]
+        for req in dist.batch_isend_irecv(ops):
             req.wait()
         chunks[recv] = chunks[recv] + buf if reduce else buf
         log.append((phase, step, dist.get_rank(), nxt, out.numel() * out.element_size()))

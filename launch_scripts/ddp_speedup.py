@@ -16,12 +16,13 @@ Weak scaling: --per-rank-batch B keeps B samples per rank, so the global batch i
 --sweep-bytes 65536,1048576,... then times all-reduces of those sizes (10 back to back, median of 5, for an
 alpha-beta fit; none at world size 1).
 Where the machine has energy counters (NVML on GPUs, Linux RAPL on CPUs; mgpu_utils.measure.energy), --energy-steps
-more DDP steps run alone under the meter: energy_j and joules_per_sample (null, with energy_note, if none).
+more DDP steps run alone under the meter: energy_j and joules_per_sample (null, with energy_note, if none), and
+energy_source ("nvml" or "rapl"). Ranks on GPUs count their GPUs only: without NVML, none (not the CPUs' RAPL).
 
 Rank 0 prints one JSON line (MGPU_RESULT): world_size, threads_per_rank, global_batch, local_batch,
 params, grad_bytes, step_seconds (median), step_seconds_all, compute_seconds (median), samples_per_s,
 final_loss (the last step's loss on the whole global batch), allreduce_s ([bytes, median seconds] pairs),
-energy_j, joules_per_sample and energy_note.
+energy_j, joules_per_sample, energy_source and energy_note.
 
 For a speed-up, start at most one rank per physical core (4 ranks on a 2-core laptop only take turns).
 
@@ -49,6 +50,15 @@ def sync(device):
     """Wait for queued GPU work so that a host clock measures it (no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def energy_meter(device, powercap_root="/sys/class/powercap"):
+    """A rank's meter: on CUDA its own GPU by NVML (by UUID: NVML's indices need not match CUDA's), never
+    RAPL, whose CPU packages would pass for the GPU run's energy; on the CPU tier what the machine has."""
+    if device.type == "cuda":
+        return EnergyMeter("nvml", gpus=[str(torch.cuda.get_device_properties(device).uuid)],
+                           powercap_root=powercap_root)
+    return EnergyMeter(powercap_root=powercap_root)
 
 
 def main():
@@ -126,8 +136,7 @@ def main():
                 compute.append(c)
         # endregion
 
-        own_gpu = [str(torch.cuda.get_device_properties(device).uuid)] if device.type == "cuda" else None
-        meter = EnergyMeter(gpus=own_gpu)         # NVML by UUID: its indices need not match CUDA's
+        meter = energy_meter(device)              # a GPU rank: its GPU (NVML), or nothing measured
         # NVML: each rank its own GPU; RAPL counts the whole machine: one rank per node reads it
         counts = meter.source == "nvml" or ctx.env.local_rank == 0
         measure = torch.tensor([int(meter.available or not counts)], device=device)
@@ -184,7 +193,7 @@ def main():
                      "energy_j": None if energy is None else energy.item(),
                      "joules_per_sample": None if energy is None else energy.item() / (energy_steps
                                                                                        * args.global_batch),
-                     "energy_note": meter.reason}, rank)
+                     "energy_source": meter.source, "energy_note": meter.reason}, rank)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ def main():
         torch.manual_seed(a.seed)
         base = mk().to(dev)
         ref = train(copy.deepcopy(base), glob, a.steps)     # one process, the whole global batch
-        out = {"world_size": world, "params": sum(q.numel() for q in base.parameters()), "steps": a.steps}
+        out = {"world_size": world, "device": dev.type, "steps": a.steps,   # device: cpu or cuda, the tier
+               "params": sum(q.numel() for q in base.parameters())}
         if "meta" in a.case:
             with torch.device("meta"):
                 template = mk()

@@ -16,7 +16,6 @@ Rank 0 prints one JSON line. World size: a multiple of --ranks-per-node.
 """
 import argparse
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 
 from mgpu_utils.compat import all_gather_single, reduce_scatter_single
 from mgpu_utils.dist import distributed, emit_result, new_group
+from mgpu_utils.timing import synced_clock
 
 
 def node_groups(k):
@@ -81,10 +81,11 @@ def main():
                              ("hierarchical", lambda x: hierarchical_all_reduce(x, intra, inter, k))):
                 times = []
                 for _ in range(a.repeats + 1):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    fn(t.clone())
-                    times.append(time.perf_counter() - t0)
+                    x = t.clone()
+                    dist.barrier()                      # on gloo (the CPU side): the device is synced next
+                    t0 = synced_clock(ctx.device)
+                    fn(x)
+                    times.append(synced_clock(ctx.device) - t0)     # on NCCL fn returns once queued
                 row[name + "_s"] = statistics.median(times[1:])
             timings.append(row)
             ctx.log(f"{kib} KiB: flat {row['flat_s'] * 1e3:.2f} ms, "

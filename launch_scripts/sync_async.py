@@ -33,6 +33,7 @@ from mgpu_utils.data import batch_stream, load_data
 from mgpu_utils.dist import distributed, emit_result, new_group
 from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.models import make_mlp
+from mgpu_utils.timing import synced_clock
 
 
 def flat_grad(model, x, y):
@@ -63,7 +64,7 @@ def run_sync(a, ctx, model, theta0, data, workers, W, delay):
         time.sleep(delay)                                 # the straggler (0 elsewhere)
         dist.all_reduce(g, group=workers)               # sum over workers ...
         theta = theta - a.lr * W * (g / W)                # ... average, global-batch step (a new tensor)
-        step_s.append(time.perf_counter() - ts)
+        step_s.append(synced_clock(ctx.device) - ts)      # on NCCL the all-reduce returns once queued
         if step % a.eval_every == 0 or step == a.steps:
             th = theta.cpu()                              # waits for the device before the time is read
             snaps.append((step * W, time.perf_counter() - t0, th))

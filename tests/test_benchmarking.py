@@ -198,6 +198,7 @@ def test_weak_scaling_run_and_its_all_reduce_sweep(starts_processes):
         assert "not available" in two["energy_note"] and two["joules_per_sample"] is None
     else:
         assert two["joules_per_sample"] == pytest.approx(two["energy_j"] / (10 * 64))
+        assert two["energy_source"] == "rapl"                           # the CPU tier: the packages
 
 
 def test_profile_step_writes_one_trace_per_rank_and_counts_the_model_flops(tmp_path, starts_processes):

@@ -178,34 +178,122 @@ class ThreadDist:
         return []
 
 
-@pytest.mark.parametrize("algorithm", ["tree_all_reduce", "naive_all_reduce", "ring_all_reduce"])
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16])
-def test_from_scratch_all_reduce_in_threads(algorithm, n, monkeypatch):
-    """The real functions of ring_allreduce.py, each rank a thread over an in-process transport (non-powers
-    of two and lengths not divisible by n included): every rank must end with the sum, and no receive may
-    wait forever."""
+class RendezvousDist(ThreadDist):
+    """NCCL's point-to-point as its documentation lets it behave: "ncclSend is blocking for the GPU", so a
+    send may wait until its peer has posted the receive, and the rank's later operations wait behind it;
+    a send and a receive that must progress together are posted as one group (batch_isend_irecv). Here a
+    lone send or receive completes before the call returns (the GPU's order), and one that would wait
+    forever times out: that schedule hangs on NCCL (gloo's buffered sends do not show it)."""
+
+    class Done:
+        def wait(self):
+            return True
+
+    def __init__(self, n):
+        import threading
+        super().__init__(n)
+        self.posted = {(s, d): threading.Semaphore(0) for s in range(n) for d in range(n)}
+
+    def _go(self, t, dst):                      # a send leaves once dst has posted the receive
+        if not self.posted[self.local.rank, dst].acquire(timeout=5):
+            raise TimeoutError(f"rank {self.local.rank}'s send to {dst} waits for a receive nobody posted")
+        self.q[self.local.rank, dst].put(t.clone())
+
+    def send(self, t, dst):
+        self._go(t, dst)
+
+    def recv(self, t, src):
+        self.posted[src, self.local.rank].release()
+        t.copy_(self.q[src, self.local.rank].get(timeout=10))
+
+    def isend(self, t, dst):
+        self.send(t, dst)
+        return self.Done()
+
+    def irecv(self, t, src):
+        self.recv(t, src)
+        return self.Done()
+
+    def batch_isend_irecv(self, ops):           # one group: receives posted, sends leave, receives complete
+        recvs = [(t, peer) for op, t, peer in ops if op == self.irecv]
+        for t, peer in recvs:
+            self.posted[peer, self.local.rank].release()
+        for op, t, peer in ops:
+            if op == self.isend:
+                self._go(t, peer)
+        for t, peer in recvs:
+            t.copy_(self.q[peer, self.local.rank].get(timeout=10))
+        return [self.Done() for _ in ops]
+
+
+def in_threads(fake, fn, tensors):
+    """fn(tensors[r]) on rank r, one thread per rank of ``fake``: the (rank, error) pairs raised."""
     import threading
 
-    import ring_allreduce
-
-    fake = ThreadDist(n)
-    monkeypatch.setattr(ring_allreduce, "dist", fake)
-    fn, length = getattr(ring_allreduce, algorithm), 7
-    tensors = [torch.arange(length, dtype=torch.float64) * 10 ** r for r in range(n)]   # distinct per rank
     errors = []
 
     def rank_main(r):
         fake.local.rank = r
         try:
             fn(tensors[r])
-        except Exception as e:                       # a timeout in recv: the schedule deadlocked
+        except Exception as e:                       # a timeout: the schedule deadlocked
             errors.append((r, repr(e)))
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(fake.n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
+    return errors
+
+
+def test_the_rendezvous_transport_hangs_a_ring_of_lone_sends():
+    """The model catches what it is for: every rank's lone isend first, then its irecv, around a ring."""
+    fake = RendezvousDist(3)
+
+    def lone_sends_first(t):
+        me = fake.get_rank()
+        for req in [fake.isend(t, (me + 1) % 3), fake.irecv(torch.empty_like(t), (me - 1) % 3)]:
+            req.wait()
+
+    errors = in_threads(fake, lone_sends_first, [torch.zeros(2)] * 3)
+    assert len(errors) == 3 and all("nobody posted" in e for _, e in errors), errors
+
+
+@pytest.mark.parametrize("n, k", [(2, 1), (2, 2), (4, 2), (4, 1), (6, 3), (6, 2)])
+def test_placement_rings_complete_on_a_rendezvous_transport(n, k, monkeypatch):
+    """allreduce_placement.py's flat and hierarchical rings (lesson 04, NCCL wherever there is a GPU per rank),
+    each rank a thread over NCCL's documented send semantics: both end with the sum on every rank, none waits
+    forever. Every rank sends first around each ring, so its send and receive must be one group."""
+    import allreduce_placement
+
+    for name, fn in (("flat", lambda t, log: allreduce_placement.flat_all_reduce(t, n, log)),
+                     ("hierarchical", lambda t, log: allreduce_placement.hierarchical_all_reduce(t, n, k, log))):
+        fake = RendezvousDist(n)
+        monkeypatch.setattr(allreduce_placement, "dist", fake)
+        tensors = [torch.arange(4 * n, dtype=torch.float64) * 10 ** r for r in range(n)]
+        results = {}
+        errors = in_threads(fake, lambda t: results.__setitem__(fake.get_rank(), fn(t, [])), tensors)
+        assert not errors, f"{name}: {errors}"
+        expected = torch.arange(4 * n, dtype=torch.float64) * sum(10 ** r for r in range(n))
+        for r in range(n):
+            torch.testing.assert_close(results[r], expected, rtol=0, atol=0, msg=f"{name}, n={n}, k={k}, rank {r}")
+
+
+@pytest.mark.parametrize("transport", [ThreadDist, RendezvousDist], ids=["buffered", "rendezvous"])
+@pytest.mark.parametrize("algorithm", ["tree_all_reduce", "naive_all_reduce", "ring_all_reduce"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 9, 16])
+def test_from_scratch_all_reduce_in_threads(algorithm, n, transport, monkeypatch):
+    """The real functions of ring_allreduce.py, each rank a thread over an in-process transport (non-powers
+    of two and lengths not divisible by n included), gloo's buffered sends and NCCL's rendezvous: every rank
+    must end with the sum, and no receive may wait forever."""
+    import ring_allreduce
+
+    fake = transport(n)
+    monkeypatch.setattr(ring_allreduce, "dist", fake)
+    fn, length = getattr(ring_allreduce, algorithm), 7
+    tensors = [torch.arange(length, dtype=torch.float64) * 10 ** r for r in range(n)]   # distinct per rank
+    errors = in_threads(fake, fn, tensors)
     assert not errors, errors
     expected = torch.arange(length, dtype=torch.float64) * sum(10 ** r for r in range(n))
     for r in range(n):

@@ -235,3 +235,16 @@ def test_named_files_and_modules_exist(page):
 @pytest.mark.parametrize("page", DOCS, ids=_rel)
 def test_docs_tables_end_with_a_blank_line(page):
     assert not unclosed_tables(page.read_text()), f"{_rel(page)}: a table runs into the next line"
+
+
+def test_every_page_naming_the_nccl_interface_names_the_gloo_one():
+    """An NCCL job of the course also starts gloo (its default group is cpu:gloo,cuda:nccl), and gloo connects
+    every pair of ranks at init, at the address the host name resolves to unless GLOO_SOCKET_IFNAME names the
+    interface: a page that tells a reader to set NCCL_SOCKET_IFNAME alone leaves that hang in place (G6)."""
+    from mgpu_utils.dist import GROUP_BACKENDS
+
+    assert "gloo" in GROUP_BACKENDS["nccl"]
+    pages = [*PAGES, ROOT / "cluster" / "README.md"]
+    naming = [p for p in pages if "NCCL_SOCKET_IFNAME" in p.read_text()]
+    assert ROOT / "docs" / "troubleshooting.md" in naming
+    assert [_rel(p) for p in naming if "GLOO_SOCKET_IFNAME" not in p.read_text()] == []

@@ -4,6 +4,7 @@ import time
 import types
 
 import pytest
+import torch
 
 from mgpu_utils.measure import energy
 from mgpu_utils.measure.energy import EnergyMeter, energy_cost, energy_kwh, joules_per_sample, rapl_zones, run_cost
@@ -223,3 +224,15 @@ def test_a_window_too_short_for_nvml_is_said_not_reported(fake_nvml, monkeypatch
     with EnergyMeter("nvml") as m:
         fake_nvml.mj[0] += 1000
     assert m.joules is None and "too short for NVML" in m.reason and "at least 1 s" in m.reason
+
+
+def test_a_gpu_rank_without_nvml_reports_no_energy_not_the_cpus(powercap, no_nvml, monkeypatch):
+    """ddp_speedup.py on a GPU rank where nvidia-ml-py is missing and RAPL is readable (review M4): the
+    meter must not fall back to the CPU packages, whose joules the run would report as its GPUs' (lesson 10's
+    J/sample). Not measured: the reason names NVML. On the CPU tier RAPL is the meter."""
+    import ddp_speedup
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(uuid="GPU-0"))
+    gpu = ddp_speedup.energy_meter(torch.device("cuda", 0), powercap_root=str(powercap))
+    assert gpu.source is None and "pynvml is not installed" in gpu.reason
+    assert ddp_speedup.energy_meter(torch.device("cpu"), powercap_root=str(powercap)).source == "rapl"

@@ -1,6 +1,10 @@
 """Lesson 01/02 helpers: the spec tables, timing and arithmetic intensity, gpu_check's behaviour."""
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -95,6 +99,64 @@ def test_gpu_check_skips_visibly_without_a_gpu_and_its_dry_run_lists_every_step(
         assert all("GPU(s), found 0" in r for r in rows)
 
 
+class FakeProcesses:
+    """gpu_smoke's ``subprocess`` with no process started: ``behave(argv)`` gives (exit status, or None for a
+    run past its limit; stdout; stderr). Serves ``run`` (with its timeout) and ``Popen``/``communicate``/
+    ``os.killpg``, so a test holds for either way of running a step."""
+
+    PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+    TimeoutExpired, CompletedProcess = subprocess.TimeoutExpired, subprocess.CompletedProcess
+
+    def __init__(self, behave):
+        self.behave, self.ran, self.procs, self.signals = behave, [], {}, []
+
+    def run(self, argv, timeout=None, text=False, **kw):
+        self.ran.append(argv)
+        code, out, err = self.behave(argv)
+        if code is None:
+            raise subprocess.TimeoutExpired(argv, timeout, output=out.encode(), stderr=err.encode())
+        return subprocess.CompletedProcess(argv, code, *((out, err) if text else (out.encode(), err.encode())))
+
+    def Popen(self, argv, **kw):
+        self.ran.append(argv)
+        proc = FakeProcess(argv, *self.behave(argv), pid=1000 + len(self.ran))
+        self.procs[proc.pid] = proc
+        return proc
+
+    def killpg(self, pid, sig):
+        self.signals.append(sig)
+        self.procs[pid].killed = True
+
+
+class FakeProcess:
+    def __init__(self, argv, code, out, err, pid):
+        self.argv, self.code, self.out, self.err, self.pid = argv, code, out.encode(), err.encode(), pid
+        self.killed, self.returncode = False, None
+
+    def communicate(self, timeout=None):
+        if self.code is None and not self.killed:        # runs on until its session is signalled
+            raise subprocess.TimeoutExpired(self.argv, timeout, output=self.out, stderr=self.err)
+        self.returncode = -15 if self.code is None else self.code
+        return self.out, self.err
+
+
+def simulated_gpus(monkeypatch, smoke, n, behave, summary):
+    """gpu_smoke.main() on a machine with ``n`` simulated H100s, its steps answered by ``behave``: (exit status
+    of main, the FakeProcesses, the summary's text)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
+    fake = FakeProcesses(behave)
+    monkeypatch.setattr(smoke, "subprocess", fake)
+    monkeypatch.setattr(smoke.os, "killpg", fake.killpg)
+    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--summary", str(summary)])
+    monkeypatch.setattr(smoke.tempfile, "tempdir", str(summary.parent / "tmp"))
+    (summary.parent / "tmp").mkdir()
+    code = smoke.main()
+    assert list((summary.parent / "tmp").iterdir()) == [], "the check's scratch folder (traces, checkpoints) was left"
+    return code, fake, summary.read_text()
+
+
 def test_gpu_check_on_a_simulated_two_gpu_machine(tmp_path, monkeypatch, capsys):
     """The steps' commands faked: every step runs in order, a failing one is reported with its exit code and
     makes the check fail, a missing module is a skip that names the pip package, and the key numbers of a
@@ -102,30 +164,99 @@ def test_gpu_check_on_a_simulated_two_gpu_machine(tmp_path, monkeypatch, capsys)
     import importlib.util
 
     smoke = gpu_smoke()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H100 80GB HBM3")
     real_find = importlib.util.find_spec
     monkeypatch.setattr(smoke.importlib.util, "find_spec", lambda m, *a: None if m == "pynvml" else real_find(m, *a))
-    ran = []
 
-    def fake_run(argv, **kwargs):
-        ran.append(argv)
+    def behave(argv):
         bad = "collective_errors" in " ".join(map(str, argv))
-        return subprocess.CompletedProcess(argv, 1 if bad else 0, 'MGPU_RESULT {"busbw_GBps": 1.0}\n', "")
-    monkeypatch.setattr(smoke.subprocess, "run", fake_run)
-    monkeypatch.setattr(sys, "argv", ["gpu_smoke.py", "--summary", str(tmp_path / "s.md")])
-    monkeypatch.setattr(smoke.tempfile, "tempdir", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    assert smoke.main() == 1
-    assert list((tmp_path / "tmp").iterdir()) == [], "the check's scratch folder (traces, checkpoints) was left"
-    text = (tmp_path / "s.md").read_text()
+        return (1 if bad else 0), 'MGPU_RESULT {"busbw_GBps": 1.0}\n', ""
+    code, fake, text = simulated_gpus(monkeypatch, smoke, 2, behave, tmp_path / "s.md")
+    assert code == 1
     assert "NVIDIA H100 80GB HBM3 x 2" in text
     assert "| a hang on NCCL reported as the collective timeout | failed |" in text and "exit 1" in text
     assert "| NVML energy over 3 s of matmuls | skipped | 0 | needs pynvml (pip install nvidia-ml-py) |" in text
     assert '| NCCL collectives bench on 2 GPUs | passed |' in text and 'MGPU_RESULT {"busbw_GBps": 1.0}' in text
-    assert len(ran) == sum(not smoke.why_not(s, 2) for s in smoke.plan(2, "X"))     # all but the skipped
-    assert len(ran) >= len(smoke.plan(2, "X")) - 2                  # NVML, and SyncBN where torchvision is missing
+    assert len(fake.ran) == sum(not smoke.why_not(s, 2) for s in smoke.plan(2, "X"))     # all but the skipped
+    assert len(fake.ran) >= len(smoke.plan(2, "X")) - 6     # NVML, SyncBN without torchvision, 4 scripts at 1 rank
+
+
+def test_gpu_check_names_the_launch_script_that_hangs_and_keeps_its_output(tmp_path, monkeypatch, capsys):
+    """One GPU, simulated; pipeline_parallel.py hangs at world size 1 (it did fail there on gloo, G8). Every
+    launch script has its own limit and row: the others pass, the hung one is named with its limit, and the
+    summary keeps its last output lines (the whole-folder step of old lost them with its one 300 s cap)."""
+    smoke = gpu_smoke()
+    hung = ("[rank 0] lib_1f1b         loss err 0.0e+00\n", "[rank 0] waiting in lib_interleaved's send\n")
+
+    def behave(argv):
+        command = " ".join(map(str, argv))
+        if "exit_stress.py" in command:     # all the scripts in one run: it prints each as it ends
+            return None, "[1/33] allreduce_latency.py x1: ok (5.0 s)\n[2/33] ...\n" + hung[0], hung[1]
+        if "pipeline_parallel.py" in command:
+            return None, hung[0], hung[1]
+        return 0, 'MGPU_RESULT {"ok": 1}\n', ""
+    code, fake, text = simulated_gpus(monkeypatch, smoke, 1, behave, tmp_path / "s.md")
+    assert code == 1
+    row = next((ln for ln in text.splitlines() if ln.startswith("| pipeline_parallel.py")), "no row of its own")
+    assert "| failed |" in row and f"over its limit of {smoke.LAUNCH_S} s" in row, row
+    assert "| hello_dist.py at world size 1 on the GPU | passed |" in text
+    assert "waiting in lib_interleaved's send" in text.split(row)[1], "the hung script's output is not kept"
+    assert smoke.LAUNCH_S <= 120 and fake.signals and fake.signals[0] == signal.SIGTERM    # torchrun stops its ranks
+
+
+def test_a_step_past_its_limit_is_stopped_with_its_ranks_and_its_output_kept(tmp_path, starts_processes):
+    """A real torchrun of 2 ranks that never end, run as a step with a 10 s limit: the step fails naming its
+    limit and what it last printed, both ranks are gone (torchrun starts them in sessions of their own: they
+    stop when torchrun gets SIGTERM), and their lines are in the output kept."""
+    import psutil
+
+    smoke = gpu_smoke()
+    script = tmp_path / "sleepy.py"
+    script.write_text("import os, time\nprint(f'rank {os.environ[\"RANK\"]} pid {os.getpid()}', flush=True)\n"
+                      "time.sleep(300)\n")
+    step = smoke.Step("sleepy", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "2", str(script)], timeout_s=10)
+    status, sec, detail, tail = smoke.run_step(step)
+    assert status == "failed" and detail.startswith("over its limit of 10 s; last printed: rank "), detail
+    pids = [int(ln.split()[-1]) for ln in tail.splitlines() if re.fullmatch(r"rank \d pid \d+", ln)]
+    assert len(pids) == 2, tail
+    time.sleep(1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"ranks {alive} outlived their step"
+    assert sec < 40     # margin: 10 s, SIGTERM and torchrun's stop of its ranks (2-3 s measured on 2 busy cores)
+
+
+def without_plugins(*only):
+    """The environment of a bare GPU image's pytest: no plugin installed but ``only`` (module names); not
+    inside this pytest's test (the inner conftest would see our PYTEST_CURRENT_TEST go)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    return {**env, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": ",".join(only)}
+
+
+def test_gpu_checks_pytest_steps_run_where_pytest_has_no_plugins(starts_processes):
+    """A GPU image with pytest but not nbval or pytest-timeout (simulated: pytest's plugin autoload off).
+    The project's addopts name their options; a step that passed them on would exit 4, "unrecognized
+    arguments", and read failed instead of running. Each pytest step's options, on one in-process test."""
+    smoke = gpu_smoke()
+    steps = [s for s in smoke.plan(2, "X") if s.argv[1:3] == ["-m", "pytest"]]
+    assert len(steps) == 2
+    for opts in {tuple(s.argv[:next(i for i, a in enumerate(s.argv) if a.startswith("tests/"))]) for s in steps}:
+        p = subprocess.run([*opts, "tests/test_hardware.py::test_gpu_check_verdicts"], cwd=ROOT, timeout=120,
+                           env=without_plugins(), capture_output=True, text=True)
+        assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+
+def test_gpu_checks_lessons_run_under_nbval_without_pytest_timeout(monkeypatch, starts_processes):
+    """nbval there, pytest-timeout not (simulated as above, nbval's plugin named): the lesson step's pytest
+    collects the notebook's cells instead of refusing the project's --timeout."""
+    smoke = gpu_smoke()
+    called = []
+    monkeypatch.delenv("MGPU_PLAIN_CELLS", raising=False)
+    monkeypatch.setattr(smoke.subprocess, "call", lambda argv, **kw: called.append(argv) or 0)
+    assert smoke.run_notebook(Path("notebooks/00_setup.ipynb")) == 0
+    p = subprocess.run([*called[0], "--collect-only"], cwd=ROOT, timeout=120,
+                       env=without_plugins("nbval.plugin"), capture_output=True, text=True)
+    assert p.returncode == 0 and "00_setup.ipynb::Cell 0" in p.stdout, p.stdout + p.stderr
 
 
 def test_a_notebook_runs_cell_by_cell_without_jupyter(tmp_path, monkeypatch):

@@ -54,8 +54,17 @@ def slurm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_node_ddp():
-    """ddp_train.py --epochs 2 on one node with 4 ranks: the reference for the multi-node runs."""
-    return run_torchrun("ddp_train.py", 4, ["--epochs", "2"], show="none").result
+    """ddp_train.py --epochs 2 on one node with 4 ranks: the reference for the multi-node runs (gloo on the CPU,
+    as they run: see :func:`one_host`)."""
+    return run_torchrun("ddp_train.py", 4, ["--epochs", "2"], show="none", backend="gloo").result
+
+
+def one_host(env):
+    """``env`` for "nodes" simulated on this one host. They would share its GPUs: each node applies the backend
+    rule alone, so on a GPU host every node's local rank 0 takes cuda:0, and NCCL refuses two ranks of one job
+    on one GPU ("Duplicate GPU detected") at init. The GPUs are hidden, as launch_nodes does for lesson 11
+    (mgpu_utils.launch.nodes): the job runs on gloo on the CPU. Real nodes each have their own GPUs."""
+    return {**env, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_multinode_sh_on_two_nodes_equals_one_node(tmp_path, one_node_ddp, starts_processes):
@@ -71,7 +80,7 @@ def test_multinode_sh_on_two_nodes_equals_one_node(tmp_path, one_node_ddp, start
 
 def run_multinode(tmp_path, args, per_node_env=({}, {}), nproc=2, **env):
     """cluster/multinode.sh as two hosts would run it, both here on 127.0.0.1: (return codes, outputs)."""
-    base = {**os.environ, "NNODES": "2", "RDZV_HOST": "127.0.0.1", "RDZV_PORT": str(free_port()),
+    base = {**one_host(os.environ), "NNODES": "2", "RDZV_HOST": "127.0.0.1", "RDZV_PORT": str(free_port()),
             "RDZV_ID": "test", "NPROC_PER_NODE": str(nproc), "PYTHON": sys.executable, "LOG_DIR": str(tmp_path),
             **env}
     procs = [subprocess.Popen(["bash", "cluster/multinode.sh", *args], cwd=ROOT,
@@ -118,8 +127,9 @@ def two_node_job(slurm, tmp_path, script_args, nproc=2, **env):
     """Submit job.sbatch as 2 tasks on the one host: 2 torchrun agents that act as 2 nodes."""
     out = tmp_path / "job.out"
     job = slurm.submit(["--nodes", 1, "--ntasks", 2, "--ntasks-per-node", 2, "--output", out, JOB, *script_args],
-                       cwd=ROOT, env={"NPROC_PER_NODE": str(nproc), "CKPT_ROOT": str(tmp_path / "ckpt"),
-                                      "LOG_ROOT": str(tmp_path / "logs"), "PYTHON": sys.executable, **env})
+                       cwd=ROOT, env=one_host({"NPROC_PER_NODE": str(nproc), "CKPT_ROOT": str(tmp_path / "ckpt"),
+                                               "LOG_ROOT": str(tmp_path / "logs"), "PYTHON": sys.executable,
+                                               **env}))
     return job, out
 
 
@@ -137,6 +147,48 @@ def test_job_on_two_nodes_equals_one_node(slurm, tmp_path, one_node_ddp, starts_
     assert "[rank 0]" in (logs / "node0.log").read_text() + (logs / "node1.log").read_text()
     for node in (0, 1):
         assert len(list((logs / "torchrun" / f"node{node}").rglob("stdout.log"))) == 2   # 2 ranks per node
+
+
+def test_the_nodes_simulated_on_one_host_do_not_share_its_gpus(tmp_path, monkeypatch):
+    """A host with 8 GPUs (simulated: torch.cuda patched). The environments run_multinode and two_node_job give
+    their two "nodes" are captured (no process starts) and the course's backend rule is applied in each: no
+    GPU may be taken by a rank of both nodes (NCCL's "Duplicate GPU detected"), for 1 and 2 ranks per node."""
+    from mgpu_utils.dist import choose_backend
+
+    for name, value in (("is_available", True), ("device_count", 8), ("get_arch_list", ["sm_90"])):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, v=value: v)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    envs = []
+
+    class Started:              # run_multinode's agents: their environment kept, nothing run
+        returncode = 0
+
+        def __init__(self, argv, env, **kw):
+            envs.append(env)
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+    class Slurm:                # two_node_job's sbatch: the job's environment (both tasks inherit it)
+        def submit(self, args, cwd=None, env=None):
+            envs.extend([{**os.environ, **env}] * 2)
+            return "1"
+
+    def gpus(env, nproc):
+        """The GPUs the node's ranks would take: cuda:LOCAL_RANK where the rule picks NCCL."""
+        with monkeypatch.context() as m:
+            m.setattr(os, "environ", dict(env))
+            backend, _ = choose_backend(nproc)
+        return {f"cuda:{r}" for r in range(nproc)} if backend == "nccl" else set()
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    for nproc in (1, 2):
+        for start in (lambda: run_multinode(tmp_path, ["x.py"], nproc=nproc),
+                      lambda: two_node_job(Slurm(), tmp_path, ["x.py"], nproc=nproc)):
+            envs.clear()
+            start()
+            node0, node1 = (gpus(env, nproc) for env in envs)
+            assert not node0 & node1, f"both nodes would run ranks on {sorted(node0 & node1)}"
 
 
 FAIL_ONCE = ROOT / "tests" / "scripts" / "fail_once.py"

@@ -291,3 +291,32 @@ def test_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd(tmp_path, starts_pr
     finals = torch.load(dump)
     assert (finals["H=4"] - finals["DiLoCo H=4"]).abs().max().item() > 1e-3
     assert r["runs"]["DiLoCo H=4"]["outer"] == [0.7, 0.9]
+
+
+def test_topk_pairs_are_added_rank_by_rank_without_repeated_indices(monkeypatch):
+    """Review M5. On CUDA, index_add_ adds repeated indices with atomics in no fixed order, so two runs of one
+    GPU job could differ in the last bits (tests/test_warm.py compares results exactly). The ranks' top-k
+    sets overlap; each rank's own indices are distinct, so adding rank by rank repeats none within a call.
+    Simulated: 2 ranks whose pairs share every index (rank 1 sends twice rank 0's values)."""
+    import types
+
+    from mgpu_utils.parallel import sparsify
+
+    calls, real = [], torch.Tensor.index_add_
+    monkeypatch.setattr(torch.Tensor, "index_add_",
+                        lambda self, dim, index, source, **kw: calls.append(index.tolist()) or real(
+                            self, dim, index, source, **kw))
+    monkeypatch.setattr(sparsify, "dist", types.SimpleNamespace(get_world_size=lambda: 2))
+
+    def all_gather_single(out, mine, async_op):
+        k = mine.numel() // 2
+        out.copy_(torch.cat([mine, mine[:k], 2 * mine[k:]]))
+        done = torch.futures.Future()
+        done.set_result([out])
+        return types.SimpleNamespace(get_future=lambda: done)
+    monkeypatch.setattr(sparsify, "all_gather_single", all_gather_single)
+    grad = torch.arange(1.0, 9.0)
+    bucket = types.SimpleNamespace(buffer=lambda: grad, index=lambda: 0)
+    dense = sparsify.topk_hook(sparsify.TopKState(ratio=0.5, error_feedback=False), bucket).wait()
+    torch.testing.assert_close(dense, torch.tensor([0, 0, 0, 0, 5, 6, 7, 8]) * 1.5)    # (v + 2v) / 2
+    assert calls and all(len(set(c)) == len(c) for c in calls), f"an index added twice in one call: {calls}"

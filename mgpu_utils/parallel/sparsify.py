@@ -58,6 +58,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     def densify(fut):
         every = gathered.view(n, 2, k)
         dense = torch.zeros_like(grad)
-        dense.index_add_(0, every[:, 0].reshape(-1).long(), every[:, 1].reshape(-1))
+        for r in range(n):      # rank by rank: no index twice in one call (CUDA adds repeats in no fixed order)
+            dense.index_add_(0, every[r, 0].long(), every[r, 1])
         return dense.div_(n)
     return work.get_future().then(densify)
