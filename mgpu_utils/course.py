@@ -146,6 +146,30 @@ def slide_deck(path: Path, out_dir: Path) -> Path:
     return deck
 
 
+#: The course's time budgets on a 2-core CPU machine (docs/testing.md): each lesson, and all of them
+LESSON_BUDGET_S, COURSE_BUDGET_S = 60, 300
+
+
+def budget_table(rows) -> str:
+    """The table ``make course`` ends with: each notebook's seconds beside the budget, the ones over it marked.
+
+    Args:
+        rows: ``(name, seconds, status)`` per notebook, in the order they ran.
+    """
+    width = max(len(r[0]) for r in rows)
+    lines = [f"\n{'notebook':<{width}}  {'seconds':>8}  {'budget':>6}  status"]
+    for name, sec, status in rows:
+        over = "  OVER" if sec > LESSON_BUDGET_S else ""
+        lines.append(f"{name:<{width}}  {sec:8.1f}  {LESSON_BUDGET_S:6d}  {status}{over}")
+    total = sum(r[1] for r in rows)
+    over = [r[0] for r in rows if r[1] > LESSON_BUDGET_S]
+    whole = "" if len(rows) < 2 else f"  {COURSE_BUDGET_S:6d}  {'OVER' if total > COURSE_BUDGET_S else 'within'}"
+    lines.append(f"{'total':<{width}}  {total:8.1f}{whole}")
+    if over:
+        lines.append(f"over the {LESSON_BUDGET_S} s a lesson may take on 2 cores: {', '.join(over)}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Execute the course notebooks headless.")
     parser.add_argument("paths", nargs="+", help="notebook files or folders")
@@ -169,12 +193,7 @@ def main(argv=None) -> int:
     for nb in notebooks:
         print(f"running {nb} ...", flush=True)
         rows.append((nb.name, *run_notebook(nb, Path(args.out), args.timeout, progress=not args.no_progress)))
-    width = max(len(r[0]) for r in rows)
-    print(f"\n{'notebook':<{width}}  {'seconds':>8}  status")
-    for name, sec, status in rows:
-        print(f"{name:<{width}}  {sec:8.1f}  {status}")
-    total = sum(r[1] for r in rows)
-    print(f"{'total':<{width}}  {total:8.1f}")
+    print(budget_table(rows))
     print(f"executed notebooks and HTML in {Path(args.out).resolve()}")
     return 0 if all(r[2] == "ok" for r in rows) else 1
 

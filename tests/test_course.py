@@ -49,3 +49,11 @@ def test_a_lesson_becomes_a_slide_deck_without_running(tmp_path, name):
     text = html.unescape(deck)
     assert "Reveal.initialize" in deck and "from mgpu_utils.course import start" not in text   # no code shown
     assert all(h.split("`")[0].strip()[:30] in text for h in headings), headings
+
+
+def test_the_table_marks_lessons_over_their_budget():
+    """Issue 60: each lesson's seconds beside its budget (60 s), the ones over it named; the total against 300 s."""
+    table = course.budget_table([("01_a.ipynb", 12.0, "ok"), ("02_b.ipynb", 75.5, "ok")])
+    assert "01_a.ipynb      12.0      60  ok\n" in table and "02_b.ipynb      75.5      60  ok  OVER" in table
+    assert "total           87.5     300  within" in table and table.endswith("2 cores: 02_b.ipynb")
+    assert "OVER" in course.budget_table([("01_a.ipynb", 250.0, "ok"), ("02_b.ipynb", 55.0, "ok")]).splitlines()[-2]
