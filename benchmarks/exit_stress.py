@@ -55,7 +55,8 @@ CASES = {
     "collectives_demo.py": [],
     "comm_hooks.py": ["--steps", 12, "--eval-every", 6, "--powersgd-start", 2, "--emu-steps", 1,
                       "--links", "PCIe 4.0 x16", "--emu-hooks", "fp32 (default)", "PowerSGD"],
-    "context_parallel.py": ["--repeats", 1, "--time-seq", 64, "--sweep-seq", ""],
+    # without PyTorch's own context_parallel: its sharding search costs ~13 CPU-s a rank and adds no exit path
+    "context_parallel.py": ["--repeats", 1, "--time-seq", 64, "--sweep-seq", "", "--modes", "ring,zigzag,ulysses"],
     "ddp_internals.py": ["--global-batch", 48, "--width", 32, "--layers", 3, "--micro-batches", 2, "--caps", ""],
     "ddp_pitfalls.py": ["--repeats", 2],
     "ddp_speedup.py": ["--global-batch", 64, "--width", 32, "--layers", 2, "--steps", 2, "--warmup", 1],
