@@ -26,70 +26,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import collective_timeout, emit_result
-from mgpu_utils.models import make_mlp
+from mgpu_utils.measure.comm_calls import (counted_all_reduce, counted_collectives, namespaces_of,
+                                           patched_collectives, point_to_point_only)
+from mgpu_utils.models import TiedMLP, make_mlp
 from mgpu_utils.parallel.context import ring_attention, shard
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
                                            simulate)
-
-COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
-
-
-def _namespaces(obj) -> list[dict]:
-    """The module globals that the student's function or class ``obj`` sees (where ``from torch.distributed
-    import all_reduce`` put a name)."""
-    if hasattr(obj, "__globals__"):
-        return [obj.__globals__]
-    funcs = [v for v in vars(obj).values() if hasattr(v, "__globals__")] if isinstance(obj, type) else []
-    return [funcs[0].__globals__] if funcs else []
-
-
-@contextlib.contextmanager
-def patched_collectives(replace, fn=None):
-    """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
-    student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
-    the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``)."""
-    import torch.distributed.distributed_c10d as c10d
-
-    originals = {}
-    for module in (dist, c10d):
-        for name in COLLECTIVES:
-            if hasattr(module, name):
-                originals.setdefault(id(getattr(module, name)), name)
-    saved = []                                          # (namespace dict, key, original)
-    for space in [vars(dist), vars(c10d)] + (_namespaces(fn) if fn is not None else []):
-        for key, value in list(space.items()):
-            if callable(value) and id(value) in originals:
-                saved.append((space, key, value))
-                space[key] = replace(originals[id(value)], value)
-    try:
-        yield
-    finally:
-        for space, key, value in reversed(saved):
-            space[key] = value
-
-
-def point_to_point_only(exercise, fn=None):
-    """Within the block every collective raises, naming itself (send/recv still work), however it is reached
-    (:func:`patched_collectives`)."""
-    def forbidden(name, original):
-        def call(*args, **kwargs):
-            raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
-        return call
-    return patched_collectives(forbidden, fn)
-
-
-def counted_collectives(calls: list, fn=None):
-    """Within the block every collective still runs, and its name is appended to ``calls``."""
-    def counting(name, original):
-        def call(*args, **kwargs):
-            calls.append(name)
-            return original(*args, **kwargs)
-        return call
-    return patched_collectives(counting, fn)
-
 
 def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
     """Exercise 04.6's numbers: ``n`` whole numbers (float32, shape (n,)) of rank ``rank``'s own, drawn from
@@ -293,45 +236,6 @@ def check_sharded_adam(cls, ctx, problems, steps=3):
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
 
 
-class _Handle:
-    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``)."""
-
-    def __init__(self, work, call):
-        self._work, self._call = work, call
-
-    def wait(self, *args, **kwargs):
-        self._call["waited"] = True
-        return self._work.wait(*args, **kwargs)
-
-    def get_future(self):
-        self._call["waited"] = True
-        return self._work.get_future()
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-@contextlib.contextmanager
-def counted_all_reduce(state: dict, fn=None):
-    """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
-    module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
-    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for."""
-    calls = []
-
-    def replace(name, real):
-        if name != "all_reduce":
-            return real
-
-        def counting(tensor, *args, **kwargs):
-            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
-            calls.append(call)
-            work = real(tensor, *args, **kwargs)
-            return _Handle(work, call) if work is not None else None
-        return counting
-    with patched_collectives(replace, fn):
-        yield calls
-
-
 def every_rank_gradients(model, x, y, world) -> list[dict]:
     """Each rank's own gradients (name -> tensor) of ``model`` on its shard ``x[r::world]``, computed here on a
     copy: what a rank holds after backward and before any communication. Used to name a wrong result."""
@@ -484,24 +388,6 @@ def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b), fn=cls)
              for b in bucket_bytes]
     return times[0]
-
-
-class TiedMLP(torch.nn.Module):
-    """An MLP whose two middle layers share one weight (as tied input and output embeddings do): that weight is
-    used twice in a step, model.parameters() lists it once, each layer's parameters(recurse=False) once
-    each; its gradient is the sum of both uses and is ready once, after both (03.7, 07.6). A buffer, the
-    input's centre ``centre`` [64] (zeros), is subtracted from the input, as a normalisation's running mean
-    is: DDP broadcasts buffers with the parameters, and so must 03.7's wrapper."""
-
-    def __init__(self, width: int = 32):
-        super().__init__()
-        self.inp, self.a, self.b, self.out = (torch.nn.Linear(64, width), torch.nn.Linear(width, width),
-                                              torch.nn.Linear(width, width), torch.nn.Linear(width, 10))
-        self.b.weight = self.a.weight
-        self.register_buffer("centre", torch.zeros(64))
-
-    def forward(self, x):
-        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x - self.centre.to(x.dtype))))))))
 
 
 def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
@@ -977,9 +863,9 @@ def probed_saves(path: str, seen: dict, fn=None):
             if os.path.realpath(file) == target and isinstance(seen.get("intact"), bytes):
                 seen["torn"] = True                        # opened for writing: the previous snapshot is gone
         return real_open(file, mode, *args, **kwargs)
-    spaces = [vars(torch)] + [g for g in _namespaces(fn) if g.get("save") is real]
+    spaces = [vars(torch)] + [g for g in namespaces_of(fn) if g.get("save") is real]
     saved = [(g, "save", g["save"]) for g in spaces] + [(vars(builtins), "open", real_open)] + [
-        (g, "open", real_open) for g in _namespaces(fn) if g.get("open") is real_open]
+        (g, "open", real_open) for g in namespaces_of(fn) if g.get("open") is real_open]
     for g, key, _ in saved:
         g[key] = save if key == "save" else watched_open
     try:
