@@ -76,12 +76,14 @@ def test_importing_the_package_and_its_rooms_imports_no_torch(starts_processes):
 
 
 def test_every_problem_a_rank_reports_has_its_hint():
-    from mgpu_utils.grading.runner import HINTS, problem_hint
+    from mgpu_utils.grading.catalog import HINTS
+    from mgpu_utils.grading.runner import problem_hint
 
     src = (PKG / "grading" / "rank_checks.py").read_text()
     kinds = set(re.findall(r'"kind":\s*"(\w+)"', src))
     assert kinds and kinds <= set(HINTS), kinds - set(HINTS)
-    assert problem_hint({"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == "rank 1: returned 3, expected 4"
+    assert problem_hint("04.4", {"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == \
+        "rank 1: returned 3, expected 4"
 
 
 def test_an_in_process_test_that_starts_a_process_is_stopped():

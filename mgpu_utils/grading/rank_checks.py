@@ -16,7 +16,6 @@ import copy
 import os
 import statistics
 import time
-import types
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import collective_timeout, emit_result
+from mgpu_utils.grading.common import diff, held_bytes, inner_parameters, note
 from mgpu_utils.measure.comm_calls import (counted_all_reduce, counted_collectives, namespaces_of,
                                            patched_collectives, point_to_point_only)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -52,17 +52,6 @@ def emit_every_rank(ctx, t: torch.Tensor) -> None:
     else:
         every = [t.tolist()]
     emit_result({"world_size": ctx.world_size, "every_rank": every, "total": sum(every[0])})
-
-
-def diff(a, b) -> float:
-    """max |a - b| (0 for empty tensors)."""
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-
-
-def note(problems: list, problem: dict) -> None:
-    """Keep this rank's first problem only; every rank still runs every step (no rank leaves the others waiting)."""
-    if not problems:
-        problems.append(problem)
 
 
 #: Elements of the large message of 04.4 and 04.5: 4 Mi float32, 16 MiB, more than a TCP socket buffers (Linux: at
@@ -164,45 +153,6 @@ def check_schedule(fn, ctx, problems, m=5):
     worst = max(diff(a.grad, b.grad) for a, b in zip(mine.parameters(), split_stages(model, p)[r].parameters()))
     if worst > 1e-5:
         note(problems, {"rank": r, "kind": "param", "what": "grad", "max_diff": worst})
-
-
-def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
-    """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
-    inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a closure's cells), each
-    storage counted once; the tensors in ``exclude`` (the model's parameters) and their gradients are not
-    counted. An optimizer wrapped in another object, a Module or a closure, or moments kept in a list or dict,
-    are found. ``grads``: count the ``.grad`` of every tensor reached too (a full gradient left on a module's
-    freed parameter, 07.6)."""
-    seen_objects, storages = set(), {}
-    skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
-
-    def walk(o, d):
-        if isinstance(o, torch.Tensor):
-            ptr = o.untyped_storage().data_ptr()
-            if ptr not in skip:
-                storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
-            if grads and o.grad is not None:
-                walk(o.grad, d)
-            return
-        if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
-            return
-        seen_objects.add(id(o))
-        if isinstance(o, dict):
-            items = list(o.keys()) + list(o.values())
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            items = list(o)
-        elif isinstance(o, types.MethodType):              # a bound method (self.s = opt.step): its object
-            items = [o.__self__]
-        elif isinstance(o, types.FunctionType):            # a function: what its closure holds
-            items = [c.cell_contents for c in (o.__closure__ or ())]
-        elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):
-            return
-        else:                                              # objects, Modules too (their _parameters, _buffers)
-            items = list(getattr(o, "__dict__", {}).values())
-        for item in items:
-            walk(item, d - 1)
-    walk(obj, depth)
-    return sum(storages.values())
 
 
 def check_sharded_adam(cls, ctx, problems, steps=3):
@@ -1044,26 +994,6 @@ ANY_OPTIMIZERS = (("SGD with momentum", torch.optim.SGD, {"lr": 0.1, "momentum":
                   ("AdamW", torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}))
 
 
-def inner_parameters(obj, depth=8) -> list:
-    """The parameters (and so their gradients) of every torch.optim.Optimizer reachable from ``obj``: the
-    tensors a sharded wrapper hands its inner optimizer, which are not its state."""
-    found, seen = [], set()
-
-    def walk(o, d):
-        if d < 0 or id(o) in seen or isinstance(o, (str, bytes, int, float, bool, type(None), type, torch.Tensor)):
-            return
-        seen.add(id(o))
-        if isinstance(o, torch.optim.Optimizer):
-            found.extend(p for g in o.param_groups for p in g["params"])
-            return
-        items = list(o.keys()) + list(o.values()) if isinstance(o, dict) else list(o) if isinstance(
-            o, (list, tuple, set, frozenset)) else list(getattr(o, "__dict__", {}).values())
-        for item in items:
-            walk(item, d - 1)
-    walk(obj, depth)
-    return found
-
-
 def check_sharded_any(cls, ctx, problems, steps=3):
     """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS`, on this rank's share
     of the batch, against the optimizer in one process; the state it holds (:func:`held_bytes` without the
@@ -1202,12 +1132,3 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
 
-
-CHECKS = {"04.4": ("ring_all_gather", check_all_gather), "04.5": ("ring_reduce_scatter", check_reduce_scatter),
-          "03.4": ("average_gradients", check_average_gradients), "05.4": ("one_f_one_b", check_schedule),
-          "07.4": ("ShardedAdam", check_sharded_adam), "03.5": ("OverlappedGradients", check_overlap),
-          "03.6": ("BucketedGradients", check_buckets), "08.4": ("PeriodicAveraging", check_local_sgd),
-          "09.5": ("gan_step", check_gan_step), "12.3": ("merge", check_attention_merge),
-          "06.3": ("train_step", check_two_d), "11.5": ("save_snapshot", check_snapshot),
-          "10.5": ("measure_step", check_measure), "07.5": ("ShardedOptimizer", check_sharded_any),
-          "03.7": ("MyDDP", check_my_ddp), "07.6": ("MyFSDP", check_my_fsdp)}
