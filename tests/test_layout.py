@@ -75,6 +75,23 @@ def test_importing_the_package_and_its_rooms_imports_no_torch(starts_processes):
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
+CODING = sorted((PKG / "grading" / "coding").glob("[!_]*.py"))
+
+
+@pytest.mark.parametrize("path", CODING, ids=lambda p: p.stem)
+def test_every_problem_a_coding_module_reports_has_its_hint_in_the_same_module(path):
+    """Each lesson's checks and the hints of the problems they report sit together, and the catalog has its
+    exercises."""
+    import importlib
+
+    from mgpu_utils.grading.catalog import EXERCISES
+
+    module = importlib.import_module(f"mgpu_utils.grading.coding.{path.stem}")
+    kinds = set(re.findall(r'"kind":\s*"(\w+)"', path.read_text()))
+    assert kinds and kinds <= set(module.HINTS), kinds - set(module.HINTS)
+    assert module.EXERCISES and all(e.hints is module.HINTS and EXERCISES[e.id] is e for e in module.EXERCISES)
+
+
 def test_every_problem_a_rank_reports_has_its_hint():
     from mgpu_utils.grading.catalog import HINTS
     from mgpu_utils.grading.runner import problem_hint

@@ -6,12 +6,12 @@ no notebook-side module.
 
 from __future__ import annotations
 
+from mgpu_utils.grading.coding import data_parallel
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import (check_all_gather, check_attention_merge, check_average_gradients,
-                                            check_buckets, check_gan_step, check_local_sgd, check_measure,
-                                            check_my_ddp, check_my_fsdp, check_overlap, check_reduce_scatter,
-                                            check_schedule, check_sharded_adam, check_sharded_any, check_snapshot,
-                                            check_two_d, start_values)
+from mgpu_utils.grading.rank_checks import (check_all_gather, check_attention_merge, check_gan_step, check_local_sgd,
+                                            check_measure, check_my_fsdp, check_reduce_scatter, check_schedule,
+                                            check_sharded_adam, check_sharded_any, check_snapshot, check_two_d,
+                                            start_values)
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
@@ -36,40 +36,6 @@ HINTS: dict[str, list[tuple]] = {
          "one chunk earlier, so that after W - 1 steps the chunk completed is rank's own"),
         (always, "rank {rank}: differs from reduce-scatter's chunk by {max_diff:.3g} (world size {W}, chunks of {k}): "
                  "each step must add the incoming partial sum to this rank's copy of the same chunk")],
-    "grad": [
-        (lambda p, W: p["local"],
-         "rank {rank}: the gradient of {param} is still this rank's own (world size {W}): all-reduce it over the "
-         "ranks"),
-        (lambda p, W: p["summed"],
-         "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
-         "so divide by the world size"),
-        (lambda p, W: p.get("copied_from") is not None,
-         "rank {rank}: the gradient of {param} is rank {copied_from}'s own gradient (or it divided by {W}), not the "
-         "mean over the ranks: a broadcast copies one rank's gradient; all_reduce adds every rank's"),
-        (lambda p, W: p.get("max_over_ranks"),
-         "rank {rank}: the gradient of {param} is the element-wise maximum over the ranks (world size {W}): use "
-         "all_reduce's default operation, a sum (dist.ReduceOp.SUM), then divide by the world size"),
-        (lambda p, W: p.get("own_over_world"),
-         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
-         "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
-        (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
-    "overlap": [(always, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
-                         "started inside backward with async_op=True: start one per parameter from its hook, wait in "
-                         "finish()")],
-    "unwaited": [(always, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
-                          "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
-                          "all-reduce has not written yet; keep each handle and wait for it in finish()")],
-    "buckets": [
-        (lambda p, W: p["all_async"],
-         "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
-         "ready order and buckets of {bucket_bytes} bytes"),
-        (always, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
-                 "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
-                 "(async_op=True)")],
-    "late_buckets": [(always, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
-                              "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
-                              "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
-                              "only sends the bucket still open at the end")],
     "actions": [(always, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
                          "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
     "deadlock": [(always, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
@@ -320,9 +286,6 @@ HINTS: dict[str, list[tuple]] = {
     "any_memory": [(always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                             "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
-    "broadcast": [(always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
-                           "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
-                           "wraps the model; do the same in __init__")],
     "param": [
         (lambda p, W: "grad" in p.get("what", ""),
          "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
@@ -330,15 +293,6 @@ HINTS: dict[str, list[tuple]] = {
                  "although the first step's gradients matched: does something carry over from one step to the next "
                  "(a list of pending work never cleared, a bucket never emptied)?")],
 }
-
-
-def _step_times(info: dict, world: int) -> list[str]:
-    """03.4 to 03.7, on success: one step with the student's code and with DDP."""
-    if "yours_ms" not in info:
-        return []
-    return [f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
-            f"with yours, {info['ddp_ms']:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: "
-            f"latency, not bandwidth)"]
 
 
 def _bytes_held(info: dict, world: int) -> list[str]:
@@ -374,15 +328,6 @@ def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
 
 
 _RECORDS = [
-    CodingExercise("03.4", "03_my_ddp.py", "average_gradients", (2, 3), check_average_gradients, HINTS,
-                   "gradients after one step and parameters after three SGD steps equal DistributedDataParallel's",
-                   on_success=_step_times),
-    CodingExercise("03.5", "03_overlap.py", "OverlappedGradients", (2, 3), check_overlap, HINTS,
-                   "DDP's gradients and parameters, with one asynchronous all-reduce per parameter started inside "
-                   "backward", on_success=_step_times),
-    CodingExercise("03.6", "03_buckets.py", "BucketedGradients", (2, 3), check_buckets, HINTS,
-                   "DDP's gradients and parameters, with one asynchronous all-reduce per bucket",
-                   on_success=_step_times),
     CodingExercise("04.4", "04_ring_all_gather.py", "ring_all_gather", (2, 3, 4), check_all_gather, HINTS,
                    "equal to dist.all_gather for lengths 1, 7 and 4 Mi elements (where blocking calls deadlock), "
                    "with point-to-point messages only"),
@@ -403,9 +348,6 @@ _RECORDS = [
                    "three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
                    "computing in bfloat16, with each rank holding about 1/world of the parameters, all-gathered "
                    "for the forward and their gradients reduce-scattered"),
-    CodingExercise("03.7", "03_my_ddp_stretch.py", "MyDDP", (2, 3), check_my_ddp, HINTS,
-                   "DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
-                   "model that uses one weight twice, from ranks that started apart", on_success=_step_times),
     CodingExercise("08.4", "08_local_sgd.py", "PeriodicAveraging", (2, 3), check_local_sgd, HINTS,
                    "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
                    "and 6), with no communication in between"),
@@ -427,8 +369,10 @@ _RECORDS = [
     CodingExercise("04.6", "04_fix_the_hang.py", None, (2, 3), None, HINTS,
                    "every rank ends with the sum, and the job finishes", judge=_every_rank_hint),
 ]
+#: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
+LESSONS = (data_parallel,)
 #: Every graded coding exercise, by id.
-EXERCISES = {e.id: e for e in _RECORDS}
+EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
 
 def exercise(exercise_id: str) -> CodingExercise:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import statistics
 import time
 
 import torch
@@ -26,13 +25,13 @@ from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
 from mgpu_utils.dist import collective_timeout, emit_result
 from mgpu_utils.grading.common import diff, held_bytes, inner_parameters, note
-from mgpu_utils.measure.comm_calls import (counted_all_reduce, counted_collectives, namespaces_of,
-                                           patched_collectives, point_to_point_only)
+from mgpu_utils.measure.comm_calls import counted_collectives, namespaces_of, patched_collectives, point_to_point_only
 from mgpu_utils.models import TiedMLP, make_mlp
 from mgpu_utils.parallel.context import ring_attention, shard
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
                                            simulate)
+
 
 def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
     """Exercise 04.6's numbers: ``n`` whole numbers (float32, shape (n,)) of rank ``rank``'s own, drawn from
@@ -111,17 +110,6 @@ def check_reduce_scatter(fn, ctx, problems):
                             "equals_chunk": same[0] if same else None, "one_rank": alone[0] if alone else None})
 
 
-def check_average_gradients(fn, ctx, problems):
-    """03.4: ``fn(model)`` after backward against DDP: gradients after step 1, parameters after 3 SGD steps."""
-    class AfterBackward:
-        def __init__(self, model):
-            self.model = model
-
-        def finish(self):
-            fn(self.model)
-    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None)
-
-
 def check_schedule(fn, ctx, problems, m=5):
     """05.4: ``fn(p, m)`` action lists: complete, deadlock-free, 1F1B's bubble and memory; then run for real."""
     p, r = ctx.world_size, ctx.rank
@@ -184,176 +172,6 @@ def check_sharded_adam(cls, ctx, problems, steps=3):
     elif held > 8 * (-(-n // world)) * 1.05 + 256:
         note(problems, {"rank": rank, "kind": "adam_memory", "bytes": held, "full": 8 * n})
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
-
-
-def every_rank_gradients(model, x, y, world) -> list[dict]:
-    """Each rank's own gradients (name -> tensor) of ``model`` on its shard ``x[r::world]``, computed here on a
-    copy: what a rank holds after backward and before any communication. Used to name a wrong result."""
-    grads = []
-    for r in range(world):
-        m = copy.deepcopy(model)
-        F.cross_entropy(m(x[r::world]), y[r::world]).backward()
-        grads.append({n: q.grad.detach().clone() for n, q in m.named_parameters()})
-    return grads
-
-
-def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
-    """Which wrong result ``got`` is, given every rank's own gradient ``locals_``: ``copied_from`` (another
-    rank's own gradient, or it divided by the world size: a broadcast), ``max_over_ranks`` (the element-wise
-    maximum, or it divided: ReduceOp.MAX), ``own_over_world`` (this rank's own divided: the all-reduce's result
-    was not kept). Empty when none fits."""
-    world = len(locals_)
-    for s, g in enumerate(locals_):
-        if s != rank and min(diff(got, g), diff(got, g / world)) < tol:
-            return {"copied_from": s}
-    top = torch.stack(locals_).amax(0)
-    if min(diff(got, top), diff(got, top / world)) < tol:
-        return {"max_over_ranks": True}
-    if world > 1 and diff(got, locals_[rank] / world) < tol:
-        return {"own_over_world": True}
-    return {}
-
-
-def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None):
-    """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
-    ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
-    (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
-    (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
-    broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``). ``fn``:
-    the student's class, whose module's ``all_reduce`` (imported by name) is counted too."""
-    world, rank = ctx.world_size, ctx.rank
-    torch.manual_seed(0)
-    mine = model_fn() if model_fn else make_mlp(32, 2)
-    ddp = DDP(copy.deepcopy(mine))
-    if perturb:
-        with torch.no_grad():
-            for q in list(mine.parameters()) + [b for b in mine.buffers() if b.is_floating_point()]:
-                q.add_(0.01 * rank)
-    ready, state = [], {"backward": False}
-    for q in mine.parameters():                           # registered first: fires first, records the order
-        q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
-    sync = make_sync(mine)
-    if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
-        pairs = list(zip(mine.parameters(), ddp.module.parameters())) + list(zip(mine.buffers(),
-                                                                                ddp.module.buffers()))
-        apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in pairs) > 0)])
-        dist.all_reduce(apart)                            # known on every rank, rank 0 too
-        if apart.item():
-            note(problems, {"rank": rank, "kind": "broadcast"})
-    x_all, y_all = load_data()[0][:48]
-    x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
-    shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times = {"yours_ms": [], "ddp_ms": []}
-    for step in range(3):
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        ready.clear()
-        t0 = time.perf_counter()
-        with counted_all_reduce(state, fn) as calls:
-            state["backward"] = True
-            F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y).backward()
-            state["backward"] = False
-            local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
-            sync.finish()
-        t1 = time.perf_counter()
-        F.cross_entropy(ddp(x), y).backward()
-        times["yours_ms"].append(1e3 * (t1 - t0))
-        times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
-        if step == 0:
-            unwaited = sum(c["async"] and not c["waited"] for c in calls)
-            if unwaited:                                  # first: unwaited work can also leave a gradient wrong
-                note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
-                                "unwaited": unwaited})
-            for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
-                if q.grad is None or diff(q.grad, d.grad) > 1e-6:
-                    got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
-                    note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
-                                    "summed": diff(got, world * d.grad) < 1e-5,
-                                    "local": g is not None and diff(got, g) == 0,
-                                    **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
-            bad = check_calls(calls, list(ready))
-            if bad:
-                note(problems, {"rank": rank, **bad})
-            found = torch.tensor([float(bool(problems))])
-            dist.all_reduce(found)                        # every rank stops together once any rank found one:
-            if found.item():                              # a wrong solution may not survive more steps
-                break
-        for opt in opts:
-            opt.step()
-    worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
-    if worst > 1e-6:
-        note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
-    return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
-
-
-def check_overlap(cls, ctx, problems):
-    """03.5: ``cls(model)`` with ``.finish()``: DDP's result, one async all-reduce per parameter inside backward."""
-    def calls_ok(calls, ready):
-        inside = sum(c["in_backward"] and c["async"] for c in calls)
-        if len(calls) != len(ready) or inside != len(ready):
-            return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
-    return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
-
-
-def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
-    """All-reduce calls under 03.6's rule: gradients join the open bucket in ready order; it is sent when it
-    holds at least ``bucket_bytes``; what is left is sent at the end."""
-    calls = held = 0
-    for b in ready_bytes:
-        held += b
-        if held >= bucket_bytes:
-            calls, held = calls + 1, 0
-    return calls + (held > 0)
-
-
-def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
-    """03.6's and 03.7's rule for the first step's all-reduce ``calls``: one asynchronous call per bucket, and
-    every bucket that fills up during backward started there (from the hook, overlapping the rest of
-    backward), not in finish(). A problem dict, or None."""
-    want = expected_buckets(ready, bucket_bytes)
-    if len(calls) != want or not all(c["async"] for c in calls):
-        return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
-                "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
-    full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
-    inside = sum(c["in_backward"] for c in calls)
-    if inside < full:
-        return {"kind": "late_buckets", "inside": inside, "full": full, "bucket_bytes": bucket_bytes}
-
-
-def _full_buckets(ready_bytes: list, bucket_bytes: int):
-    """The buckets that reach ``bucket_bytes`` during backward (03.6's rule), one item each."""
-    held = 0
-    for b in ready_bytes:
-        held += b
-        if held >= bucket_bytes:
-            held = 0
-            yield b
-
-
-def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
-    """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, each full
-    one started during backward, for each bucket size b: 2 KiB gives full buckets only (the last gradient is
-    the largest), 1 MiB one bucket that is still open when backward ends (only finish() can send it)."""
-    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b), fn=cls)
-             for b in bucket_bytes]
-    return times[0]
-
-
-def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
-    """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
-    on an MLP and on :class:`TiedMLP`, with every rank but 0 starting from other weights."""
-    for model_fn in (None, TiedMLP):
-        for b in bucket_bytes:
-            found = torch.tensor([float(bool(problems))])
-            dist.all_reduce(found)                        # every rank stops together once any rank found one
-            if found.item():
-                return
-            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
-                                model_fn=model_fn, perturb=True, fn=cls)
-            if problems and model_fn is TiedMLP:
-                problems[0]["tied"] = True
-    return times
 
 
 def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
