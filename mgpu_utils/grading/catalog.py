@@ -6,36 +6,16 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import data_parallel
+from mgpu_utils.grading.coding import collectives, data_parallel
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import (check_all_gather, check_attention_merge, check_gan_step, check_local_sgd,
-                                            check_measure, check_my_fsdp, check_reduce_scatter, check_schedule,
-                                            check_sharded_adam, check_sharded_any, check_snapshot, check_two_d,
-                                            start_values)
+from mgpu_utils.grading.rank_checks import (check_attention_merge, check_gan_step, check_local_sgd, check_measure,
+                                            check_my_fsdp, check_schedule, check_sharded_adam, check_sharded_any,
+                                            check_snapshot, check_two_d)
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
 HINTS: dict[str, list[tuple]] = {
     "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
-    "entry": [
-        (lambda p, W: p.get("equals_rank") is not None,
-         "rank {rank}: the entry for rank {index} holds rank {equals_rank}'s tensor (world size {W}). At step s a "
-         "rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and receives that of "
-         "rank (rank - s - 1) mod W"),
-        (always, "rank {rank}: the entry for rank {index} differs from dist.all_gather's by {max_diff:.3g} (world size "
-                 "{W}, length {length}): was it received into the right slot, and waited for before use?")],
-    "value": [
-        (lambda p, W: p.get("one_rank") is not None and p["one_rank"] == p["rank"],
-         "rank {rank}: returned its own share of chunk {rank}, unchanged (world size {W}): nothing from the other "
-         "ranks was added"),
-        (lambda p, W: p.get("one_rank") is not None,
-         "rank {rank}: returned rank {one_rank}'s share of chunk {rank} alone (world size {W}): the partial sums "
-         "were replaced on the way, not added to"),
-        (lambda p, W: p.get("equals_chunk") is not None and p["equals_chunk"] != p["rank"],
-         "rank {rank}: returned the complete sum of chunk {equals_chunk}, not chunk {rank} (world size {W}): start "
-         "one chunk earlier, so that after W - 1 steps the chunk completed is rank's own"),
-        (always, "rank {rank}: differs from reduce-scatter's chunk by {max_diff:.3g} (world size {W}, chunks of {k}): "
-                 "each step must add the incoming partial sum to this rank's copy of the same chunk")],
     "actions": [(always, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
                          "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
     "deadlock": [(always, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
@@ -303,38 +283,7 @@ def _bytes_held(info: dict, world: int) -> list[str]:
             f"Adam's moments for the whole model are {info['full_adam_bytes']:,}"]
 
 
-def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
-    """04.6: None when every rank ends with the element-wise sum of every rank's start values, else the hint."""
-    starts = [start_values(r, seed=seed).tolist() for r in range(world)]
-    want = [sum(col) for col in zip(*starts)]
-    every = res.get("every_rank")
-    if not isinstance(every, list) or len(every) != world:
-        return (f"the script reported no t for each of the {world} ranks (its result: {res}): end it with "
-                f"emit_every_rank(ctx, t), as exercises/04_fix_the_hang.py does (a copy made before that line "
-                f"existed: start again from it)")
-    copied = [j for j in range(world) if all(got == starts[j] for got in every)]
-    if copied and world > 1:
-        return (f"every rank holds rank {copied[0]}'s numbers {starts[copied[0]]}, not the sum over the ranks {want} "
-                f"(world size {world}): a broadcast copies one rank's t and adds nothing; dist.all_reduce sums")
-    for r, got in enumerate(every):
-        if got == want:
-            continue
-        if got == starts[r]:
-            return (f"rank {r} still holds its own numbers {got}, not the sum over the ranks {want} (world size "
-                    f"{world}): every rank must end with the sum; dist.reduce leaves it on the destination only, "
-                    f"dist.all_reduce on every rank")
-        return f"rank {r} ends with {got}, expected the sum over the ranks {want} (world size {world})"
-    return None
-
-
 _RECORDS = [
-    CodingExercise("04.4", "04_ring_all_gather.py", "ring_all_gather", (2, 3, 4), check_all_gather, HINTS,
-                   "equal to dist.all_gather for lengths 1, 7 and 4 Mi elements (where blocking calls deadlock), "
-                   "with point-to-point messages only"),
-    CodingExercise("04.5", "04_ring_reduce_scatter.py", "ring_reduce_scatter", (2, 3, 4), check_reduce_scatter,
-                   HINTS,
-                   "equal to reduce-scatter for chunks of 1, 3 and 4 Mi elements (where blocking calls deadlock), "
-                   "with point-to-point messages only"),
     CodingExercise("05.4", "05_one_f_one_b.py", "one_f_one_b", (2, 3, 4), check_schedule, HINTS,
                    "complete, deadlock-free, the bubble (p-1)/(m+p-1) with at most min(p-r, m) micro-batches in "
                    "flight, and the gradients of one process when run on real ranks"),
@@ -366,11 +315,9 @@ _RECORDS = [
     CodingExercise("12.3", "12_merge_attention.py", "merge", (2, 3), check_attention_merge, HINTS,
                    "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
                    "ring attention with it equals full attention, causal and not"),
-    CodingExercise("04.6", "04_fix_the_hang.py", None, (2, 3), None, HINTS,
-                   "every rank ends with the sum, and the job finishes", judge=_every_rank_hint),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel,)
+LESSONS = (data_parallel, collectives)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 

@@ -21,93 +21,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.data import load_data
-from mgpu_utils.dist import collective_timeout, emit_result
+from mgpu_utils.dist import collective_timeout
 from mgpu_utils.grading.common import diff, held_bytes, inner_parameters, note
-from mgpu_utils.measure.comm_calls import counted_collectives, namespaces_of, patched_collectives, point_to_point_only
+from mgpu_utils.measure.comm_calls import counted_collectives, namespaces_of, patched_collectives
 from mgpu_utils.models import TiedMLP, make_mlp
 from mgpu_utils.parallel.context import ring_attention, shard
 from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
 from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
                                            simulate)
-
-
-def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
-    """Exercise 04.6's numbers: ``n`` whole numbers (float32, shape (n,)) of rank ``rank``'s own, drawn from
-    ``seed`` (default: ``MGPU_GRADE_SEED``, 0 when unset). The grader picks a new seed for every run, so the
-    sum over the ranks cannot be written down in advance: it has to be communicated."""
-    seed = int(os.environ.get("MGPU_GRADE_SEED", "0")) if seed is None else seed
-    g = torch.Generator().manual_seed(seed * 1009 + rank)
-    return torch.randint(1, 100, (n,), generator=g).float()
-
-
-def emit_every_rank(ctx, t: torch.Tensor) -> None:
-    """Exercise 04.6's result line: every rank's ``t``, gathered on rank 0 by a collective of its own (so
-    the grader sees what each rank ends with, not only rank 0)."""
-    every = [None] * ctx.world_size
-    if dist.is_initialized():
-        dist.all_gather_object(every, t.tolist())
-    else:
-        every = [t.tolist()]
-    emit_result({"world_size": ctx.world_size, "every_rank": every, "total": sum(every[0])})
-
-
-#: Elements of the large message of 04.4 and 04.5: 4 Mi float32, 16 MiB, more than a TCP socket buffers (Linux: at
-#: most 4 MiB sent and 6 MiB received by default), so a blocking send waits for its receiver.
-LARGE = 1 << 22
-
-
-def check_all_gather(fn, ctx, problems):
-    """04.4: ``fn(x)`` against ``dist.all_gather`` for lengths 1, 7 and :data:`LARGE` (float32), point-to-point
-    only. The large message outgrows the sockets' buffers: two blocking calls in the same order on every rank
-    (send, then receive) deadlock there, as they would on NCCL at any size."""
-    world, rank = ctx.world_size, ctx.rank
-    for length in (1, 7, LARGE):
-        x = torch.arange(length, dtype=torch.float32) + 1000.0 * (rank + 1)
-        with point_to_point_only("04.4", fn):
-            out = fn(x.clone())
-        ref = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(ref, x)
-        if not isinstance(out, (list, tuple)) or len(out) != world:
-            note(problems, {"rank": rank, "kind": "shape", "want": f"a list of {world} tensors",
-                            "got": f"{len(out)} tensors" if isinstance(out, (list, tuple)) else type(out).__name__})
-            continue
-        for j, (o, r) in enumerate(zip(out, ref)):
-            if not isinstance(o, torch.Tensor) or o.shape != r.shape:
-                note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(o, "shape", type(o).__name__)),
-                                "want": str(r.shape), "index": j})
-            elif diff(o, r):
-                same = [i for i, q in enumerate(ref) if q.shape == o.shape and diff(o, q) == 0]
-                note(problems, {"rank": rank, "kind": "entry", "index": j, "length": length, "max_diff": diff(o, r),
-                                "equals_rank": same[0] if same else None})
-
-
-def check_reduce_scatter(fn, ctx, problems):
-    """04.5: ``fn(x)``, x of world_size * k elements, against reduce-scatter for k = 1, 3 and :data:`LARGE`,
-    point-to-point only (the large chunks deadlock blocking calls, as in :func:`check_all_gather`)."""
-    world, rank = ctx.world_size, ctx.rank
-    for k in (1, 3, LARGE):
-        x = (torch.arange(world * k) % 251).float() * (rank + 1) + rank   # small integers: every sum is exact
-        with point_to_point_only("04.5", fn):
-            out = fn(x.clone())
-        ref = torch.empty(k)
-        reduce_scatter_single(ref, x)
-        wrong_shape = not isinstance(out, torch.Tensor) or out.shape != ref.shape
-        bad = torch.tensor([float(wrong_shape or bool(diff(out, ref)))])
-        dist.all_reduce(bad)                          # every rank gathers the inputs below, or none does
-        xs = [torch.empty_like(x) for _ in range(world)]
-        if bad.item():
-            dist.all_gather(xs, x)
-        if wrong_shape:
-            note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(out, "shape", type(out).__name__)),
-                            "want": str(ref.shape)})
-        elif diff(out, ref):
-            total = sum(xs).chunk(world)
-            same = [j for j in range(world) if diff(out, total[j]) == 0]          # another chunk's full sum
-            alone = [j for j in range(world) if diff(out, xs[j].chunk(world)[rank]) == 0]   # one rank's share
-            note(problems, {"rank": rank, "kind": "value", "k": k, "max_diff": diff(out, ref),
-                            "equals_chunk": same[0] if same else None, "one_rank": alone[0] if alone else None})
 
 
 def check_schedule(fn, ctx, problems, m=5):
