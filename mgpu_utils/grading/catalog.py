@@ -6,23 +6,16 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import collectives, data_parallel
+from mgpu_utils.grading.coding import collectives, data_parallel, model_parallel
 from mgpu_utils.grading.common import CodingExercise, always
 from mgpu_utils.grading.rank_checks import (check_attention_merge, check_gan_step, check_local_sgd, check_measure,
-                                            check_my_fsdp, check_schedule, check_sharded_adam, check_sharded_any,
-                                            check_snapshot, check_two_d)
+                                            check_my_fsdp, check_sharded_adam, check_sharded_any, check_snapshot,
+                                            check_two_d)
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
 HINTS: dict[str, list[tuple]] = {
     "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
-    "actions": [(always, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
-                         "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
-    "deadlock": [(always, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
-    "bubble": [(always, "with p = {p} and m = {m} the bubble is {bubble:.3f}, more than 1F1B's (p-1)/(m+p-1) = "
-                        "{formula:.3f}: a stage waits for a backward it could have run earlier{warmup}")],
-    "memory": [(always, "rank {rank} holds {peak:g} micro-batches' activations at once (p = {p}, m = {m}); 1F1B holds "
-                        "at most min(p - r, m) = {limit}: start the backwards after fewer warm-up forwards")],
     "adam": [
         (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),           # about 1/W moved: only this rank's own slice
          "rank {rank}: only {moved_share:.0%} of the parameters that Adam updates moved (world size {W}): the "
@@ -266,12 +259,6 @@ HINTS: dict[str, list[tuple]] = {
     "any_memory": [(always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                             "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
-    "param": [
-        (lambda p, W: "grad" in p.get("what", ""),
-         "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
-        (always, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
-                 "although the first step's gradients matched: does something carry over from one step to the next "
-                 "(a list of pending work never cleared, a bucket never emptied)?")],
 }
 
 
@@ -284,9 +271,6 @@ def _bytes_held(info: dict, world: int) -> list[str]:
 
 
 _RECORDS = [
-    CodingExercise("05.4", "05_one_f_one_b.py", "one_f_one_b", (2, 3, 4), check_schedule, HINTS,
-                   "complete, deadlock-free, the bubble (p-1)/(m+p-1) with at most min(p-r, m) micro-batches in "
-                   "flight, and the gradients of one process when run on real ranks"),
     CodingExercise("07.4", "07_zero1.py", "ShardedAdam", (2, 3), check_sharded_adam, HINTS,
                    "three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks",
                    on_success=_bytes_held),
@@ -317,7 +301,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives)
+LESSONS = (data_parallel, collectives, model_parallel)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 

@@ -27,42 +27,6 @@ from mgpu_utils.grading.common import diff, held_bytes, inner_parameters, note
 from mgpu_utils.measure.comm_calls import counted_collectives, namespaces_of, patched_collectives
 from mgpu_utils.models import TiedMLP, make_mlp
 from mgpu_utils.parallel.context import ring_attention, shard
-from mgpu_utils.parallel.pipeline import build_model, run_schedule, split_stages
-from mgpu_utils.parallel.schedules import (bubble_formula, bubble_fraction, check_p2p_deadlock_free, p2p_plan, peak_in_flight,
-                                           simulate)
-
-
-def check_schedule(fn, ctx, problems, m=5):
-    """05.4: ``fn(p, m)`` action lists: complete, deadlock-free, 1F1B's bubble and memory; then run for real."""
-    p, r = ctx.world_size, ctx.rank
-    acts = fn(p, m)                                       # the same lists on every rank: the same verdicts
-    want = [sorted((k, i, q) for k in "FB" for i in range(m)) for q in range(p)]
-    if not isinstance(acts, list) or len(acts) != p or any(sorted(map(tuple, a)) != w for a, w in zip(acts, want)):
-        return note(problems, {"rank": r, "kind": "actions", "p": p, "m": m})
-    try:
-        timeline = simulate(acts)
-        check_p2p_deadlock_free([p2p_plan(acts[q], q, p) for q in range(p)])
-    except ValueError as e:
-        return note(problems, {"rank": r, "kind": "deadlock", "p": p, "m": m, "detail": str(e)[:300]})
-    bubble, peak = bubble_fraction(timeline), peak_in_flight(acts)
-    if bubble > bubble_formula(p, m) + 1e-9:
-        warm = [next((i for i, a in enumerate(acts[q]) if a[0] == "B"), m) for q in range(p)]
-        q = next((q for q in range(p) if warm[q] != min(p - q, m)), None)
-        why = "" if q is None else (f" (rank {q} runs {warm[q]} forward(s) before its first backward; 1F1B's "
-                                    f"rank r runs min(p - r, m) = {min(p - q, m)})")
-        return note(problems, {"rank": r, "kind": "bubble", "p": p, "m": m, "bubble": bubble,
-                               "formula": bubble_formula(p, m), "warmup": why})
-    if any(peak[q] > min(p - q, m) for q in range(p)):
-        q = next(q for q in range(p) if peak[q] > min(p - q, m))
-        return note(problems, {"rank": q, "kind": "memory", "p": p, "m": m, "peak": peak[q], "limit": min(p - q, m)})
-    model, g = build_model(2 * p, 16), torch.Generator().manual_seed(1)
-    x, y = torch.randn(4 * m, 16, generator=g), torch.randn(4 * m, 16, generator=g)
-    torch.nn.MSELoss()(model(x), y).backward()            # the single-process reference
-    mine = split_stages(copy.deepcopy(model), p)[r]
-    run_schedule(acts[r], {r: mine}, list(x.chunk(m)), list(y.chunk(m)), torch.nn.MSELoss(), r, p)
-    worst = max(diff(a.grad, b.grad) for a, b in zip(mine.parameters(), split_stages(model, p)[r].parameters()))
-    if worst > 1e-5:
-        note(problems, {"rank": r, "kind": "param", "what": "grad", "max_diff": worst})
 
 
 def check_sharded_adam(cls, ctx, problems, steps=3):
