@@ -6,11 +6,10 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import collectives, data_parallel, model_parallel
+from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, model_parallel
 from mgpu_utils.grading.common import CodingExercise, always
 from mgpu_utils.grading.rank_checks import (check_attention_merge, check_gan_step, check_local_sgd, check_measure,
-                                            check_my_fsdp, check_sharded_adam, check_sharded_any, check_snapshot,
-                                            check_two_d)
+                                            check_my_fsdp, check_sharded_adam, check_sharded_any, check_snapshot)
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
@@ -130,59 +129,6 @@ HINTS: dict[str, list[tuple]] = {
                  "{max_diff:.3g}: gather every parameter (a tied one once, used twice), reduce-scatter its gradient "
                  "and divide by the world size"),
     ],
-    "two_d": [
-        (lambda p, W: p["what"] == "collective",
-         "rank {rank} (mesh {layout}, dp x tp): called {calls}; the only communication here is all-reduce: g's in "
-         "the forward, f's in the backward and the average over dp_group. A gather would put more than this rank's "
-         "shard in its memory"),
-        (lambda p, W: p["what"] == "loss_type",
-         "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
-         "(loss.item())"),
-        (lambda p, W: p["what"] == "tp_traffic",
-         "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
-         "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
-         "[rows, O] ({want_g} elements) in the forward and f's [rows, D] ({want_f}) in the backward. A rank that "
-         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard. (W0's and "
-         "b2's gradients are equal on the tp ranks after f: average them over dp_group only)"),
-        (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
-         "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
-         "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
-        (lambda p, W: p["what"] == "loss" and p["forward"] == "bias_every_rank",
-         "rank {rank} (mesh {layout}, dp x tp): the loss is that of y with b2 added {tp} times: every tp rank added "
-         "the bias before g's all-reduce. Add it after g, once"),
-        (lambda p, W: p["what"] == "loss",
-         "rank {rank} (mesh {layout}, dp x tp): at step {step} the loss {got:.6f} differs from one process's "
-         "{want:.6f} on this rank's rows: the forward is relu(x W0^T), f, relu(. W1^T), . W2^T, g, + b2"),
-        (lambda p, W: p["what"] == "step" and p["forward"] == "no_f",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 W0's gradient is only the part that flows through "
-         "this rank's hidden units: every tp rank's slice of W1 used the same z, so f's backward sums z's gradient "
-         "over tp_group (one all-reduce)"),
-        (lambda p, W: p["what"] == "step" and p["forward"] == "g_backward_sum",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients of W0, W1 and W2 are tp = {tp} times "
-         "too large: g's backward is the identity (y is the sum of the partials, so each partial's gradient is "
-         "y's); an all-reduce there, as torch.distributed.nn.functional.all_reduce's backward does, adds {tp} "
-         "equal copies"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "none",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are those of this rank's rows only: "
-         "average them over dp_group (all-reduce, then divide by its size, {dp})"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "sum",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group, dp = {dp} "
-         "times the mean: divide by dp_group's size"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "div_world",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group divided by "
-         "the world size {W}; the mean is over dp_group, {dp} rank(s) (dist.get_world_size(dp_group))"),
-        (lambda p, W: p["what"] == "step" and p["sync"] in ("world_dp", "world_mean"),
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients were all-reduced over every rank: "
-         "that adds the other tp ranks' shards (other rows of W1, other columns of W2) to this one. Average over "
-         "dp_group only"),
-        (lambda p, W: p["what"] == "step",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 {param} differs from one process's by "
-         "{max_diff:.3g}"),
-        (lambda p, W: p["what"] == "carried",
-         "rank {rank} (mesh {layout}, dp x tp): step 1 was right; at step {step} step 1's gradients were still "
-         "there (backward adds to p.grad): set p.grad = None after the update"),
-        (always, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
-                 "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
     "snapshot": [
         (lambda p, W: p["what"] == "no_load",
          "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
@@ -287,9 +233,6 @@ _RECORDS = [
     CodingExercise("09.5", "09_gan_step.py", "gan_step", (2, 3), check_gan_step, HINTS,
                    "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
                    "detached fakes first, then G through the updated D)"),
-    CodingExercise("06.3", "06_two_d_step.py", "train_step", (2, 4), check_two_d, HINTS,
-                   "two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
-                   "(g in the forward, f in the backward, the mean over dp_group)"),
     CodingExercise("10.5", "10_measure_step.py", "measure_step", (2, 3), check_measure, HINTS,
                    "the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
                    "the MFU from them"),
@@ -301,7 +244,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
