@@ -580,7 +580,7 @@ def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
 def test_held_bytes_finds_every_tensor_once():
     import torch
 
-    from mgpu_utils.grading.rank_checks import held_bytes
+    from mgpu_utils.grading.common import held_bytes
 
     w = torch.nn.Parameter(torch.zeros(10))
     w.grad = torch.ones(10)

@@ -6,24 +6,15 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, model_parallel
+from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, memory, model_parallel
 from mgpu_utils.grading.common import CodingExercise, always
 from mgpu_utils.grading.rank_checks import (check_attention_merge, check_gan_step, check_local_sgd, check_measure,
-                                            check_my_fsdp, check_sharded_adam, check_sharded_any, check_snapshot)
+                                            check_snapshot)
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
 HINTS: dict[str, list[tuple]] = {
     "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
-    "adam": [
-        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),           # about 1/W moved: only this rank's own slice
-         "rank {rank}: only {moved_share:.0%} of the parameters that Adam updates moved (world size {W}): the "
-         "other ranks' updated slices never arrived; gather every slice on every rank (step 3)"),
-        (always, "rank {rank}: after three steps the parameters differ from Adam in one process by {max_diff:.3g} "
-                 "(world size {W}): is g the mean over the ranks of this rank's slice (step 1)?")],
-    "adam_memory": [(always, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors (counting every tensor it "
-                             "can reach: attributes, lists, dicts, a wrapped optimizer's state); full Adam's moments "
-                             "are {full:,}: keep only this rank's slice of m and v")],
     "talked": [
         (lambda p, W: not p["talked"],
          "rank {rank}: the ranks never communicated: after steps {want} (every {period} steps) replace each "
@@ -95,40 +86,6 @@ HINTS: dict[str, list[tuple]] = {
          "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
         (always, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
                  "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
-    "fsdp": [
-        (lambda p, W: p["what"] == "params",
-         "rank {rank} ({model}): your wrapper's parameters() hold {got:,} elements, the whole model {full:,}: keep "
-         "only this rank's shard of each parameter, at most {bound:,} elements at world size {W} (a tied weight "
-         "once), "
-         "and do not register the wrapped module as a submodule (its parameters would be listed too)"),
-        (lambda p, W: p["what"] == "master_dtype",
-         "rank {rank} ({model}, compute dtype {dtype}): the shards are {got}; keep the shards, their gradients and "
-         "the optimizer in float32 and cast to compute_dtype only what is gathered for the forward"),
-        (lambda p, W: p["what"] == "all_reduce",
-         "rank {rank} ({model}, {dtype}): step {step} all-reduced ({calls} call(s)); ZeRO-3 reduce-scatters the "
-         "gradients, so that each rank receives the sum of its own shard only, and all-gathers the parameters"),
-        (lambda p, W: p["what"] == "collectives",
-         "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
-         "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single)"),
-        (lambda p, W: p["what"] == "compute_dtype",
-         "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
-         "gathered parameters (and a floating-point input) to compute_dtype"),
-        (lambda p, W: p["what"] == "held",
-         "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
-         "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
-         "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
-         "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
-         "the whole storage)"),
-        (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
-         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
-         "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
-        (lambda p, W: p["what"] == "output" and p["variant"] == "own",
-         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one trained on this rank's rows alone: "
-         "the shard's gradient must be reduce-scattered from every rank's whole gradient"),
-        (always, "rank {rank} ({model}, {dtype}): after {steps} SGD steps the output differs from one process's by "
-                 "{max_diff:.3g}: gather every parameter (a tied one once, used twice), reduce-scatter its gradient "
-                 "and divide by the world size"),
-    ],
     "snapshot": [
         (lambda p, W: p["what"] == "no_load",
          "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
@@ -192,41 +149,10 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: mfu {mfu:.4g} is {W} times flops / step_s / peak_flops: this rank's FLOPs go over this "
          "rank's peak (the job's MFU is the same fraction: W times the FLOPs over W times the peak)"),
         (always, "rank {rank}: mfu {mfu:.4g}, but your flops / step_s / peak_flops is {expected:.4g}")],
-    "any_opt": [
-        (lambda p, W: p["moved_share"] == 0,
-         "rank {rank}: with {optimizer}, no parameter moved in three steps (world size {W}): step() must update "
-         "the parameters"),
-        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),
-         "rank {rank}: with {optimizer}, only {moved_share:.0%} of the parameters that one process updates moved "
-         "(world size {W}): the other ranks' updated slices never arrived; gather every slice on every rank"),
-        (always, "rank {rank}: with {optimizer}, after three steps the parameters differ from one process's by "
-                 "{max_diff:.3g} (world size {W}): is each slice's gradient the mean over the ranks, and does the "
-                 "inner optimizer get every keyword argument (lr, momentum, weight_decay)?")],
-    "any_memory": [(always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
-                            "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
-                            "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
 }
 
 
-def _bytes_held(info: dict, world: int) -> list[str]:
-    """07.4, on success: the optimizer's bytes on rank 0 against Adam's moments."""
-    if "optimizer_bytes" not in info:
-        return []
-    return [f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
-            f"Adam's moments for the whole model are {info['full_adam_bytes']:,}"]
-
-
 _RECORDS = [
-    CodingExercise("07.4", "07_zero1.py", "ShardedAdam", (2, 3), check_sharded_adam, HINTS,
-                   "three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks",
-                   on_success=_bytes_held),
-    CodingExercise("07.5", "07_zero1_any.py", "ShardedOptimizer", (2, 3), check_sharded_any, HINTS,
-                   "three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
-                   "about 1/world of the optimizer's state"),
-    CodingExercise("07.6", "07_my_fsdp.py", "MyFSDP", (2, 3), check_my_fsdp, HINTS,
-                   "three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
-                   "computing in bfloat16, with each rank holding about 1/world of the parameters, all-gathered "
-                   "for the forward and their gradients reduce-scattered"),
     CodingExercise("08.4", "08_local_sgd.py", "PeriodicAveraging", (2, 3), check_local_sgd, HINTS,
                    "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
                    "and 6), with no communication in between"),
@@ -244,7 +170,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
