@@ -6,36 +6,14 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, memory, model_parallel
+from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, memory, model_parallel, sync_async
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import (check_attention_merge, check_gan_step, check_local_sgd, check_measure,
-                                            check_snapshot)
+from mgpu_utils.grading.rank_checks import check_attention_merge, check_gan_step, check_measure, check_snapshot
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
 HINTS: dict[str, list[tuple]] = {
     "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
-    "talked": [
-        (lambda p, W: not p["talked"],
-         "rank {rank}: the ranks never communicated: after steps {want} (every {period} steps) replace each "
-         "parameter by its mean over the ranks"),
-        (always, "rank {rank}: the ranks communicated after steps {talked}; with period {period} they average after "
-                 "steps {want} only (count the steps from 1: the first averaging follows step {period}) and do not "
-                 "communicate in between")],
-    "local_sgd": [
-        (lambda p, W: p["own"],
-         "rank {rank}: after step {step} the parameters are still this rank's own (or them divided by {W}): the "
-         "all-reduce's result was not kept (all_reduce works in place on the tensor it is given: pass the parameter "
-         "itself)"),
-        (lambda p, W: p["summed"],
-         "rank {rank}: after step {step} the parameters are the sum over the ranks, {W} times the mean: divide by "
-         "the world size"),
-        (lambda p, W: p["copied_from"] is not None,
-         "rank {rank}: after step {step} the parameters are rank {copied_from}'s own (or them divided by {W}): a "
-         "broadcast copies one rank's "
-         "parameters; the mean needs all_reduce (a sum) and a division by {W}"),
-        (always, "rank {rank}: after step {step} the parameters differ from local SGD's by {max_diff:.3g} (world size "
-                 "{W})")],
     "gan_ddp": [(always, "rank {rank}: the step failed: {error}. D's backward went through G, so G's backward ran "
                          "twice in one step (its graph was freed, and DDP marks each parameter ready once). Keep the "
                          "fakes out of D's backward: D(fake.detach())")],
@@ -153,9 +131,6 @@ HINTS: dict[str, list[tuple]] = {
 
 
 _RECORDS = [
-    CodingExercise("08.4", "08_local_sgd.py", "PeriodicAveraging", (2, 3), check_local_sgd, HINTS,
-                   "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
-                   "and 6), with no communication in between"),
     CodingExercise("09.5", "09_gan_step.py", "gan_step", (2, 3), check_gan_step, HINTS,
                    "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
                    "detached fakes first, then G through the updated D)"),
@@ -170,7 +145,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 

@@ -23,56 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import diff, note
-from mgpu_utils.measure.comm_calls import counted_collectives, namespaces_of
-from mgpu_utils.models import make_mlp
+from mgpu_utils.measure.comm_calls import namespaces_of
 from mgpu_utils.parallel.context import ring_attention, shard
-
-
-def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
-    """08.4: ``cls(model, period)`` with ``.after_step()`` after every SGD step, against W replicas trained in this
-    process on the ranks' shards and averaged after steps period, 2 period, ...; and silent in between."""
-    world, rank = ctx.world_size, ctx.rank
-    torch.manual_seed(0)
-    model = make_mlp(32, 1)
-    x, y = load_data()[0][:world * steps * batch]
-    shards = [(x.flatten(1)[r::world], y[r::world]) for r in range(world)]
-    replicas, mine = [copy.deepcopy(model) for _ in range(world)], copy.deepcopy(model)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in replicas + [mine]]
-    flat = lambda m: torch.cat([q.detach().reshape(-1) for q in m.parameters()])
-
-    def sgd(m, opt, r, s):                                # one local step of rank r's replica on its batch s
-        (xs, ys), b = shards[r], slice(s * batch, (s + 1) * batch)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(m(xs[b]), ys[b]).backward()
-        opt.step()
-    sync, talked, wrong = cls(mine, period), [], None
-    for s in range(1, steps + 1):
-        for r, m in enumerate(replicas):
-            sgd(m, opts[r], r, s - 1)
-        before = [flat(m) for m in replicas]              # each rank's own parameters, before any averaging
-        if s % period == 0:
-            with torch.no_grad():
-                for qs in zip(*(m.parameters() for m in replicas)):
-                    mean = torch.stack(qs).mean(0)
-                    for q in qs:
-                        q.copy_(mean)
-        sgd(mine, opts[-1], rank, s - 1)
-        calls = []
-        with counted_collectives(calls, cls):
-            sync.after_step()
-        talked += [s] if calls else []
-        got, want = flat(mine), flat(replicas[rank])
-        if wrong is None and diff(got, want) > 1e-5:
-            total = torch.stack(before).sum(0)
-            near = lambda t: min(diff(got, t), diff(got, t / world)) < 1e-6     # t, or t divided by the world
-            wrong = {"step": s, "max_diff": diff(got, want), "own": near(before[rank]),
-                     "summed": diff(got, total) < 1e-4,
-                     "copied_from": next((q for q in range(world) if q != rank and near(before[q])), None)}
-    expected = [s for s in range(1, steps + 1) if s % period == 0]
-    if talked != expected:
-        note(problems, {"rank": rank, "kind": "talked", "talked": talked, "want": expected, "period": period})
-    elif wrong:
-        note(problems, {"rank": rank, "kind": "local_sgd", **wrong})
 
 
 #: Exercise 09.5's reference procedures, in one process: the right step and the typical wrong ones, so that a
