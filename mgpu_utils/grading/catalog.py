@@ -6,34 +6,15 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import collectives, data_parallel, hybrid, memory, model_parallel, sync_async
+from mgpu_utils.grading.coding import (case_studies, collectives, data_parallel, hybrid, memory, model_parallel,
+                                       sync_async)
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import check_attention_merge, check_gan_step, check_measure, check_snapshot
+from mgpu_utils.grading.rank_checks import check_attention_merge, check_measure, check_snapshot
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
 HINTS: dict[str, list[tuple]] = {
     "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
-    "gan_ddp": [(always, "rank {rank}: the step failed: {error}. D's backward went through G, so G's backward ran "
-                         "twice in one step (its graph was freed, and DDP marks each parameter ready once). Keep the "
-                         "fakes out of D's backward: D(fake.detach())")],
-    "gan": [
-        (lambda p, W: p["variant"] == "nothing",
-         "rank {rank}: neither G nor D changed in {steps} steps: each step needs opt_d.step() and then opt_g.step()"),
-        (lambda p, W: p["variant"] == "no_d_step", "rank {rank}: D never changed: step opt_d after D's backward"),
-        (lambda p, W: p["variant"] == "no_g_step", "rank {rank}: G never changed: step opt_g after G's backward"),
-        (lambda p, W: p["variant"] == "g_first",
-         "rank {rank}: the parameters are those of G stepping before D: step D first (on the detached fakes), then "
-         "G through the updated D"),
-        (lambda p, W: p["variant"] == "g_labels_fake",
-         "rank {rank}: G's loss labels its fakes 0, as D's does: G wants D to say real, so its target is ones"),
-        (lambda p, W: p["variant"] == "no_zero_d",
-         "rank {rank}: D's gradients carried over from the step before (G's backward also goes through D): "
-         "opt_d.zero_grad() before D's backward"),
-        (lambda p, W: p["variant"] == "no_zero_g",
-         "rank {rank}: G's gradients accumulated over the steps: opt_g.zero_grad() before G's backward"),
-        (always, "rank {rank}: after {steps} steps the parameters differ from one process's by {max_diff:.3g} (world "
-                 "size {W}): D(real) against ones plus D(fake.detach()) against zeros, then D(fake) against ones")],
     "merge": [
         (lambda p, W: p["variant"] == "first_only",
          "rank {rank}: returned out1 and lse1 unchanged: the keys of the second part were left out"),
@@ -131,9 +112,6 @@ HINTS: dict[str, list[tuple]] = {
 
 
 _RECORDS = [
-    CodingExercise("09.5", "09_gan_step.py", "gan_step", (2, 3), check_gan_step, HINTS,
-                   "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
-                   "detached fakes first, then G through the updated D)"),
     CodingExercise("10.5", "10_measure_step.py", "measure_step", (2, 3), check_measure, HINTS,
                    "the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
                    "the MFU from them"),
@@ -145,7 +123,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
