@@ -6,10 +6,10 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import (case_studies, collectives, data_parallel, hybrid, memory, model_parallel,
-                                       sync_async)
+from mgpu_utils.grading.coding import (benchmarking, case_studies, collectives, data_parallel, hybrid, memory,
+                                       model_parallel, sync_async)
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import check_attention_merge, check_measure, check_snapshot
+from mgpu_utils.grading.rank_checks import check_attention_merge, check_snapshot
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
@@ -77,44 +77,10 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
          "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
          "os.replace() it onto the path (a rename is atomic)")],
-    "measure": [
-        (lambda p, W: p["what"] == "type",
-         "rank {rank}: measure_step returned {got}; return a dict with the numbers step_s, flops and mfu"),
-        (lambda p, W: p["what"] == "unsynced",
-         "rank {rank}: {ms:.2f} ms per step, less than the {device_ms:.0f} ms of work each step queues: the clock "
-         "was read before the step's work was done (step() returns when its work is queued, as CUDA kernels and "
-         "NCCL collectives do). Call sync() before reading the clock, at the start and at the end"),
-        (lambda p, W: p["what"] == "warmup",
-         "rank {rank}: {ms:.0f} ms per step, several times the {device_ms:.0f} ms a step's work takes: the first "
-         "step, {first_s:g} s (lazy initialisation, autotuning), is in the number. Run the warm-up steps "
-         "untimed, and take the median of the timed ones"),
-        (lambda p, W: p["what"] == "per_step",
-         "rank {rank}: sync() was called {syncs} time(s) for {repeats} timed steps: the median needs each step's "
-         "own time, so sync before reading the clock at the start and at the end of every timed step"),
-        (lambda p, W: p["what"] == "no_warmup",
-         "rank {rank}: step() ran {calls} time(s) for {warmup} warm-up and {repeats} timed steps: run the warm-up "
-         "steps, untimed, before the timed ones (here the median hid the slow first step; a mean would not)"),
-        (lambda p, W: p["what"] == "flops" and not p["flops"],
-         "rank {rank}: flops is 0: count one step with torch.utils.flop_counter.FlopCounterMode "
-         "(counter.get_total_flops())"),
-        (lambda p, W: p["what"] == "flops" and p["steps"],
-         "rank {rank}: {flops:.4g} FLOPs, the count of {steps} steps ({want:.4g} each): count one step"),
-        (lambda p, W: p["what"] == "flops",
-         "rank {rank}: {flops:.4g} FLOPs per step; FlopCounterMode counts {want:.4g} for one step of this rank "
-         "(forward and backward)"),
-        (lambda p, W: p["what"] == "mfu" and p["as"] == "percent",
-         "rank {rank}: mfu {mfu:.4g} is a percentage; return the fraction, flops / step_s / peak_flops"),
-        (lambda p, W: p["what"] == "mfu" and p["as"] == "world",
-         "rank {rank}: mfu {mfu:.4g} is {W} times flops / step_s / peak_flops: this rank's FLOPs go over this "
-         "rank's peak (the job's MFU is the same fraction: W times the FLOPs over W times the peak)"),
-        (always, "rank {rank}: mfu {mfu:.4g}, but your flops / step_s / peak_flops is {expected:.4g}")],
 }
 
 
 _RECORDS = [
-    CodingExercise("10.5", "10_measure_step.py", "measure_step", (2, 3), check_measure, HINTS,
-                   "the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
-                   "the MFU from them"),
     CodingExercise("11.5", "11_snapshot.py", "save_snapshot", (2, 3), check_snapshot, HINTS,
                    "a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
                    "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
@@ -123,7 +89,7 @@ _RECORDS = [
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies, benchmarking)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
