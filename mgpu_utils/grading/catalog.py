@@ -6,10 +6,10 @@ no notebook-side module.
 
 from __future__ import annotations
 
-from mgpu_utils.grading.coding import (benchmarking, case_studies, collectives, data_parallel, hybrid, memory,
-                                       model_parallel, sync_async)
+from mgpu_utils.grading.coding import (benchmarking, case_studies, collectives, data_parallel, fault_tolerance,
+                                       hybrid, memory, model_parallel, sync_async)
 from mgpu_utils.grading.common import CodingExercise, always
-from mgpu_utils.grading.rank_checks import check_attention_merge, check_snapshot
+from mgpu_utils.grading.rank_checks import check_attention_merge
 
 #: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`), until each lesson's hints sit beside its checks.
@@ -45,51 +45,17 @@ HINTS: dict[str, list[tuple]] = {
          "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
         (always, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
                  "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
-    "snapshot": [
-        (lambda p, W: p["what"] == "no_load",
-         "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "drop",
-         "rank {rank}: the resumed job's weights differ from the uninterrupted job's by {max_diff:.3g} (world "
-         "size {W}): they are those of a snapshot without {parts}. The optimizer's state holds the momentum "
-         "buffers and the learning rate, the scheduler's its position, the random state each rank's dropout "
-         "stream"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "rank0_rng",
-         "rank {rank}: the resumed job's weights are those of every rank restoring rank 0's random state (world "
-         "size {W}): each rank has its own dropout stream; gather every rank's state "
-         "(dist.all_gather_object) into the snapshot and let each rank restore its own"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "step",
-         "rank {rank}: the resumed job's weights are those of a resume one step {off} (world size {W}): "
-         "load_snapshot returns the number of steps already done, the index of the next step"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "from_scratch",
-         "rank {rank}: the resumed job trained from step 0 again, from the initial weights (world size {W}): "
-         "load the model's state and return the step that the snapshot was taken at"),
-        (lambda p, W: p["what"] == "resume",
-         "rank {rank}: the resumed job's final weights differ from the uninterrupted job's by {max_diff:.3g} "
-         "(world size {W}): save and restore the model, the optimizer, the scheduler, every rank's random "
-         "state and the step"),
-        (lambda p, W: p["what"] == "no_file",
-         "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
-         "is on disk at the path survives; write the snapshot there"),
-        (lambda p, W: p["what"] == "ranks",
-         "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
-         "state; on a shared file system the ranks would write over each other)"),
-        (lambda p, W: p["what"] == "torn",
-         "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
-         "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
-         "os.replace() it onto the path (a rename is atomic)")],
 }
 
 
 _RECORDS = [
-    CodingExercise("11.5", "11_snapshot.py", "save_snapshot", (2, 3), check_snapshot, HINTS,
-                   "a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
-                   "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
     CodingExercise("12.3", "12_merge_attention.py", "merge", (2, 3), check_attention_merge, HINTS,
                    "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
                    "ring attention with it equals full attention, causal and not"),
 ]
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies, benchmarking)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies, benchmarking,
+           fault_tolerance)
 #: Every graded coding exercise, by id.
 EXERCISES = {e.id: e for records in [*(m.EXERCISES for m in LESSONS), _RECORDS] for e in records}
 
