@@ -30,8 +30,9 @@ Subpackages (where a new function goes):
   ``case_studies`` (09), ``benchmarking`` (10), ``fault_tolerance`` (11); ``common`` (colours, loss
   curves) and ``widget_view`` (widgets that still show something where they cannot run).
 * ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
-  notebook), ``catalog`` (every coding exercise by id), ``common`` (what their checks share), ``rank_checks``
-  (their checks inside each rank) and ``bulk`` (a whole class at once).
+  notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its
+  checks inside each rank and their hints), ``catalog`` (every coding exercise by id), ``common`` (what the
+  checks share) and ``bulk`` (a whole class at once).
 """
 
 __version__ = "0.1.0"

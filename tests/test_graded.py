@@ -603,7 +603,7 @@ def test_a_merge_that_fails_only_from_the_empty_start_is_named():
 
     import torch
 
-    from mgpu_utils.grading.rank_checks import check_attention_merge
+    from mgpu_utils.grading.coding.context_experts import check_attention_merge
     from mgpu_utils.grading.runner import problem_hint
     from mgpu_utils.parallel.context import merge
 

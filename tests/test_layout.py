@@ -92,13 +92,13 @@ def test_every_problem_a_coding_module_reports_has_its_hint_in_the_same_module(p
     assert module.EXERCISES and all(e.hints is module.HINTS and EXERCISES[e.id] is e for e in module.EXERCISES)
 
 
-def test_every_problem_a_rank_reports_has_its_hint():
-    from mgpu_utils.grading.catalog import HINTS
+def test_a_problem_gets_the_hint_of_its_exercise():
+    """A kind is local to its lesson's module: "param" is one hint in 03 and another in 05."""
     from mgpu_utils.grading.runner import problem_hint
 
-    src = (PKG / "grading" / "rank_checks.py").read_text()
-    kinds = set(re.findall(r'"kind":\s*"(\w+)"', src))
-    assert kinds and kinds <= set(HINTS), kinds - set(HINTS)
+    param = {"rank": 0, "kind": "param", "what": "grad", "max_diff": 0.5}
+    assert problem_hint("05.4", param, 2) == "rank 0: gradients differ from one process's by 0.5 (world size 2)"
+    assert problem_hint("03.4", param, 2).startswith("rank 0: after three steps the parameters differ from DDP's")
     assert problem_hint("04.4", {"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == \
         "rank 1: returned 3, expected 4"
 

@@ -2,7 +2,8 @@
 exercise, and the helpers that compare, report and count.
 
 * :class:`CodingExercise`: one coding exercise (its template, what the grader calls, the world sizes, its check
-  and the hints of the problems the check reports), gathered by :mod:`mgpu_utils.grading.catalog`.
+  and the hints of the problems the check reports), as each module of :mod:`mgpu_utils.grading.coding`
+  describes it; :mod:`mgpu_utils.grading.catalog` gathers them.
 * :func:`note` (a rank keeps its first problem only), :func:`diff` (max |a - b|), :func:`always` (the
   condition of a kind's last hint).
 * :func:`held_bytes` (every tensor an object can reach, each storage once: the state a student's optimizer or

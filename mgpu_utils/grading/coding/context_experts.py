@@ -1,19 +1,17 @@
-"""Rank-side checks of the graded coding exercises of lessons 03 to 12 (run by
-launch_scripts/grade_exercise.py under torchrun).
+"""The graded coding exercise of lesson 12, context parallelism and experts
+(notebooks/12_context_and_experts.ipynb): 12.3, the log-sum-exp merge of two partial attention results.
 
-Each check calls the student's function on this rank with real inputs, computes the same thing with PyTorch
-(dist.all_gather, reduce-scatter, DistributedDataParallel, torch.optim.Adam in one process, the course's
-schedule simulator and executor) and appends at most one problem per rank: a dict with the rank, a ``kind``
-that :mod:`mgpu_utils.grading.runner` turns into a hint, and the numbers behind it; the DDP checks also return the
-step times (ms). Every rank runs every step of a check even after a problem, so that no rank leaves
-the others waiting in a collective.
+The check merges two parts at small and large scores and from the empty start against attention over both
+key sets, names a wrong merge from the known mistakes' results (:func:`_which_merge`), then runs ring
+attention (:mod:`mgpu_utils.parallel.context`) with the student's merge against full attention. The hints of
+the problems it reports and the exercise's record are here too.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mgpu_utils.grading.common import diff, note
+from mgpu_utils.grading.common import CodingExercise, always, diff, note
 from mgpu_utils.parallel.context import ring_attention, shard
 
 
@@ -83,3 +81,50 @@ def check_attention_merge(fn, ctx, problems):
         if diff(got, want) > 1e-4 or not bool(torch.isfinite(got).all()):
             return note(problems, {"rank": rank, "kind": "merge", "variant": "ring", "causal": causal,
                                    "max_diff": diff(got, want)})
+
+
+#: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
+#: :class:`~mgpu_utils.grading.common.CodingExercise`).
+HINTS: dict[str, list[tuple]] = {
+    "shape": [(always, "rank {rank}: returned {got}, expected {want}")],
+    "merge": [
+        (lambda p, W: p["variant"] == "first_only",
+         "rank {rank}: returned out1 and lse1 unchanged: the keys of the second part were left out"),
+        (lambda p, W: p["variant"] == "overflow",
+         "rank {rank}: the merge gives inf or nan when the scores are large (here up to {max_score:.0f}): exp() "
+         "overflows above about 88 in float32 and 709 in float64. Subtract the larger of lse1 and lse2 before exponentiating (the max "
+         "trick of the online softmax), or use torch.logaddexp"),
+        (lambda p, W: p["variant"] == "lse",
+         "rank {rank}: the output is right, but the lse returned is {lse_is}, not log(exp(lse1) + exp(lse2)): the "
+         "next block of the ring merges with this lse, so from the third block on the result goes wrong"),
+        (lambda p, W: p["variant"] == "average",
+         "rank {rank}: the output is the plain average of out1 and out2: weight each part by its share of the "
+         "softmax's mass, exp(lse_i - lse), where lse is the merged one"),
+        (lambda p, W: p["variant"] == "sum",
+         "rank {rank}: the output is out1 + out2: each part is already normalised over its own keys, so weight "
+         "them by exp(lse_i - lse) (the weights sum to 1)"),
+        (lambda p, W: p["variant"] == "unnormalised",
+         "rank {rank}: the output is out1 exp(lse1) + out2 exp(lse2), not divided by exp(lse1) + exp(lse2)"),
+        (lambda p, W: p["variant"] == "max_weights",
+         "rank {rank}: the output weights the parts by exp(lse_i - max(lse1, lse2)): those weights sum to more than "
+         "1. Subtract the merged lse, log(exp(lse1) + exp(lse2)), so that the weights are the parts' shares of the "
+         "softmax's mass"),
+        (lambda p, W: p["variant"] == "empty",
+         "rank {rank}: merging into the empty start (out 0, lse -inf: no keys seen yet) gives {what}: with "
+         "lse1 = -inf the result must be (out2, lse2); -inf - (-inf) is nan, so subtract the larger lse"),
+        (lambda p, W: p["variant"] == "ring",
+         "rank {rank}: your merge is right on two parts, but ring attention with it (causal={causal}) differs from "
+         "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
+        (always, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
+                 "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
+}
+
+
+#: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
+EXERCISES = [
+    CodingExercise(
+        id="12.3", template="12_merge_attention.py", entry="merge", world_sizes=(2, 3),
+        check=check_attention_merge, hints=HINTS,
+        what="equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
+             "ring attention with it equals full attention, causal and not"),
+]
