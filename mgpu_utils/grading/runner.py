@@ -131,7 +131,7 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
 def _grade_once(exercise_id: str, g: CodingExercise, path: Path, world: int) -> tuple[str | None, list[str]]:
     """Run once at world size ``world``: (None when it passes, else the hint; what was measured, to print on
     success)."""
-    seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (its start_values)
+    seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (collectives.start_values)
     env = {TIMEOUT_ENV: HANG_TIMEOUT_S, "MGPU_GRADE_SEED": seed}
     try:
         if g.entry is not None:
