@@ -1,16 +1,17 @@
 """Grade a coding exercise's function under torchrun against the library (mgpu_utils.grading.runner.check_script).
 
-Loads the student's file (--solution) on every rank and runs the exercise's check from
-mgpu_utils.grading.rank_checks: the student's function on real inputs against what PyTorch computes (04.4 and
-04.5 against dist.all_gather and reduce-scatter, with the collectives switched off; 03.4 to 03.7 against
-DistributedDataParallel; 05.4 through the schedule simulator and the course's executor; 06.3 against the same
-SGD steps in one process at every dp x tp mesh; 07.4 and 07.5 against torch.optim in one process; 07.6 against
-SGD in one process, in float32 and computing in bfloat16; 08.4 against replicas trained and averaged in one
-process; 09.5 against the GAN's steps in one process; 10.5 with a step
-of known duration and FlopCounterMode; 11.5 against the same job run without a crash; 12.3 on two parts and
-inside ring attention against full attention). Every rank's findings are gathered to rank 0, whose result
-is {"exercise", "world_size", "ok", "problems": [...]}: each problem names the rank, a kind that
-mgpu_utils.grading.runner turns into a hint, and the numbers behind it.
+Loads the student's file (--solution) on every rank and runs the exercise's check (its record in
+mgpu_utils.grading.catalog; the check in the lesson's module of mgpu_utils.grading.coding): the student's
+function on real inputs against what PyTorch computes (04.4 and 04.5 against dist.all_gather and reduce-scatter,
+with the collectives switched off; 03.4 to 03.7 against DistributedDataParallel; 05.4 through the schedule
+simulator and the course's executor; 06.3 against the same SGD steps in one process at every dp x tp mesh; 07.4
+and 07.5 against torch.optim in one process; 07.6 against SGD in one process, in float32 and computing in
+bfloat16; 08.4 against replicas trained and averaged in one process; 09.5 against the GAN's steps in one
+process; 10.5 with a step of known duration and FlopCounterMode; 11.5 against the same job run without a crash;
+12.3 on two parts and inside ring attention against full attention). Every rank's findings are gathered to rank
+0, whose result is {"exercise", "world_size", "ok", "problems": [...]}: each problem names the rank, a kind that
+mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the exercise's record), and the
+numbers behind it.
 
 Run:
     torchrun --standalone --nproc-per-node 4 launch_scripts/grade_exercise.py --exercise 04.4 --solution exercises/solutions/04_ring_all_gather.py
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.grading.rank_checks import CHECKS
+from mgpu_utils.grading.catalog import EXERCISES
 
 
 def grade(exercise: str, path: str, ctx) -> dict:
@@ -30,7 +31,7 @@ def grade(exercise: str, path: str, ctx) -> dict:
     spec = importlib.util.spec_from_file_location(f"solution_{exercise.replace('.', '_')}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    name, check = CHECKS[exercise]
+    name, check = EXERCISES[exercise].entry, EXERCISES[exercise].check
     if not callable(getattr(module, name, None)):
         raise AttributeError(f"{path} defines no function {name}(...)")
     problems = []
@@ -43,7 +44,8 @@ def grade(exercise: str, path: str, ctx) -> dict:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--exercise", required=True, action="append", choices=sorted(CHECKS),
+    functions = sorted(i for i, e in EXERCISES.items() if e.check)
+    p.add_argument("--exercise", required=True, action="append", choices=functions,
                    help="repeat --exercise/--solution to grade several files in one launch (the tests do)")
     p.add_argument("--solution", required=True, action="append", help="the student's file")
     args = p.parse_args()

@@ -22,7 +22,7 @@ from torch.testing import assert_close
 
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
-from mgpu_utils.grading.rank_checks import patched_collectives
+from mgpu_utils.measure.comm_calls import patched_collectives
 from mgpu_utils.parallel.vocab_parallel import (VocabParallelEmbedding, lm_head, vocab_parallel_cross_entropy,
                                                 vocab_range)
 

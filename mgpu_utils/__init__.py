@@ -23,13 +23,16 @@ Subpackages (where a new function goes):
   (mixture of experts, expert parallelism) (12).
 * ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` and
   ``occupancy`` (01), ``interconnect`` (08), ``memory_model`` (07), ``planner`` (06), ``scaling`` (10), ``fault`` (11).
-* ``measure``  - measuring a run: ``memory`` (07), ``profiling``, ``energy``, ``scaling_study`` (10).
+* ``measure``  - measuring a run: ``memory`` (07), ``profiling``, ``energy``, ``scaling_study`` (10);
+  ``comm_calls`` (collectives counted or switched off: the graders, and 05's vocabulary parallelism).
 * ``figures``  - every figure and widget, one module per lesson topic: ``data_parallel`` (00, 02, 03),
   ``collectives`` (04), ``model_parallel`` (05), ``hybrid`` (06), ``memory`` (07), ``sync_async`` (08),
   ``case_studies`` (09), ``benchmarking`` (10), ``fault_tolerance`` (11); ``common`` (colours, loss
   curves) and ``widget_view`` (widgets that still show something where they cannot run).
 * ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
-  notebook) and ``rank_checks`` (their checks inside each rank).
+  notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its
+  checks inside each rank and their hints), ``catalog`` (every coding exercise by id), ``common`` (what the
+  checks share) and ``bulk`` (a whole class at once).
 """
 
 __version__ = "0.1.0"

@@ -3,7 +3,8 @@ blocks (digits in, 10 logits out), and a byte-level GPT-2 (:func:`byte_gpt2`, le
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
 ``ddp_internals.py``); lessons 07 and 08 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
-communication hook that records the bytes of every bucket it all-reduces (lessons 03 and 07).
+communication hook that records the bytes of every bucket it all-reduces (lessons 03 and 07), and
+:class:`TiedMLP`, an MLP that uses one weight twice (the graders of exercises 03.7 and 07.6).
 """
 
 from __future__ import annotations
@@ -56,6 +57,24 @@ class ResidualMLP(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.out(h)
+
+
+class TiedMLP(nn.Module):
+    """An MLP whose two middle layers share one weight (as tied input and output embeddings do): that weight is
+    used twice in a step, model.parameters() lists it once, each layer's parameters(recurse=False) once
+    each; its gradient is the sum of both uses and is ready once, after both (03.7, 07.6). A buffer, the
+    input's centre ``centre`` [64] (zeros), is subtracted from the input, as a normalisation's running mean
+    is: DDP broadcasts buffers with the parameters, and so must 03.7's wrapper."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.inp, self.a, self.b, self.out = (nn.Linear(64, width), nn.Linear(width, width),
+                                              nn.Linear(width, width), nn.Linear(width, 10))
+        self.b.weight = self.a.weight
+        self.register_buffer("centre", torch.zeros(64))
+
+    def forward(self, x):
+        return self.out(torch.relu(self.b(torch.relu(self.a(torch.relu(self.inp(x - self.centre.to(x.dtype))))))))
 
 
 def make_mlp(width: int, depth: int, d_in: int = 64, d_out: int = 10, flatten: bool = False) -> nn.Sequential:

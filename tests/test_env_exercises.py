@@ -262,5 +262,5 @@ def test_a_gpu_the_build_cannot_run_leaves_the_kernel_cells_on_cpu(monkeypatch):
 def test_quiz_and_coding_exercises_have_distinct_numbers():
     """A lesson's exercises are numbered once: a quiz question and a coding exercise never share a number
     (07.5 was both, the quiz's check("07.5") and check_script("07.5"))."""
-    from mgpu_utils.grading.runner import GRADED
-    assert not set(exercises.EXERCISES) & set(GRADED)
+    from mgpu_utils.grading.catalog import EXERCISES
+    assert not set(exercises.EXERCISES) & set(EXERCISES)

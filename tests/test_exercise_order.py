@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_utils.grading.runner import GRADED
+from mgpu_utils.grading import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -69,7 +69,7 @@ def reveals(cells: list[dict]) -> list[str]:
     found = []
     for i, cell in enumerate(cells):
         for exercise in re.findall(r'check_script\("(\d\d\.\d)"\)', "".join(cell["source"])):
-            template = GRADED[exercise].template
+            template = catalog.EXERCISES[exercise].template
             lines, names = _student_lines(template), _todo_functions(template)
             for j in range(i):
                 shown = _shown(cells[j])

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from mgpu_utils.grading.runner import EXERCISES_DIR, GRADED, check_script, exercise_file, grade_many
+from mgpu_utils.grading.catalog import EXERCISES
+from mgpu_utils.grading.runner import EXERCISES_DIR, check_script, exercise_file, grade_many
 
 SOLUTIONS = EXERCISES_DIR / "solutions"
-FUNCTIONS = sorted(i for i, g in GRADED.items() if g.mode == "function")
+FUNCTIONS = sorted(i for i, g in EXERCISES.items() if g.entry)
 
 TEMPLATE_HINTS = {
     "03.4": r"is still this rank's own .* all-reduce it",
@@ -258,7 +259,7 @@ def solution(exercise_id):
     """The worked solution's path; the test says SKIPPED in a class copy, which has none (make class-copy)."""
     if not SOLUTIONS.is_dir():
         pytest.skip("exercises/solutions/ is not in this copy of the course (make class-copy leaves it out)")
-    return SOLUTIONS / GRADED[exercise_id].template
+    return SOLUTIONS / EXERCISES[exercise_id].template
 
 
 def wrong(tmp_path, exercise_id, old, new):
@@ -267,7 +268,7 @@ def wrong(tmp_path, exercise_id, old, new):
     for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
         assert o in text, o
         text = text.replace(o, n)
-    path = tmp_path / f"wrong_{GRADED[exercise_id].template}"
+    path = tmp_path / f"wrong_{EXERCISES[exercise_id].template}"
     path.write_text(text)
     return path
 
@@ -279,13 +280,13 @@ def test_every_function_exercise_is_covered():
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_solutions_pass_at_2_3_and_4_ranks(world, starts_processes):
     """Issue 33's bar: every worked solution passes at 2, 3 and 4 ranks, also where check_script grades a
-    student at fewer (GRADED[...].world_sizes: what a student waits for, not what the check can do)."""
+    student at fewer (EXERCISES[...].world_sizes: what a student waits for, not what the check can do)."""
     hints = grade_many([(i, solution(i)) for i in FUNCTIONS], world)
     assert hints == [None] * len(FUNCTIONS), dict(zip(FUNCTIONS, hints))
 
 
 def test_templates_fail_with_their_hints(starts_processes):
-    hints = grade_many([(i, EXERCISES_DIR / GRADED[i].template) for i in FUNCTIONS], 2)
+    hints = grade_many([(i, EXERCISES_DIR / EXERCISES[i].template) for i in FUNCTIONS], 2)
     for i, hint in zip(FUNCTIONS, hints):
         assert hint and re.search(TEMPLATE_HINTS[i], hint), (i, hint)
 
@@ -343,7 +344,7 @@ HANG_WRONG = {   # a wrong fix of 04.6: (text of the solution, replaced by)
     ("the old template's last line", (2,), r"reported no t for each of the 2 ranks .* start again from it"),
 ])
 def test_the_hang_exercise(tmp_path, path, sizes, hint, capsys, starts_processes):
-    file = {"solution": solution("04.6"), "template": EXERCISES_DIR / GRADED["04.6"].template}.get(path) \
+    file = {"solution": solution("04.6"), "template": EXERCISES_DIR / EXERCISES["04.6"].template}.get(path) \
         or wrong(tmp_path, "04.6", *HANG_WRONG[path])
     assert check_script("04.6", file, world_sizes=sizes) == (path == "solution")
     out = printed(capsys)
@@ -579,7 +580,7 @@ def test_easy_ways_round_fail_with_their_hints(tmp_path, starts_processes):
 def test_held_bytes_finds_every_tensor_once():
     import torch
 
-    from mgpu_utils.grading.rank_checks import held_bytes
+    from mgpu_utils.grading.common import held_bytes
 
     w = torch.nn.Parameter(torch.zeros(10))
     w.grad = torch.ones(10)
@@ -602,7 +603,7 @@ def test_a_merge_that_fails_only_from_the_empty_start_is_named():
 
     import torch
 
-    from mgpu_utils.grading.rank_checks import check_attention_merge
+    from mgpu_utils.grading.coding.context_experts import check_attention_merge
     from mgpu_utils.grading.runner import problem_hint
     from mgpu_utils.parallel.context import merge
 
@@ -611,13 +612,14 @@ def test_a_merge_that_fails_only_from_the_empty_start_is_named():
         return torch.where(torch.isinf(l1)[..., None], float("nan"), o), l
     problems = []
     check_attention_merge(nan_from_empty, types.SimpleNamespace(rank=0, world_size=1), problems)
-    assert re.search(r"merging into the empty start \(out 0, lse -inf.*\) gives nan", problem_hint(problems[0], 1))
+    assert re.search(r"merging into the empty start \(out 0, lse -inf.*\) gives nan",
+                     problem_hint("12.3", problems[0], 1))
 
 
 def test_every_graded_exercise_has_four_wrong_solutions_in_tests():
     """Issue 33's bar: the untouched template plus at least three more known-wrong solutions per exercise, each
     graded above with the hint it must get."""
-    count = {i: 1 for i in GRADED}                                  # the template
+    count = {i: 1 for i in EXERCISES}                               # the template
     for i in MISTAKES:
         count[i] += 1
     for exercise_id, *_ in list(MORE_MISTAKES.values()) + list(CHEATS.values()):
@@ -641,9 +643,9 @@ def test_lessons_03_to_12_each_grade_a_coding_exercise_they_hold():
             if cell["cell_type"] == "code":
                 for i in re.findall(r'check_script\("(\d\d\.\d+)"', "".join(cell["source"])):
                     graded_in[i] = nb.name[:2]
-    assert set(graded_in) == set(GRADED), set(GRADED) ^ set(graded_in)
+    assert set(graded_in) == set(EXERCISES), set(EXERCISES) ^ set(graded_in)
     assert all(graded_in[i] == i[:2] for i in graded_in), graded_in
-    assert {i[:2] for i in GRADED} >= {f"{n:02d}" for n in range(3, 13)}
+    assert {i[:2] for i in EXERCISES} >= {f"{n:02d}" for n in range(3, 13)}
 
 
 def test_a_right_ddp_that_imports_all_reduce_by_name_passes(tmp_path, starts_processes):

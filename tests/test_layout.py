@@ -75,13 +75,32 @@ def test_importing_the_package_and_its_rooms_imports_no_torch(starts_processes):
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
-def test_every_problem_a_rank_reports_has_its_hint():
-    from mgpu_utils.grading.runner import HINTS, problem_hint
+CODING = sorted((PKG / "grading" / "coding").glob("[!_]*.py"))
 
-    src = (PKG / "grading" / "rank_checks.py").read_text()
-    kinds = set(re.findall(r'"kind":\s*"(\w+)"', src))
-    assert kinds and kinds <= set(HINTS), kinds - set(HINTS)
-    assert problem_hint({"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == "rank 1: returned 3, expected 4"
+
+@pytest.mark.parametrize("path", CODING, ids=lambda p: p.stem)
+def test_every_problem_a_coding_module_reports_has_its_hint_in_the_same_module(path):
+    """Each lesson's checks and the hints of the problems they report sit together, and the catalog has its
+    exercises."""
+    import importlib
+
+    from mgpu_utils.grading.catalog import EXERCISES
+
+    module = importlib.import_module(f"mgpu_utils.grading.coding.{path.stem}")
+    kinds = set(re.findall(r'"kind":\s*"(\w+)"', path.read_text()))
+    assert kinds and kinds <= set(module.HINTS), kinds - set(module.HINTS)
+    assert module.EXERCISES and all(e.hints is module.HINTS and EXERCISES[e.id] is e for e in module.EXERCISES)
+
+
+def test_a_problem_gets_the_hint_of_its_exercise():
+    """A kind is local to its lesson's module: "param" is one hint in 03 and another in 05."""
+    from mgpu_utils.grading.runner import problem_hint
+
+    param = {"rank": 0, "kind": "param", "what": "grad", "max_diff": 0.5}
+    assert problem_hint("05.4", param, 2) == "rank 0: gradients differ from one process's by 0.5 (world size 2)"
+    assert problem_hint("03.4", param, 2).startswith("rank 0: after three steps the parameters differ from DDP's")
+    assert problem_hint("04.4", {"rank": 1, "kind": "shape", "got": "3", "want": "4"}, 2) == \
+        "rank 1: returned 3, expected 4"
 
 
 def test_an_in_process_test_that_starts_a_process_is_stopped():

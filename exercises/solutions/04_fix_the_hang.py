@@ -10,7 +10,7 @@ Run:
 import torch.distributed as dist
 
 from mgpu_utils.dist import distributed
-from mgpu_utils.grading.rank_checks import emit_every_rank, start_values
+from mgpu_utils.grading.coding.collectives import emit_every_rank, start_values
 
 
 def main():

@@ -1,2 +1,3 @@
 """Exercises of every lesson: the quiz answers a notebook checks (``quiz``), and the graded coding exercises run under
-torchrun (``runner`` in the notebook, ``rank_checks`` in each rank)."""
+torchrun (``runner`` in the notebook; ``coding``, one module per lesson topic, in each rank; ``catalog`` and
+``common`` on both sides; ``bulk`` grades a class)."""

@@ -36,13 +36,13 @@ def grade_one(exercise_id: str, path: Path, timeout_s: float = DEFAULT_TIMEOUT_S
         ``{"exercise", "passed" (bool), "hint" (str), "seconds" (float)}``; a missing file, a time limit passed
         or a grader that could not run are rows too, with their hint.
     """
-    from mgpu_utils.grading.runner import _get
+    from mgpu_utils.grading.catalog import exercise
     from mgpu_utils.launch.processes import kill_tree
 
     t0 = time.perf_counter()
     row = {"exercise": exercise_id, "passed": False, "hint": "", "seconds": 0.0}
     if not path.is_file():
-        row["hint"] = f"not submitted: no {_get(exercise_id).template}"
+        row["hint"] = f"not submitted: no {exercise(exercise_id).template}"
         return row
     cmd = [sys.executable, "-m", "mgpu_utils.grading.bulk", "--one", exercise_id, str(path.resolve())]
     if world_sizes:
@@ -72,18 +72,18 @@ def grade_class(folder, exercises=None, timeout_s: float = DEFAULT_TIMEOUT_S,
     Raises:
         FileNotFoundError: ``folder`` is not a folder. KeyError: an unknown exercise id (the message lists them).
     """
-    from mgpu_utils.grading.runner import GRADED, _get
+    from mgpu_utils.grading.catalog import EXERCISES, exercise
 
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a folder: give the folder that holds one folder per student")
-    exercises = list(exercises or GRADED)
+    exercises = list(exercises or EXERCISES)
     for e in exercises:
-        _get(e)
+        exercise(e)
     rows = []
     for student in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
         for e in exercises:
-            row = {"student": student.name, **grade_one(e, student / _get(e).template, timeout_s, world_sizes)}
+            row = {"student": student.name, **grade_one(e, student / exercise(e).template, timeout_s, world_sizes)}
             rows.append(row)
             if progress:
                 progress(row)

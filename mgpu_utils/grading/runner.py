@@ -21,10 +21,11 @@ from __future__ import annotations
 import random
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from mgpu_utils.dist import TIMEOUT_ENV, wrap_text
+from mgpu_utils.grading.catalog import exercise
+from mgpu_utils.grading.common import CodingExercise
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
 from mgpu_utils.env import REPO_ROOT
 
@@ -36,74 +37,6 @@ WORKSPACE = REPO_ROOT / "workspace"
 HANG_TIMEOUT_S = 5
 
 
-@dataclass(frozen=True)
-class Graded:
-    """One coding exercise: its template file, how it is graded, and at which world sizes."""
-
-    template: str
-    mode: str                      # "function": grade_exercise.py calls it; "script": run it, check its result
-    world_sizes: tuple[int, ...]
-    what: str                      # said on success
-
-
-GRADED = {
-    "03.4": Graded("03_my_ddp.py", "function", (2, 3),
-                   "gradients after one step and parameters after three SGD steps equal DistributedDataParallel's"),
-    "03.5": Graded("03_overlap.py", "function", (2, 3),
-                   "DDP's gradients and parameters, with one asynchronous all-reduce per parameter started inside "
-                   "backward"),
-    "03.6": Graded("03_buckets.py", "function", (2, 3),
-                   "DDP's gradients and parameters, with one asynchronous all-reduce per bucket"),
-    "04.4": Graded("04_ring_all_gather.py", "function", (2, 3, 4),
-                   "equal to dist.all_gather for lengths 1, 7 and 4 Mi elements (where blocking calls deadlock), "
-                   "with point-to-point messages only"),
-    "04.5": Graded("04_ring_reduce_scatter.py", "function", (2, 3, 4),
-                   "equal to reduce-scatter for chunks of 1, 3 and 4 Mi elements (where blocking calls deadlock), "
-                   "with point-to-point messages only"),
-    "05.4": Graded("05_one_f_one_b.py", "function", (2, 3, 4),
-                   "complete, deadlock-free, the bubble (p-1)/(m+p-1) with at most min(p-r, m) micro-batches in "
-                   "flight, and the gradients of one process when run on real ranks"),
-    "07.4": Graded("07_zero1.py", "function", (2, 3),
-                   "three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks"),
-    "07.5": Graded("07_zero1_any.py", "function", (2, 3),
-                   "three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
-                   "about 1/world of the optimizer's state"),
-    "07.6": Graded("07_my_fsdp.py", "function", (2, 3),
-                   "three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
-                   "computing in bfloat16, with each rank holding about 1/world of the parameters, all-gathered "
-                   "for the forward and their gradients reduce-scattered"),
-    "03.7": Graded("03_my_ddp_stretch.py", "function", (2, 3),
-                   "DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
-                   "model that uses one weight twice, from ranks that started apart"),
-    "08.4": Graded("08_local_sgd.py", "function", (2, 3),
-                   "after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
-                   "and 6), with no communication in between"),
-    "09.5": Graded("09_gan_step.py", "function", (2, 3),
-                   "after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
-                   "detached fakes first, then G through the updated D)"),
-    "06.3": Graded("06_two_d_step.py", "function", (2, 4),
-                   "two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
-                   "(g in the forward, f in the backward, the mean over dp_group)"),
-    "10.5": Graded("10_measure_step.py", "function", (2, 3),
-                   "the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
-                   "the MFU from them"),
-    "11.5": Graded("11_snapshot.py", "function", (2, 3),
-                   "a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
-                   "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
-    "12.3": Graded("12_merge_attention.py", "function", (2, 3),
-                   "equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
-                   "ring attention with it equals full attention, causal and not"),
-    "04.6": Graded("04_fix_the_hang.py", "script", (2, 3),
-                   "every rank ends with the sum, and the job finishes"),
-}
-
-
-def _get(exercise_id: str) -> Graded:
-    if exercise_id not in GRADED:
-        raise KeyError(f"unknown coding exercise {exercise_id!r}; known: {', '.join(sorted(GRADED))}")
-    return GRADED[exercise_id]
-
-
 def exercise_file(exercise_id: str) -> Path:
     """Your copy of the exercise's template, ``workspace/<template name>``, copied there on the first call.
 
@@ -113,7 +46,7 @@ def exercise_file(exercise_id: str) -> Path:
     Raises:
         KeyError: unknown exercise id (the message lists the known ones).
     """
-    g = _get(exercise_id)
+    g = exercise(exercise_id)
     mine = WORKSPACE / g.template
     if not mine.exists():
         WORKSPACE.mkdir(exist_ok=True)
@@ -128,7 +61,7 @@ def reset_exercise(exercise_id: str) -> Path:
     Raises:
         KeyError: unknown exercise id (the message lists the known ones).
     """
-    g = _get(exercise_id)
+    g = exercise(exercise_id)
     mine = WORKSPACE / g.template
     if mine.exists():
         old = WORKSPACE / "old"
@@ -162,333 +95,10 @@ def _hang_hint(err: LaunchError, path: Path) -> str:
             f"in the same order; a rank that calls a different one, or none, leaves the others waiting")
 
 
-def _any(p, W):
-    return True
-
-
-#: What each problem a rank reports (:mod:`mgpu_utils.grading.rank_checks`) tells the student. Per kind, a
-#: list of ``(when, hint)``: the first ``when(p, W)`` that holds picks the hint, formatted with the problem's
-#: fields and ``W``, the world size. A kind missing here prints the problem as it is.
-HINTS: dict[str, list[tuple]] = {
-    "shape": [(_any, "rank {rank}: returned {got}, expected {want}")],
-    "entry": [
-        (lambda p, W: p.get("equals_rank") is not None,
-         "rank {rank}: the entry for rank {index} holds rank {equals_rank}'s tensor (world size {W}). At step s a "
-         "rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and receives that of "
-         "rank (rank - s - 1) mod W"),
-        (_any, "rank {rank}: the entry for rank {index} differs from dist.all_gather's by {max_diff:.3g} (world size "
-               "{W}, length {length}): was it received into the right slot, and waited for before use?")],
-    "value": [
-        (lambda p, W: p.get("one_rank") is not None and p["one_rank"] == p["rank"],
-         "rank {rank}: returned its own share of chunk {rank}, unchanged (world size {W}): nothing from the other "
-         "ranks was added"),
-        (lambda p, W: p.get("one_rank") is not None,
-         "rank {rank}: returned rank {one_rank}'s share of chunk {rank} alone (world size {W}): the partial sums "
-         "were replaced on the way, not added to"),
-        (lambda p, W: p.get("equals_chunk") is not None and p["equals_chunk"] != p["rank"],
-         "rank {rank}: returned the complete sum of chunk {equals_chunk}, not chunk {rank} (world size {W}): start "
-         "one chunk earlier, so that after W - 1 steps the chunk completed is rank's own"),
-        (_any, "rank {rank}: differs from reduce-scatter's chunk by {max_diff:.3g} (world size {W}, chunks of {k}): "
-               "each step must add the incoming partial sum to this rank's copy of the same chunk")],
-    "grad": [
-        (lambda p, W: p["local"],
-         "rank {rank}: the gradient of {param} is still this rank's own (world size {W}): all-reduce it over the "
-         "ranks"),
-        (lambda p, W: p["summed"],
-         "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
-         "so divide by the world size"),
-        (lambda p, W: p.get("copied_from") is not None,
-         "rank {rank}: the gradient of {param} is rank {copied_from}'s own gradient (or it divided by {W}), not the "
-         "mean over the ranks: a broadcast copies one rank's gradient; all_reduce adds every rank's"),
-        (lambda p, W: p.get("max_over_ranks"),
-         "rank {rank}: the gradient of {param} is the element-wise maximum over the ranks (world size {W}): use "
-         "all_reduce's default operation, a sum (dist.ReduceOp.SUM), then divide by the world size"),
-        (lambda p, W: p.get("own_over_world"),
-         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
-         "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
-        (_any, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
-    "overlap": [(_any, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
-                       "started inside backward with async_op=True: start one per parameter from its hook, wait in "
-                       "finish()")],
-    "unwaited": [(_any, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
-                        "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
-                        "all-reduce has not written yet; keep each handle and wait for it in finish()")],
-    "buckets": [
-        (lambda p, W: p["all_async"],
-         "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
-         "ready order and buckets of {bucket_bytes} bytes"),
-        (_any, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
-               "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
-               "(async_op=True)")],
-    "late_buckets": [(_any, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
-                            "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
-                            "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
-                            "only sends the bucket still open at the end")],
-    "actions": [(_any, "with p = {p} and m = {m}: return one list per rank, and rank r's list must hold ('F', i, r) "
-                       "and ('B', i, r) exactly once for every micro-batch i in 0..m-1")],
-    "deadlock": [(_any, "with p = {p} and m = {m} the schedule deadlocks: {detail}")],
-    "bubble": [(_any, "with p = {p} and m = {m} the bubble is {bubble:.3f}, more than 1F1B's (p-1)/(m+p-1) = "
-                      "{formula:.3f}: a stage waits for a backward it could have run earlier{warmup}")],
-    "memory": [(_any, "rank {rank} holds {peak:g} micro-batches' activations at once (p = {p}, m = {m}); 1F1B holds "
-                      "at most min(p - r, m) = {limit}: start the backwards after fewer warm-up forwards")],
-    "adam": [
-        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),           # about 1/W moved: only this rank's own slice
-         "rank {rank}: only {moved_share:.0%} of the parameters that Adam updates moved (world size {W}): the "
-         "other ranks' updated slices never arrived; gather every slice on every rank (step 3)"),
-        (_any, "rank {rank}: after three steps the parameters differ from Adam in one process by {max_diff:.3g} "
-               "(world size {W}): is g the mean over the ranks of this rank's slice (step 1)?")],
-    "adam_memory": [(_any, "rank {rank}: your optimizer holds {bytes:,} bytes of tensors (counting every tensor it "
-                           "can reach: attributes, lists, dicts, a wrapped optimizer's state); full Adam's moments "
-                           "are {full:,}: keep only this rank's slice of m and v")],
-    "talked": [
-        (lambda p, W: not p["talked"],
-         "rank {rank}: the ranks never communicated: after steps {want} (every {period} steps) replace each "
-         "parameter by its mean over the ranks"),
-        (_any, "rank {rank}: the ranks communicated after steps {talked}; with period {period} they average after "
-               "steps {want} only (count the steps from 1: the first averaging follows step {period}) and do not "
-               "communicate in between")],
-    "local_sgd": [
-        (lambda p, W: p["own"],
-         "rank {rank}: after step {step} the parameters are still this rank's own (or them divided by {W}): the "
-         "all-reduce's result was not kept (all_reduce works in place on the tensor it is given: pass the parameter "
-         "itself)"),
-        (lambda p, W: p["summed"],
-         "rank {rank}: after step {step} the parameters are the sum over the ranks, {W} times the mean: divide by "
-         "the world size"),
-        (lambda p, W: p["copied_from"] is not None,
-         "rank {rank}: after step {step} the parameters are rank {copied_from}'s own (or them divided by {W}): a "
-         "broadcast copies one rank's "
-         "parameters; the mean needs all_reduce (a sum) and a division by {W}"),
-        (_any, "rank {rank}: after step {step} the parameters differ from local SGD's by {max_diff:.3g} (world size "
-               "{W})")],
-    "gan_ddp": [(_any, "rank {rank}: the step failed: {error}. D's backward went through G, so G's backward ran "
-                       "twice in one step (its graph was freed, and DDP marks each parameter ready once). Keep the "
-                       "fakes out of D's backward: D(fake.detach())")],
-    "gan": [
-        (lambda p, W: p["variant"] == "nothing",
-         "rank {rank}: neither G nor D changed in {steps} steps: each step needs opt_d.step() and then opt_g.step()"),
-        (lambda p, W: p["variant"] == "no_d_step", "rank {rank}: D never changed: step opt_d after D's backward"),
-        (lambda p, W: p["variant"] == "no_g_step", "rank {rank}: G never changed: step opt_g after G's backward"),
-        (lambda p, W: p["variant"] == "g_first",
-         "rank {rank}: the parameters are those of G stepping before D: step D first (on the detached fakes), then "
-         "G through the updated D"),
-        (lambda p, W: p["variant"] == "g_labels_fake",
-         "rank {rank}: G's loss labels its fakes 0, as D's does: G wants D to say real, so its target is ones"),
-        (lambda p, W: p["variant"] == "no_zero_d",
-         "rank {rank}: D's gradients carried over from the step before (G's backward also goes through D): "
-         "opt_d.zero_grad() before D's backward"),
-        (lambda p, W: p["variant"] == "no_zero_g",
-         "rank {rank}: G's gradients accumulated over the steps: opt_g.zero_grad() before G's backward"),
-        (_any, "rank {rank}: after {steps} steps the parameters differ from one process's by {max_diff:.3g} (world "
-               "size {W}): D(real) against ones plus D(fake.detach()) against zeros, then D(fake) against ones")],
-    "merge": [
-        (lambda p, W: p["variant"] == "first_only",
-         "rank {rank}: returned out1 and lse1 unchanged: the keys of the second part were left out"),
-        (lambda p, W: p["variant"] == "overflow",
-         "rank {rank}: the merge gives inf or nan when the scores are large (here up to {max_score:.0f}): exp() "
-         "overflows above about 88 in float32 and 709 in float64. Subtract the larger of lse1 and lse2 before exponentiating (the max "
-         "trick of the online softmax), or use torch.logaddexp"),
-        (lambda p, W: p["variant"] == "lse",
-         "rank {rank}: the output is right, but the lse returned is {lse_is}, not log(exp(lse1) + exp(lse2)): the "
-         "next block of the ring merges with this lse, so from the third block on the result goes wrong"),
-        (lambda p, W: p["variant"] == "average",
-         "rank {rank}: the output is the plain average of out1 and out2: weight each part by its share of the "
-         "softmax's mass, exp(lse_i - lse), where lse is the merged one"),
-        (lambda p, W: p["variant"] == "sum",
-         "rank {rank}: the output is out1 + out2: each part is already normalised over its own keys, so weight "
-         "them by exp(lse_i - lse) (the weights sum to 1)"),
-        (lambda p, W: p["variant"] == "unnormalised",
-         "rank {rank}: the output is out1 exp(lse1) + out2 exp(lse2), not divided by exp(lse1) + exp(lse2)"),
-        (lambda p, W: p["variant"] == "max_weights",
-         "rank {rank}: the output weights the parts by exp(lse_i - max(lse1, lse2)): those weights sum to more than "
-         "1. Subtract the merged lse, log(exp(lse1) + exp(lse2)), so that the weights are the parts' shares of the "
-         "softmax's mass"),
-        (lambda p, W: p["variant"] == "empty",
-         "rank {rank}: merging into the empty start (out 0, lse -inf: no keys seen yet) gives {what}: with "
-         "lse1 = -inf the result must be (out2, lse2); -inf - (-inf) is nan, so subtract the larger lse"),
-        (lambda p, W: p["variant"] == "ring",
-         "rank {rank}: your merge is right on two parts, but ring attention with it (causal={causal}) differs from "
-         "full attention by {max_diff:.3g} at world size {W}: does it change its inputs in place?"),
-        (_any, "rank {rank}: the merged output differs from attention over both key sets by {max_diff:.3g}: out = "
-               "out1 exp(lse1 - lse) + out2 exp(lse2 - lse) with lse = log(exp(lse1) + exp(lse2))")],
-    "fsdp": [
-        (lambda p, W: p["what"] == "params",
-         "rank {rank} ({model}): your wrapper's parameters() hold {got:,} elements, the whole model {full:,}: keep "
-         "only this rank's shard of each parameter, at most {bound:,} elements at world size {W} (a tied weight "
-         "once), "
-         "and do not register the wrapped module as a submodule (its parameters would be listed too)"),
-        (lambda p, W: p["what"] == "master_dtype",
-         "rank {rank} ({model}, compute dtype {dtype}): the shards are {got}; keep the shards, their gradients and "
-         "the optimizer in float32 and cast to compute_dtype only what is gathered for the forward"),
-        (lambda p, W: p["what"] == "all_reduce",
-         "rank {rank} ({model}, {dtype}): step {step} all-reduced ({calls} call(s)); ZeRO-3 reduce-scatters the "
-         "gradients, so that each rank receives the sum of its own shard only, and all-gathers the parameters"),
-        (lambda p, W: p["what"] == "collectives",
-         "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
-         "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single)"),
-        (lambda p, W: p["what"] == "compute_dtype",
-         "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
-         "gathered parameters (and a floating-point input) to compute_dtype"),
-        (lambda p, W: p["what"] == "held",
-         "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
-         "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
-         "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
-         "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
-         "the whole storage)"),
-        (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
-         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
-         "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
-        (lambda p, W: p["what"] == "output" and p["variant"] == "own",
-         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one trained on this rank's rows alone: "
-         "the shard's gradient must be reduce-scattered from every rank's whole gradient"),
-        (_any, "rank {rank} ({model}, {dtype}): after {steps} SGD steps the output differs from one process's by "
-               "{max_diff:.3g}: gather every parameter (a tied one once, used twice), reduce-scatter its gradient "
-               "and divide by the world size"),
-    ],
-    "two_d": [
-        (lambda p, W: p["what"] == "collective",
-         "rank {rank} (mesh {layout}, dp x tp): called {calls}; the only communication here is all-reduce: g's in "
-         "the forward, f's in the backward and the average over dp_group. A gather would put more than this rank's "
-         "shard in its memory"),
-        (lambda p, W: p["what"] == "loss_type",
-         "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
-         "(loss.item())"),
-        (lambda p, W: p["what"] == "tp_traffic",
-         "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
-         "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
-         "[rows, O] ({want_g} elements) in the forward and f's [rows, D] ({want_f}) in the backward. A rank that "
-         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard. (W0's and "
-         "b2's gradients are equal on the tp ranks after f: average them over dp_group only)"),
-        (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
-         "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
-         "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
-        (lambda p, W: p["what"] == "loss" and p["forward"] == "bias_every_rank",
-         "rank {rank} (mesh {layout}, dp x tp): the loss is that of y with b2 added {tp} times: every tp rank added "
-         "the bias before g's all-reduce. Add it after g, once"),
-        (lambda p, W: p["what"] == "loss",
-         "rank {rank} (mesh {layout}, dp x tp): at step {step} the loss {got:.6f} differs from one process's "
-         "{want:.6f} on this rank's rows: the forward is relu(x W0^T), f, relu(. W1^T), . W2^T, g, + b2"),
-        (lambda p, W: p["what"] == "step" and p["forward"] == "no_f",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 W0's gradient is only the part that flows through "
-         "this rank's hidden units: every tp rank's slice of W1 used the same z, so f's backward sums z's gradient "
-         "over tp_group (one all-reduce)"),
-        (lambda p, W: p["what"] == "step" and p["forward"] == "g_backward_sum",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients of W0, W1 and W2 are tp = {tp} times "
-         "too large: g's backward is the identity (y is the sum of the partials, so each partial's gradient is "
-         "y's); an all-reduce there, as torch.distributed.nn.functional.all_reduce's backward does, adds {tp} "
-         "equal copies"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "none",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are those of this rank's rows only: "
-         "average them over dp_group (all-reduce, then divide by its size, {dp})"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "sum",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group, dp = {dp} "
-         "times the mean: divide by dp_group's size"),
-        (lambda p, W: p["what"] == "step" and p["sync"] == "div_world",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group divided by "
-         "the world size {W}; the mean is over dp_group, {dp} rank(s) (dist.get_world_size(dp_group))"),
-        (lambda p, W: p["what"] == "step" and p["sync"] in ("world_dp", "world_mean"),
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients were all-reduced over every rank: "
-         "that adds the other tp ranks' shards (other rows of W1, other columns of W2) to this one. Average over "
-         "dp_group only"),
-        (lambda p, W: p["what"] == "step",
-         "rank {rank} (mesh {layout}, dp x tp): after step 1 {param} differs from one process's by "
-         "{max_diff:.3g}"),
-        (lambda p, W: p["what"] == "carried",
-         "rank {rank} (mesh {layout}, dp x tp): step 1 was right; at step {step} step 1's gradients were still "
-         "there (backward adds to p.grad): set p.grad = None after the update"),
-        (_any, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
-               "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
-    "snapshot": [
-        (lambda p, W: p["what"] == "no_load",
-         "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "drop",
-         "rank {rank}: the resumed job's weights differ from the uninterrupted job's by {max_diff:.3g} (world "
-         "size {W}): they are those of a snapshot without {parts}. The optimizer's state holds the momentum "
-         "buffers and the learning rate, the scheduler's its position, the random state each rank's dropout "
-         "stream"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "rank0_rng",
-         "rank {rank}: the resumed job's weights are those of every rank restoring rank 0's random state (world "
-         "size {W}): each rank has its own dropout stream; gather every rank's state "
-         "(dist.all_gather_object) into the snapshot and let each rank restore its own"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "step",
-         "rank {rank}: the resumed job's weights are those of a resume one step {off} (world size {W}): "
-         "load_snapshot returns the number of steps already done, the index of the next step"),
-        (lambda p, W: p["what"] == "resume" and p["variant"] == "from_scratch",
-         "rank {rank}: the resumed job trained from step 0 again, from the initial weights (world size {W}): "
-         "load the model's state and return the step that the snapshot was taken at"),
-        (lambda p, W: p["what"] == "resume",
-         "rank {rank}: the resumed job's final weights differ from the uninterrupted job's by {max_diff:.3g} "
-         "(world size {W}): save and restore the model, the optimizer, the scheduler, every rank's random "
-         "state and the step"),
-        (lambda p, W: p["what"] == "no_file",
-         "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
-         "is on disk at the path survives; write the snapshot there"),
-        (lambda p, W: p["what"] == "ranks",
-         "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
-         "state; on a shared file system the ranks would write over each other)"),
-        (lambda p, W: p["what"] == "torn",
-         "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
-         "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
-         "os.replace() it onto the path (a rename is atomic)")],
-    "measure": [
-        (lambda p, W: p["what"] == "type",
-         "rank {rank}: measure_step returned {got}; return a dict with the numbers step_s, flops and mfu"),
-        (lambda p, W: p["what"] == "unsynced",
-         "rank {rank}: {ms:.2f} ms per step, less than the {device_ms:.0f} ms of work each step queues: the clock "
-         "was read before the step's work was done (step() returns when its work is queued, as CUDA kernels and "
-         "NCCL collectives do). Call sync() before reading the clock, at the start and at the end"),
-        (lambda p, W: p["what"] == "warmup",
-         "rank {rank}: {ms:.0f} ms per step, several times the {device_ms:.0f} ms a step's work takes: the first "
-         "step, {first_s:g} s (lazy initialisation, autotuning), is in the number. Run the warm-up steps "
-         "untimed, and take the median of the timed ones"),
-        (lambda p, W: p["what"] == "per_step",
-         "rank {rank}: sync() was called {syncs} time(s) for {repeats} timed steps: the median needs each step's "
-         "own time, so sync before reading the clock at the start and at the end of every timed step"),
-        (lambda p, W: p["what"] == "no_warmup",
-         "rank {rank}: step() ran {calls} time(s) for {warmup} warm-up and {repeats} timed steps: run the warm-up "
-         "steps, untimed, before the timed ones (here the median hid the slow first step; a mean would not)"),
-        (lambda p, W: p["what"] == "flops" and not p["flops"],
-         "rank {rank}: flops is 0: count one step with torch.utils.flop_counter.FlopCounterMode "
-         "(counter.get_total_flops())"),
-        (lambda p, W: p["what"] == "flops" and p["steps"],
-         "rank {rank}: {flops:.4g} FLOPs, the count of {steps} steps ({want:.4g} each): count one step"),
-        (lambda p, W: p["what"] == "flops",
-         "rank {rank}: {flops:.4g} FLOPs per step; FlopCounterMode counts {want:.4g} for one step of this rank "
-         "(forward and backward)"),
-        (lambda p, W: p["what"] == "mfu" and p["as"] == "percent",
-         "rank {rank}: mfu {mfu:.4g} is a percentage; return the fraction, flops / step_s / peak_flops"),
-        (lambda p, W: p["what"] == "mfu" and p["as"] == "world",
-         "rank {rank}: mfu {mfu:.4g} is {W} times flops / step_s / peak_flops: this rank's FLOPs go over this "
-         "rank's peak (the job's MFU is the same fraction: W times the FLOPs over W times the peak)"),
-        (_any, "rank {rank}: mfu {mfu:.4g}, but your flops / step_s / peak_flops is {expected:.4g}")],
-    "any_opt": [
-        (lambda p, W: p["moved_share"] == 0,
-         "rank {rank}: with {optimizer}, no parameter moved in three steps (world size {W}): step() must update "
-         "the parameters"),
-        (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),
-         "rank {rank}: with {optimizer}, only {moved_share:.0%} of the parameters that one process updates moved "
-         "(world size {W}): the other ranks' updated slices never arrived; gather every slice on every rank"),
-        (_any, "rank {rank}: with {optimizer}, after three steps the parameters differ from one process's by "
-               "{max_diff:.3g} (world size {W}): is each slice's gradient the mean over the ranks, and does the "
-               "inner optimizer get every keyword argument (lr, momentum, weight_decay)?")],
-    "any_memory": [(_any, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
-                          "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
-                          "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
-    "broadcast": [(_any, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
-                         "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
-                         "wraps the model; do the same in __init__")],
-    "param": [
-        (lambda p, W: "grad" in p.get("what", ""),
-         "rank {rank}: gradients differ from one process's by {max_diff:.3g} (world size {W})"),
-        (_any, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
-               "although the first step's gradients matched: does something carry over from one step to the next "
-               "(a list of pending work never cleared, a bucket never emptied)?")],
-}
-
-
-def problem_hint(p: dict, world: int) -> str:
-    """The hint for one problem a rank reported (see :data:`HINTS`), at world size ``world``."""
-    for when, hint in HINTS.get(p.get("kind"), []):
+def problem_hint(exercise_id: str, p: dict, world: int) -> str:
+    """The hint for one problem a rank reported in exercise ``exercise_id``, at world size ``world``, from the
+    exercise's own hints (:class:`~mgpu_utils.grading.common.CodingExercise`: they sit beside its check)."""
+    for when, hint in exercise(exercise_id).hints.get(p.get("kind"), []):
         if when(p, world):
             return hint.format(**p, W=world) + (
                 " (on a model that uses one weight twice: its gradient is the sum of both uses and is ready once, "
@@ -514,16 +124,17 @@ def grade_many(cases: list[tuple[str, Path]], world: int) -> list[str | None]:
     res = run_torchrun("grade_exercise.py", world, args, show="none", timeout_s=300,
                        env={TIMEOUT_ENV: HANG_TIMEOUT_S}).result
     results = res["results"] if "results" in res else [res]
-    return [None if r["ok"] else problem_hint(telling(r["problems"]), world) for r in results]
+    return [None if r["ok"] else problem_hint(exercise_id, telling(r["problems"]), world)
+            for (exercise_id, _), r in zip(cases, results)]
 
 
-def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[str | None, list[str]]:
+def _grade_once(exercise_id: str, g: CodingExercise, path: Path, world: int) -> tuple[str | None, list[str]]:
     """Run once at world size ``world``: (None when it passes, else the hint; what was measured, to print on
     success)."""
-    seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (rank_checks.start_values)
+    seed = random.randrange(1, 10**6)                   # 04.6: new numbers every run (collectives.start_values)
     env = {TIMEOUT_ENV: HANG_TIMEOUT_S, "MGPU_GRADE_SEED": seed}
     try:
-        if g.mode == "function":
+        if g.entry is not None:
             run = run_torchrun("grade_exercise.py", world, ["--exercise", exercise_id, "--solution", path],
                                show="none", env=env, timeout_s=120)
         else:
@@ -540,44 +151,11 @@ def _grade_once(exercise_id: str, g: Graded, path: Path, world: int) -> tuple[st
         at = f" at line {frames[-1][0]} of {path.name}: {frames[-1][1]}" if frames else ""
         return f"rank {e.rank} raised {e.exc_type or 'an error'}: {message}{at}", []
     res = run.result or {}
-    measured = []
-    if g.mode == "function":
-        info = res.get("info", {})
-        if res.get("ok") and "yours_ms" in info:
-            measured.append(f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
-                          f"with yours, {info['ddp_ms']:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: "
-                          f"latency, not bandwidth)")
-        if res.get("ok") and "optimizer_bytes" in info:
-            measured.append(f"world size {world}: your optimizer holds {info['optimizer_bytes']:,} bytes on rank 0; "
-                          f"Adam's moments for the whole model are {info['full_adam_bytes']:,}")
-        return (None if res.get("ok") else problem_hint(telling(res["problems"]), world)), measured
-    return _every_rank_hint(res, world, seed), []
-
-
-def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
-    """04.6: None when every rank ends with the element-wise sum of every rank's start values, else the hint."""
-    from mgpu_utils.grading.rank_checks import start_values
-
-    starts = [start_values(r, seed=seed).tolist() for r in range(world)]
-    want = [sum(col) for col in zip(*starts)]
-    every = res.get("every_rank")
-    if not isinstance(every, list) or len(every) != world:
-        return (f"the script reported no t for each of the {world} ranks (its result: {res}): end it with "
-                f"emit_every_rank(ctx, t), as exercises/04_fix_the_hang.py does (a copy made before that line "
-                f"existed: start again from it)")
-    copied = [j for j in range(world) if all(got == starts[j] for got in every)]
-    if copied and world > 1:
-        return (f"every rank holds rank {copied[0]}'s numbers {starts[copied[0]]}, not the sum over the ranks {want} "
-                f"(world size {world}): a broadcast copies one rank's t and adds nothing; dist.all_reduce sums")
-    for r, got in enumerate(every):
-        if got == want:
-            continue
-        if got == starts[r]:
-            return (f"rank {r} still holds its own numbers {got}, not the sum over the ranks {want} (world size "
-                    f"{world}): every rank must end with the sum; dist.reduce leaves it on the destination only, "
-                    f"dist.all_reduce on every rank")
-        return f"rank {r} ends with {got}, expected the sum over the ranks {want} (world size {world})"
-    return None
+    if g.entry is not None:
+        ok = res.get("ok")
+        measured = g.on_success(res.get("info", {}), world) if ok and g.on_success else []
+        return (None if ok else problem_hint(exercise_id, telling(res["problems"]), world)), measured
+    return g.judge(res, world, seed), []
 
 
 def grade(exercise_id: str, path: str | Path, *, world_sizes: tuple[int, ...] | None = None) -> tuple[bool, str]:
@@ -588,7 +166,7 @@ def grade(exercise_id: str, path: str | Path, *, world_sizes: tuple[int, ...] | 
     Raises:
         KeyError: unknown exercise id. FileNotFoundError: ``path`` does not exist.
     """
-    g = _get(exercise_id)
+    g = exercise(exercise_id)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: exercise_file({exercise_id!r}) makes your copy")
@@ -605,7 +183,7 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
     """Grade your solution of a coding exercise under torchrun; print a hint or a confirmation.
 
     Args:
-        exercise_id: e.g. "04.4" (see :data:`GRADED`).
+        exercise_id: e.g. "04.4" (see :data:`mgpu_utils.grading.catalog.EXERCISES`).
         path: your file (default: your copy from :func:`exercise_file`, made from the template if missing).
         quiet: print nothing.
         world_sizes: grade at these world sizes instead of the exercise's (the tests use fewer).
@@ -617,7 +195,7 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
         KeyError: unknown exercise id.
         FileNotFoundError: ``path`` does not exist.
     """
-    g = _get(exercise_id)
+    g = exercise(exercise_id)
     if path is None:
         new = not (WORKSPACE / g.template).exists()
         path = exercise_file(exercise_id)

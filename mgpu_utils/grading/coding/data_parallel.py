@@ -1,0 +1,286 @@
+"""The graded coding exercises of lesson 03, your own DDP (notebooks/03_ddp.ipynb): 03.4 averaging the
+gradients, 03.5 overlap, 03.6 buckets, 03.7 all of DDP in one class.
+
+Each check runs the student's code for three SGD steps on this rank's shard against DistributedDataParallel on
+the same shards (:func:`against_ddp`), counts the all-reduce calls
+(:func:`~mgpu_utils.measure.comm_calls.counted_all_reduce`) against the exercise's rule (one per parameter
+inside backward, or one per bucket: :func:`bucket_calls_ok`), and names a wrong gradient
+(:func:`what_the_gradient_is`). The hints of the problems they report, the exercises' records and the step
+times said on success are here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.data import load_data
+from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.measure.comm_calls import counted_all_reduce
+from mgpu_utils.models import TiedMLP, make_mlp
+
+
+def check_average_gradients(fn, ctx, problems):
+    """03.4: ``fn(model)`` after backward against DDP: gradients after step 1, parameters after 3 SGD steps."""
+    class AfterBackward:
+        def __init__(self, model):
+            self.model = model
+
+        def finish(self):
+            fn(self.model)
+    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None)
+
+
+def every_rank_gradients(model, x, y, world) -> list[dict]:
+    """Each rank's own gradients (name -> tensor) of ``model`` on its shard ``x[r::world]``, computed here on a
+    copy: what a rank holds after backward and before any communication. Used to name a wrong result."""
+    grads = []
+    for r in range(world):
+        m = copy.deepcopy(model)
+        F.cross_entropy(m(x[r::world]), y[r::world]).backward()
+        grads.append({n: q.grad.detach().clone() for n, q in m.named_parameters()})
+    return grads
+
+
+def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
+    """Which wrong result ``got`` is, given every rank's own gradient ``locals_``: ``copied_from`` (another
+    rank's own gradient, or it divided by the world size: a broadcast), ``max_over_ranks`` (the element-wise
+    maximum, or it divided: ReduceOp.MAX), ``own_over_world`` (this rank's own divided: the all-reduce's result
+    was not kept). Empty when none fits."""
+    world = len(locals_)
+    for s, g in enumerate(locals_):
+        if s != rank and min(diff(got, g), diff(got, g / world)) < tol:
+            return {"copied_from": s}
+    top = torch.stack(locals_).amax(0)
+    if min(diff(got, top), diff(got, top / world)) < tol:
+        return {"max_over_ranks": True}
+    if world > 1 and diff(got, locals_[rank] / world) < tol:
+        return {"own_over_world": True}
+    return {}
+
+
+def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None):
+    """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
+    ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
+    (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
+    (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
+    broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``). ``fn``:
+    the student's class, whose module's ``all_reduce`` (imported by name) is counted too."""
+    world, rank = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    mine = model_fn() if model_fn else make_mlp(32, 2)
+    ddp = DDP(copy.deepcopy(mine))
+    if perturb:
+        with torch.no_grad():
+            for q in list(mine.parameters()) + [b for b in mine.buffers() if b.is_floating_point()]:
+                q.add_(0.01 * rank)
+    ready, state = [], {"backward": False}
+    for q in mine.parameters():                           # registered first: fires first, records the order
+        q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
+    sync = make_sync(mine)
+    if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
+        pairs = list(zip(mine.parameters(), ddp.module.parameters())) + list(zip(mine.buffers(),
+                                                                                ddp.module.buffers()))
+        apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in pairs) > 0)])
+        dist.all_reduce(apart)                            # known on every rank, rank 0 too
+        if apart.item():
+            note(problems, {"rank": rank, "kind": "broadcast"})
+    x_all, y_all = load_data()[0][:48]
+    x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
+    shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
+    times = {"yours_ms": [], "ddp_ms": []}
+    for step in range(3):
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        ready.clear()
+        t0 = time.perf_counter()
+        with counted_all_reduce(state, fn) as calls:
+            state["backward"] = True
+            F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y).backward()
+            state["backward"] = False
+            local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
+            sync.finish()
+        t1 = time.perf_counter()
+        F.cross_entropy(ddp(x), y).backward()
+        times["yours_ms"].append(1e3 * (t1 - t0))
+        times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
+        if step == 0:
+            unwaited = sum(c["async"] and not c["waited"] for c in calls)
+            if unwaited:                                  # first: unwaited work can also leave a gradient wrong
+                note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
+                                "unwaited": unwaited})
+            for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
+                if q.grad is None or diff(q.grad, d.grad) > 1e-6:
+                    got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
+                    note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
+                                    "summed": diff(got, world * d.grad) < 1e-5,
+                                    "local": g is not None and diff(got, g) == 0,
+                                    **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
+            bad = check_calls(calls, list(ready))
+            if bad:
+                note(problems, {"rank": rank, **bad})
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                        # every rank stops together once any rank found one:
+            if found.item():                              # a wrong solution may not survive more steps
+                break
+        for opt in opts:
+            opt.step()
+    worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
+    if worst > 1e-6:
+        note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
+    return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def check_overlap(cls, ctx, problems):
+    """03.5: ``cls(model)`` with ``.finish()``: DDP's result, one async all-reduce per parameter inside backward."""
+    def calls_ok(calls, ready):
+        inside = sum(c["in_backward"] and c["async"] for c in calls)
+        if len(calls) != len(ready) or inside != len(ready):
+            return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
+    return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
+
+
+def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
+    """All-reduce calls under 03.6's rule: gradients join the open bucket in ready order; it is sent when it
+    holds at least ``bucket_bytes``; what is left is sent at the end."""
+    calls = held = 0
+    for b in ready_bytes:
+        held += b
+        if held >= bucket_bytes:
+            calls, held = calls + 1, 0
+    return calls + (held > 0)
+
+
+def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
+    """03.6's and 03.7's rule for the first step's all-reduce ``calls``: one asynchronous call per bucket, and
+    every bucket that fills up during backward started there (from the hook, overlapping the rest of
+    backward), not in finish(). A problem dict, or None."""
+    want = expected_buckets(ready, bucket_bytes)
+    if len(calls) != want or not all(c["async"] for c in calls):
+        return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
+                "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
+    full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
+    inside = sum(c["in_backward"] for c in calls)
+    if inside < full:
+        return {"kind": "late_buckets", "inside": inside, "full": full, "bucket_bytes": bucket_bytes}
+
+
+def _full_buckets(ready_bytes: list, bucket_bytes: int):
+    """The buckets that reach ``bucket_bytes`` during backward (03.6's rule), one item each."""
+    held = 0
+    for b in ready_bytes:
+        held += b
+        if held >= bucket_bytes:
+            held = 0
+            yield b
+
+
+def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
+    """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, each full
+    one started during backward, for each bucket size b: 2 KiB gives full buckets only (the last gradient is
+    the largest), 1 MiB one bucket that is still open when backward ends (only finish() can send it)."""
+    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b), fn=cls)
+             for b in bucket_bytes]
+    return times[0]
+
+
+def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
+    """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
+    on an MLP and on :class:`TiedMLP`, with every rank but 0 starting from other weights."""
+    for model_fn in (None, TiedMLP):
+        for b in bucket_bytes:
+            found = torch.tensor([float(bool(problems))])
+            dist.all_reduce(found)                        # every rank stops together once any rank found one
+            if found.item():
+                return
+            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
+                                model_fn=model_fn, perturb=True, fn=cls)
+            if problems and model_fn is TiedMLP:
+                problems[0]["tied"] = True
+    return times
+
+
+#: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
+#: :class:`~mgpu_utils.grading.common.CodingExercise`).
+HINTS: dict[str, list[tuple]] = {
+    "grad": [
+        (lambda p, W: p["local"],
+         "rank {rank}: the gradient of {param} is still this rank's own (world size {W}): all-reduce it over the "
+         "ranks"),
+        (lambda p, W: p["summed"],
+         "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
+         "so divide by the world size"),
+        (lambda p, W: p.get("copied_from") is not None,
+         "rank {rank}: the gradient of {param} is rank {copied_from}'s own gradient (or it divided by {W}), not the "
+         "mean over the ranks: a broadcast copies one rank's gradient; all_reduce adds every rank's"),
+        (lambda p, W: p.get("max_over_ranks"),
+         "rank {rank}: the gradient of {param} is the element-wise maximum over the ranks (world size {W}): use "
+         "all_reduce's default operation, a sum (dist.ReduceOp.SUM), then divide by the world size"),
+        (lambda p, W: p.get("own_over_world"),
+         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
+         "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
+        (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
+    "broadcast": [(always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
+                           "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
+                           "wraps the model; do the same in __init__")],
+    "unwaited": [(always, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
+                          "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
+                          "all-reduce has not written yet; keep each handle and wait for it in finish()")],
+    "overlap": [(always, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
+                         "started inside backward with async_op=True: start one per parameter from its hook, wait in "
+                         "finish()")],
+    "buckets": [
+        (lambda p, W: p["all_async"],
+         "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
+         "ready order and buckets of {bucket_bytes} bytes"),
+        (always, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
+                 "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
+                 "(async_op=True)")],
+    "late_buckets": [(always, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
+                              "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
+                              "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
+                              "only sends the bucket still open at the end")],
+    "param": [
+        (always, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
+                 "although the first step's gradients matched: does something carry over from one step to the next "
+                 "(a list of pending work never cleared, a bucket never emptied)?")],
+}
+
+
+def _step_times(info: dict, world: int) -> list[str]:
+    """03.4 to 03.7, on success: one step with the student's code and with DDP."""
+    if "yours_ms" not in info:
+        return []
+    return [f"world size {world}: one step (forward, backward, communication) {info['yours_ms']:.1f} ms "
+            f"with yours, {info['ddp_ms']:.1f} ms with DDP (rank 0, median of 3; a tiny model on CPU: "
+            f"latency, not bandwidth)"]
+
+
+#: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
+EXERCISES = [
+    CodingExercise(
+        id="03.4", template="03_my_ddp.py", entry="average_gradients", world_sizes=(2, 3),
+        check=check_average_gradients, hints=HINTS, on_success=_step_times,
+        what="gradients after one step and parameters after three SGD steps equal DistributedDataParallel's"),
+    CodingExercise(
+        id="03.5", template="03_overlap.py", entry="OverlappedGradients", world_sizes=(2, 3),
+        check=check_overlap, hints=HINTS, on_success=_step_times,
+        what="DDP's gradients and parameters, with one asynchronous all-reduce per parameter started inside "
+             "backward"),
+    CodingExercise(
+        id="03.6", template="03_buckets.py", entry="BucketedGradients", world_sizes=(2, 3),
+        check=check_buckets, hints=HINTS, on_success=_step_times,
+        what="DDP's gradients and parameters, with one asynchronous all-reduce per bucket"),
+    CodingExercise(
+        id="03.7", template="03_my_ddp_stretch.py", entry="MyDDP", world_sizes=(2, 3),
+        check=check_my_ddp, hints=HINTS, on_success=_step_times,
+        what="DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
+             "model that uses one weight twice, from ranks that started apart"),
+]

@@ -1,0 +1,256 @@
+"""The graded coding exercise of lesson 11, fault tolerance (notebooks/11_fault_tolerance.ipynb): 11.5, a
+snapshot that resumes a killed DDP job exactly, written by rank 0 alone and atomically.
+
+The check runs a job that is killed after step 7 and resumed from the student's snapshot against the same job
+uninterrupted, names what a wrong snapshot left out from reference runs without it (:data:`SNAPSHOT_VARIANTS`),
+and watches every torch.save and file written (:func:`probed_saves`). The hints of the problems it reports and
+the exercise's record are here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mgpu_utils.data import load_data
+from mgpu_utils.grading.common import CodingExercise, diff, note
+from mgpu_utils.measure.comm_calls import namespaces_of
+
+
+#: Exercise 11.5's job: steps, the steps after which it snapshots, the step after which it is "killed"; the
+#: resume (at 5) is not a multiple of the StepLR period (2), so a lost scheduler shows even with a lost optimizer.
+SNAPSHOT_PLAN = {"steps": 9, "save_after": (3, 5), "crash_after": 7, "batch": 8, "seed": 11}
+#: What a wrong snapshot does, as reference runs (the first whose weights match wins): parts left out of it,
+#: every rank given rank 0's random state, a resume one step off, or no resume at all.
+SNAPSHOT_VARIANTS = (("right", ()), ("drop", ("optimizer",)), ("drop", ("scheduler",)), ("drop", ("rng",)),
+                     ("drop", ("optimizer", "scheduler")), ("drop", ("optimizer", "rng")),
+                     ("drop", ("scheduler", "rng")), ("drop", ("optimizer", "scheduler", "rng")),
+                     ("rank0_rng", ()), ("step", (1,)), ("step", (-1,)), ("from_scratch", ()))
+
+
+def _snapshot_job(ctx, save, load, crash: bool = True):
+    """11.5's job on this rank: train, ``save(model, opt, sched, step)`` after the planned steps (then a
+    barrier), and with ``crash`` start again from scratch after the crash step (the same seeds), ``start =
+    load(model, opt, sched)``, and go on. Returns the final weights, flat."""
+    plan, world, rank = SNAPSHOT_PLAN, ctx.world_size, ctx.rank
+    x, y = load_data()[0][:plan["steps"] * world * plan["batch"]]
+
+    def fresh():
+        torch.manual_seed(plan["seed"])                              # the same initial weights on every rank
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                    torch.nn.Dropout(0.3), torch.nn.Linear(32, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        torch.manual_seed(plan["seed"] + 1000 * (rank + 1))         # then each rank its own dropout stream
+        return model, DDP(model), opt, sched
+
+    def steps(model, ddp, opt, sched, first, last, saving):
+        for s in range(first, last):
+            rows = slice((s * world + rank) * plan["batch"], (s * world + rank + 1) * plan["batch"])
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(ddp(x[rows]), y[rows]).backward()
+            opt.step()
+            sched.step()
+            if saving and s + 1 in plan["save_after"]:
+                save(model, opt, sched, s + 1)
+                dist.barrier()
+    model, ddp, opt, sched = fresh()
+    steps(model, ddp, opt, sched, 0, plan["crash_after"] if crash else plan["steps"], crash)
+    if crash:
+        model, ddp, opt, sched = fresh()
+        start = load(model, opt, sched)
+        steps(model, ddp, opt, sched, int(start), plan["steps"], False)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _reference_snapshot(variant: str, arg: tuple, ctx):
+    """(save, load) of one of :data:`SNAPSHOT_VARIANTS`, in memory."""
+    held = {}
+
+    def save(model, opt, sched, step):
+        rngs = [None] * ctx.world_size
+        dist.all_gather_object(rngs, torch.get_rng_state())
+        held.update(model=copy.deepcopy(model.state_dict()), optimizer=copy.deepcopy(opt.state_dict()),
+                    scheduler=sched.state_dict(), step=step, rng=rngs)
+
+    def load(model, opt, sched):
+        if variant == "from_scratch":
+            return 0
+        model.load_state_dict(held["model"])
+        if not (variant == "drop" and "optimizer" in arg):
+            opt.load_state_dict(held["optimizer"])
+        if not (variant == "drop" and "scheduler" in arg):
+            sched.load_state_dict(held["scheduler"])
+        if not (variant == "drop" and "rng" in arg):
+            torch.set_rng_state(held["rng"][0 if variant == "rank0_rng" else ctx.rank])
+        return held["step"] + (arg[0] if variant == "step" else 0)
+    return save, load
+
+
+@contextlib.contextmanager
+def probed_saves(path: str, seen: dict, fn=None):
+    """Within the block torch.save writes the first half of its bytes, then, while ``seen["intact"]`` is a
+    bytes object, checks that ``path`` still holds exactly those bytes (a crash at this moment would leave the
+    previous snapshot), then writes the rest. ``seen["saves"]`` counts the calls that write to a file (however
+    torch.save is reached: ``torch.save`` or a name imported into ``fn``'s module; saves into memory pass), and
+    every file opened for writing; opening ``path`` itself for writing while a previous snapshot is there sets
+    ``seen["torn"]`` (``shutil.copy`` onto it, ``open(path, "wb")``)."""
+    import io
+
+    real = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)) and not hasattr(f, "fileno") or isinstance(f, io.BytesIO):
+            return real(obj, f, *args, **kwargs)           # into memory (all_gather_object pickles so)
+        buf = io.BytesIO()
+        real(obj, buf, *args, **kwargs)
+        data, seen["saves"] = buf.getvalue(), seen["saves"] + 1
+        own = not hasattr(f, "write")
+        fh = open(f, "wb") if own else f
+        try:
+            fh.write(data[:len(data) // 2])
+            fh.flush()
+            if isinstance(seen.get("intact"), bytes):
+                now = open(path, "rb").read() if os.path.exists(path) else b""
+                seen["torn"] = seen.get("torn") or now != seen["intact"]
+            fh.write(data[len(data) // 2:])
+        finally:
+            if own:
+                fh.close()
+    import builtins
+
+    real_open, target = builtins.open, os.path.realpath(path)
+
+    def watched_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+            seen["saves"] += 1                             # a file written, however (shutil.copy, pickle, ...)
+            if os.path.realpath(file) == target and isinstance(seen.get("intact"), bytes):
+                seen["torn"] = True                        # opened for writing: the previous snapshot is gone
+        return real_open(file, mode, *args, **kwargs)
+    spaces = [vars(torch)] + [g for g in namespaces_of(fn) if g.get("save") is real]
+    saved = [(g, "save", g["save"]) for g in spaces] + [(vars(builtins), "open", real_open)] + [
+        (g, "open", real_open) for g in namespaces_of(fn) if g.get("open") is real_open]
+    for g, key, _ in saved:
+        g[key] = save if key == "save" else watched_open
+    try:
+        yield
+    finally:
+        for g, key, v in saved:
+            g[key] = v
+
+
+def check_snapshot(fn, ctx, problems):
+    """11.5: ``save_snapshot(path, model, opt, sched, step)`` and ``load_snapshot(path, model, opt, sched)`` in a
+    job that is killed after step 7 and resumed from step 5, against the uninterrupted job; the snapshot's parts named
+    from reference runs without them (:data:`SNAPSHOT_VARIANTS`); rank 0 alone writes; and ``path``, halfway
+    through each torch.save of the second snapshot, still holds the first one."""
+    import shutil
+    import tempfile
+
+    import importlib.util
+
+    rank = ctx.rank
+    load = None
+    if getattr(fn, "__code__", None) is not None:          # a restart is a new process: the module imported anew,
+        spec = importlib.util.spec_from_file_location("restarted_snapshot", fn.__code__.co_filename)
+        fresh = importlib.util.module_from_spec(spec)      # nothing kept in its globals since the first start
+        spec.loader.exec_module(fresh)
+        load = getattr(fresh, "load_snapshot", None)
+    folder = [tempfile.mkdtemp(prefix="mgpu_grade_") if rank == 0 else None]
+    dist.broadcast_object_list(folder, src=0)
+    path = os.path.join(folder[0], "snapshot.pt")
+    want = _snapshot_job(ctx, None, None, crash=False)
+    seen = {"saves": 0}
+
+    def save(model, opt, sched, step):
+        if step == SNAPSHOT_PLAN["save_after"][1] and rank == 0:
+            seen["intact"] = open(path, "rb").read() if os.path.exists(path) else b""
+        fn(path, model, opt, sched, step)
+    try:
+        if not callable(load):
+            note(problems, {"rank": rank, "kind": "snapshot", "what": "no_load"})
+            return
+        with probed_saves(path, seen, fn):
+            got = _snapshot_job(ctx, save, lambda m, o, s: load(path, m, o, s))
+    finally:
+        try:
+            dist.barrier()
+        finally:
+            if rank == 0:
+                shutil.rmtree(folder[0], ignore_errors=True)
+    saves = [None] * ctx.world_size
+    dist.all_gather_object(saves, seen["saves"])           # who wrote files: known on rank 0 before it judges
+    found = {"variant": None, "parts": "", "off": ""}
+    for variant, arg in SNAPSHOT_VARIANTS:                  # every rank runs them all, in the same order
+        ref = _snapshot_job(ctx, *_reference_snapshot(variant, arg, ctx))
+        if found["variant"] is None and got.shape == ref.shape and diff(got, ref) < 1e-6:
+            words = [{"optimizer": "the optimizer's state", "scheduler": "the scheduler's",
+                      "rng": "every rank's random state"}.get(a, str(a)) for a in arg]
+            found = {"variant": variant, "parts": ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1
+                     else "".join(words),
+                     "off": {(1,): "late", (-1,): "early"}.get(arg, "")}
+    if got.shape != want.shape or diff(got, want) > 1e-6:
+        note(problems, {"rank": rank, "kind": "snapshot", "what": "resume", **found,
+                        "max_diff": diff(got, want) if got.shape == want.shape else float("nan")})
+    elif not saves[0]:
+        note(problems, {"rank": rank, "kind": "snapshot", "what": "no_file"})
+    elif any(saves[1:]):
+        if rank == 0:
+            note(problems, {"rank": rank, "kind": "snapshot", "what": "ranks",
+                            "writers": [r for r, n in enumerate(saves) if r and n]})
+    elif rank == 0 and seen.get("torn"):
+        note(problems, {"rank": rank, "kind": "snapshot", "what": "torn"})
+
+
+#: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
+#: :class:`~mgpu_utils.grading.common.CodingExercise`).
+HINTS: dict[str, list[tuple]] = {
+    "snapshot": [
+        (lambda p, W: p["what"] == "no_load",
+         "rank {rank}: the file defines no load_snapshot(path, model, opt, sched): write it beside save_snapshot"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "drop",
+         "rank {rank}: the resumed job's weights differ from the uninterrupted job's by {max_diff:.3g} (world "
+         "size {W}): they are those of a snapshot without {parts}. The optimizer's state holds the momentum "
+         "buffers and the learning rate, the scheduler's its position, the random state each rank's dropout "
+         "stream"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "rank0_rng",
+         "rank {rank}: the resumed job's weights are those of every rank restoring rank 0's random state (world "
+         "size {W}): each rank has its own dropout stream; gather every rank's state "
+         "(dist.all_gather_object) into the snapshot and let each rank restore its own"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "step",
+         "rank {rank}: the resumed job's weights are those of a resume one step {off} (world size {W}): "
+         "load_snapshot returns the number of steps already done, the index of the next step"),
+        (lambda p, W: p["what"] == "resume" and p["variant"] == "from_scratch",
+         "rank {rank}: the resumed job trained from step 0 again, from the initial weights (world size {W}): "
+         "load the model's state and return the step that the snapshot was taken at"),
+        (lambda p, W: p["what"] == "resume",
+         "rank {rank}: the resumed job's final weights differ from the uninterrupted job's by {max_diff:.3g} "
+         "(world size {W}): save and restore the model, the optimizer, the scheduler, every rank's random "
+         "state and the step"),
+        (lambda p, W: p["what"] == "no_file",
+         "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
+         "is on disk at the path survives; write the snapshot there"),
+        (lambda p, W: p["what"] == "ranks",
+         "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
+         "state; on a shared file system the ranks would write over each other)"),
+        (lambda p, W: p["what"] == "torn",
+         "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
+         "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
+         "os.replace() it onto the path (a rename is atomic)")],
+}
+
+
+#: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
+EXERCISES = [
+    CodingExercise(
+        id="11.5", template="11_snapshot.py", entry="save_snapshot", world_sizes=(2, 3),
+        check=check_snapshot, hints=HINTS,
+        what="a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
+             "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),
+]

@@ -1,0 +1,250 @@
+"""The graded coding exercise of lesson 06, hybrid parallelism (notebooks/06_hybrid_parallel.ipynb): 06.3, an
+SGD step on a data x tensor mesh, f and g from scratch.
+
+The check runs two steps at every dp x tp mesh of the world (:func:`two_d_layouts`) against the same steps in
+one process, counts what the all-reduces over the tensor-parallel group send (:func:`tp_traffic`), and names a
+wrong result from the known mistakes' results (:data:`TWO_D_FORWARDS` x :data:`TWO_D_SYNCS`). The hints of the
+problems it reports and the exercise's record are here too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mgpu_utils.dist import collective_timeout
+from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.measure.comm_calls import patched_collectives
+
+
+#: Exercise 06.3's model: W0 [D, D] replicated, W1 [N, D] column parallel, W2 [O, N] row parallel, b2 [O]
+#: replicated; a global batch of B rows. N splits over tp = 1, 2, 3, 4 and 6, B over dp up to 8. N D and O N exceed
+#: what g and f send (B/dp x O and B/dp x D elements), so whole weights cannot pass for activations (tp_traffic).
+TWO_D_SIZES = {"D": 6, "N": 48, "O": 4, "B": 24}
+#: Known wrong forwards and backwards of 06.3, named by what they do (the first that matches wins).
+TWO_D_FORWARDS = ("right", "no_f", "g_backward_sum", "bias_every_rank", "no_g")
+#: Known wrong data-parallel averages of 06.3: per rank's gradient of its shard, before the update.
+TWO_D_SYNCS = ("right", "none", "sum", "div_world", "world_dp", "world_mean")
+
+
+def two_d_layouts(world: int) -> list[tuple[int, int]]:
+    """(dp, tp) meshes of ``world`` ranks that 06.3 grades: dp x 1 first, then tp growing; N % tp == 0 and
+    B % dp == 0 (world 4: (4, 1), (2, 2), (1, 4))."""
+    return [(world // tp, tp) for tp in range(1, world + 1) if world % tp == 0
+            and TWO_D_SIZES["N"] % tp == 0 and TWO_D_SIZES["B"] % (world // tp) == 0]
+
+
+def _two_d_shard(P: dict, t: int, tp: int) -> dict:
+    """Tensor-parallel rank t's shard of the whole parameters ``P`` (replicated ones whole)."""
+    n = P["w1"].shape[0] // tp
+    rows = slice(t * n, (t + 1) * n)
+    return {"w0": P["w0"], "w1": P["w1"][rows], "w2": P["w2"][:, rows], "b2": P["b2"]}
+
+
+def two_d_local(P: dict, x, target, t: int, tp: int, variant: str = "right"):
+    """(loss, gradients of tp rank t's shard) before any data-parallel average, on rows ``x``, when every rank
+    holds ``P``'s values; ``variant`` (:data:`TWO_D_FORWARDS`) is the forward/backward each rank runs."""
+    mine = {k: v.detach().clone().requires_grad_() for k, v in _two_d_shard(P, t, tp).items()}
+    z = F.relu(x @ mine["w0"].T)
+    parts = []
+    for u in range(tp):
+        w = mine if u == t else {k: v.detach() for k, v in _two_d_shard(P, u, tp).items()}
+        zu = z if u == t or variant != "no_f" else z.detach()  # without f: W0 learns through its own slice only
+        parts.append(F.relu(zu @ w["w1"].T) @ w["w2"].T)
+    S = parts[t] if variant == "no_g" else sum(parts)
+    if variant == "g_backward_sum":                          # g's backward sums: every gradient before it x tp
+        S = tp * S - (tp - 1) * S.detach()
+    b2 = mine["b2"] + (tp - 1) * mine["b2"].detach() if variant == "bias_every_rank" else mine["b2"]
+    loss = F.mse_loss(S + b2, target)
+    grads = torch.autograd.grad(loss, list(mine.values()))
+    return loss.item(), dict(zip(mine, grads))
+
+
+def two_d_synced(local: dict, dp: int, tp: int, i: int, t: int, variant: str) -> dict:
+    """Rank (i, t)'s gradients after the data-parallel step ``variant`` (:data:`TWO_D_SYNCS`), from every
+    rank's own ``local[(i, t)]``."""
+    world = dp * tp
+    group = [local[(j, t)] for j in range(dp)]
+    everyone = [local[(j, u)] for j in range(dp) for u in range(tp)]
+    total = lambda gs: {k: sum(g[k] for g in gs) for k in gs[0]}
+    if variant == "none":
+        return local[(i, t)]
+    scale, gs = {"right": (dp, group), "sum": (1, group), "div_world": (world, group),
+                 "world_dp": (dp, everyone), "world_mean": (world, everyone)}[variant]
+    return {k: v / scale for k, v in total(gs).items()}
+
+
+def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
+    """06.3: ``fn(params, x, target, tp_group, dp_group, lr)`` for two SGD steps at every layout of
+    :func:`two_d_layouts`, against the same steps in one process; a wrong result is named from the known
+    mistakes' results after step 1 (:data:`TWO_D_FORWARDS` x :data:`TWO_D_SYNCS`), or gradients carried into
+    step 2. Only all-reduce is allowed: a gather would hold more than this rank's shard."""
+    world, rank = ctx.world_size, ctx.rank
+    timeout = collective_timeout()                      # the subgroups time out as the default group does
+    D, N, O, B = (TWO_D_SIZES[k] for k in "DNOB")
+    g = torch.Generator().manual_seed(6)
+    P0 = {"w0": torch.randn(D, D, generator=g) / D ** 0.5, "w1": torch.randn(N, D, generator=g) / D ** 0.5,
+          "w2": torch.randn(O, N, generator=g) / N ** 0.5, "b2": torch.randn(O, generator=g) * 0.5}
+    data = [(torch.randn(B, D, generator=g), torch.randn(B, O, generator=g)) for _ in range(steps)]
+    for dp, tp in two_d_layouts(world):
+        i, t = divmod(rank, tp)
+        tp_group, _ = dist.new_subgroups_by_enumeration(
+            [[j * tp + u for u in range(tp)] for j in range(dp)], timeout=timeout)
+        dp_group, _ = dist.new_subgroups_by_enumeration(
+            [[j * tp + u for j in range(dp)] for u in range(tp)], timeout=timeout)
+        rows = lambda j: slice(j * B // dp, (j + 1) * B // dp)
+        params = {k: v.clone().requires_grad_() for k, v in _two_d_shard(P0, t, tp).items()}
+        P, prev, calls = {k: v.clone() for k, v in P0.items()}, None, []
+        base = {"rank": rank, "kind": "two_d", "layout": f"{dp}x{tp}", "dp": dp, "tp": tp}
+        mine = {i * tp + u for u in range(tp)}                          # this rank's tp group
+        for s in range(steps):
+            x, y = data[s][0][rows(i)], data[s][1][rows(i)]
+            traffic = []                                                # elements of each all-reduce across tp ranks
+            with tp_traffic(calls, traffic, mine, fn):
+                got_loss = fn(params, x.clone(), y.clone(), tp_group, dp_group, lr)
+            want_traffic = sorted([len(x) * O, len(x) * D]) if tp > 1 else []
+            local = {(j, u): two_d_local(P, data[s][0][rows(j)], data[s][1][rows(j)], u, tp)
+                     for j in range(dp) for u in range(tp)}
+            grads = two_d_synced({k: v[1] for k, v in local.items()}, dp, tp, i, t, "right")
+            want = {k: v - lr * grads[k] for k, v in _two_d_shard(P, t, tp).items()}
+            bad = next((k for k in want if params[k].shape != want[k].shape
+                        or diff(params[k].detach(), want[k]) > 1e-5), None)
+            if set(calls) - {"all_reduce"}:
+                note(problems, {**base, "what": "collective", "calls": sorted(set(calls) - {"all_reduce"})})
+            elif not isinstance(got_loss, (float, int)):
+                note(problems, {**base, "what": "loss_type", "got": type(got_loss).__name__})
+            elif abs(got_loss - local[(i, t)][0]) > 1e-5:
+                named = next((v for v in TWO_D_FORWARDS[1:] if abs(got_loss - two_d_local(
+                    P, x, y, t, tp, v)[0]) < 1e-5), None)
+                note(problems, {**base, "what": "loss", "step": s + 1, "forward": named, "got": got_loss,
+                                "want": local[(i, t)][0]})
+            elif bad and s == 0:
+                same = params[bad].shape == want[bad].shape
+                note(problems, {**base, "what": "step", "param": bad, "max_diff": diff(
+                    params[bad].detach(), want[bad]) if same else float("nan"),
+                                **_which_two_d(params, P, data[0], dp, tp, i, t, lr, rows)})
+            elif bad:
+                carried = {k: v - lr * (grads[k] + prev[k]) for k, v in _two_d_shard(P, t, tp).items()}
+                was = all(params[k].shape == c.shape and diff(params[k].detach(), c) < 1e-5 for k, c in carried.items())
+                note(problems, {**base, "what": "carried" if was else "later", "param": bad, "step": s + 1,
+                                "max_diff": diff(params[bad].detach(), want[bad]) if params[bad].shape ==
+                                want[bad].shape else float("nan")})
+            elif sorted(traffic) != want_traffic:
+                note(problems, {**base, "what": "tp_traffic", "step": s + 1, "calls": len(traffic),
+                                "got": sum(traffic), "want_g": len(x) * O, "want_f": len(x) * D})
+            P = {k: v - lr * _full_grad(local, dp, tp, k) for k, v in P.items()}
+            prev = grads
+        for group in {tp_group, dp_group}:                              # no groups left over for the next layout
+            dist.destroy_process_group(group)
+
+
+def tp_traffic(calls: list, traffic: list, tp_ranks: set, fn=None):
+    """06.3's counter: every collective's name goes to ``calls`` (:func:`counted_collectives`), and the number
+    of elements of every all-reduce over a group holding two or more of ``tp_ranks`` (this rank's tensor-
+    parallel group; the default group counts as every rank) to ``traffic``. A right step sends g's and f's
+    activations only; whole weights assembled by all-reducing zero-padded shards show up here."""
+    def counting(name, original):
+        def call(*args, **kwargs):
+            calls.append(name)
+            if name == "all_reduce":
+                group = kwargs.get("group", args[2] if len(args) > 2 else None)
+                ranks = set(range(dist.get_world_size())) if group in (None, dist.group.WORLD) \
+                    else set(dist.get_process_group_ranks(group))
+                if len(ranks & tp_ranks) > 1:
+                    traffic.append(args[0].numel() if args else kwargs["tensor"].numel())
+            return original(*args, **kwargs)
+        return call
+    return patched_collectives(counting, fn)
+
+
+def _full_grad(local: dict, dp: int, tp: int, name: str) -> torch.Tensor:
+    """The whole model's gradient of ``name`` (mean over the dp groups), assembled from the ranks' shards."""
+    mean = lambda u: sum(local[(j, u)][1][name] for j in range(dp)) / dp
+    if name == "w1":
+        return torch.cat([mean(u) for u in range(tp)], 0)
+    if name == "w2":
+        return torch.cat([mean(u) for u in range(tp)], 1)
+    return mean(0)
+
+
+def _which_two_d(params, P, batch, dp, tp, i, t, lr, rows) -> dict:
+    """The first known mistake (forward, data-parallel step) whose step 1 gives this rank's ``params``."""
+    for fwd in TWO_D_FORWARDS:
+        local = {(j, u): two_d_local(P, batch[0][rows(j)], batch[1][rows(j)], u, tp, fwd)[1]
+                 for j in range(dp) for u in range(tp)}
+        for sync in TWO_D_SYNCS:
+            grads = two_d_synced(local, dp, tp, i, t, sync)
+            if all(params[k].shape == v.shape and diff(params[k].detach(), v - lr * grads[k]) < 1e-5
+                   for k, v in _two_d_shard(P, t, tp).items()):
+                return {"forward": fwd, "sync": sync}
+    return {"forward": None, "sync": None}
+
+
+#: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
+#: :class:`~mgpu_utils.grading.common.CodingExercise`).
+HINTS: dict[str, list[tuple]] = {
+    "two_d": [
+        (lambda p, W: p["what"] == "collective",
+         "rank {rank} (mesh {layout}, dp x tp): called {calls}; the only communication here is all-reduce: g's in "
+         "the forward, f's in the backward and the average over dp_group. A gather would put more than this rank's "
+         "shard in its memory"),
+        (lambda p, W: p["what"] == "loss_type",
+         "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
+         "(loss.item())"),
+        (lambda p, W: p["what"] == "tp_traffic",
+         "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
+         "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
+         "[rows, O] ({want_g} elements) in the forward and f's [rows, D] ({want_f}) in the backward. A rank that "
+         "assembles the whole W1 or W2 is not tensor parallel: it holds, and computes with, every shard. (W0's and "
+         "b2's gradients are equal on the tp ranks after f: average them over dp_group only)"),
+        (lambda p, W: p["what"] == "loss" and p["forward"] == "no_g",
+         "rank {rank} (mesh {layout}, dp x tp): the loss is that of this rank's partial output alone: the "
+         "row-parallel layer gives partial sums, and g adds them over tp_group (one all-reduce in the forward)"),
+        (lambda p, W: p["what"] == "loss" and p["forward"] == "bias_every_rank",
+         "rank {rank} (mesh {layout}, dp x tp): the loss is that of y with b2 added {tp} times: every tp rank added "
+         "the bias before g's all-reduce. Add it after g, once"),
+        (lambda p, W: p["what"] == "loss",
+         "rank {rank} (mesh {layout}, dp x tp): at step {step} the loss {got:.6f} differs from one process's "
+         "{want:.6f} on this rank's rows: the forward is relu(x W0^T), f, relu(. W1^T), . W2^T, g, + b2"),
+        (lambda p, W: p["what"] == "step" and p["forward"] == "no_f",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 W0's gradient is only the part that flows through "
+         "this rank's hidden units: every tp rank's slice of W1 used the same z, so f's backward sums z's gradient "
+         "over tp_group (one all-reduce)"),
+        (lambda p, W: p["what"] == "step" and p["forward"] == "g_backward_sum",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients of W0, W1 and W2 are tp = {tp} times "
+         "too large: g's backward is the identity (y is the sum of the partials, so each partial's gradient is "
+         "y's); an all-reduce there, as torch.distributed.nn.functional.all_reduce's backward does, adds {tp} "
+         "equal copies"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "none",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are those of this rank's rows only: "
+         "average them over dp_group (all-reduce, then divide by its size, {dp})"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "sum",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group, dp = {dp} "
+         "times the mean: divide by dp_group's size"),
+        (lambda p, W: p["what"] == "step" and p["sync"] == "div_world",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients are the sum over dp_group divided by "
+         "the world size {W}; the mean is over dp_group, {dp} rank(s) (dist.get_world_size(dp_group))"),
+        (lambda p, W: p["what"] == "step" and p["sync"] in ("world_dp", "world_mean"),
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 the gradients were all-reduced over every rank: "
+         "that adds the other tp ranks' shards (other rows of W1, other columns of W2) to this one. Average over "
+         "dp_group only"),
+        (lambda p, W: p["what"] == "step",
+         "rank {rank} (mesh {layout}, dp x tp): after step 1 {param} differs from one process's by "
+         "{max_diff:.3g}"),
+        (lambda p, W: p["what"] == "carried",
+         "rank {rank} (mesh {layout}, dp x tp): step 1 was right; at step {step} step 1's gradients were still "
+         "there (backward adds to p.grad): set p.grad = None after the update"),
+        (always, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
+                 "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
+}
+
+
+#: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
+EXERCISES = [
+    CodingExercise(
+        id="06.3", template="06_two_d_step.py", entry="train_step", world_sizes=(2, 4),
+        check=check_two_d, hints=HINTS,
+        what="two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
+             "(g in the forward, f in the backward, the mean over dp_group)"),
+]

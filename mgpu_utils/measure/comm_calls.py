@@ -1,0 +1,113 @@
+"""Collectives counted or switched off, however the code reaches them (the graders of lessons 03 to 12, and
+lesson 05's ``launch_scripts/vocab_parallel.py``).
+
+Every collective of torch.distributed (:data:`COLLECTIVES`) is replaced for the length of a ``with`` block: in
+``torch.distributed``, in ``torch.distributed.distributed_c10d``, and in the module of a given function or class
+(where ``from torch.distributed import all_reduce`` put the name). :func:`patched_collectives` is the general
+tool; :func:`point_to_point_only` makes every collective raise (04.4, 04.5), :func:`counted_collectives` records
+each call's name, and :func:`counted_all_reduce` records each all-reduce and whether its handle was waited for
+(03.4 to 03.7).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch.distributed as dist
+
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
+               "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
+               "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
+
+
+def namespaces_of(obj) -> list[dict]:
+    """The module globals that the student's function or class ``obj`` sees (where ``from torch.distributed
+    import all_reduce`` put a name)."""
+    if hasattr(obj, "__globals__"):
+        return [obj.__globals__]
+    funcs = [v for v in vars(obj).values() if hasattr(v, "__globals__")] if isinstance(obj, type) else []
+    return [funcs[0].__globals__] if funcs else []
+
+
+@contextlib.contextmanager
+def patched_collectives(replace, fn=None):
+    """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
+    student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
+    the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    originals = {}
+    for module in (dist, c10d):
+        for name in COLLECTIVES:
+            if hasattr(module, name):
+                originals.setdefault(id(getattr(module, name)), name)
+    saved = []                                          # (namespace dict, key, original)
+    for space in [vars(dist), vars(c10d)] + (namespaces_of(fn) if fn is not None else []):
+        for key, value in list(space.items()):
+            if callable(value) and id(value) in originals:
+                saved.append((space, key, value))
+                space[key] = replace(originals[id(value)], value)
+    try:
+        yield
+    finally:
+        for space, key, value in reversed(saved):
+            space[key] = value
+
+
+def point_to_point_only(exercise, fn=None):
+    """Within the block every collective raises, naming itself (send/recv still work), however it is reached
+    (:func:`patched_collectives`)."""
+    def forbidden(name, original):
+        def call(*args, **kwargs):
+            raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
+        return call
+    return patched_collectives(forbidden, fn)
+
+
+def counted_collectives(calls: list, fn=None):
+    """Within the block every collective still runs, and its name is appended to ``calls``."""
+    def counting(name, original):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return original(*args, **kwargs)
+        return call
+    return patched_collectives(counting, fn)
+
+
+class _Handle:
+    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``)."""
+
+    def __init__(self, work, call):
+        self._work, self._call = work, call
+
+    def wait(self, *args, **kwargs):
+        self._call["waited"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def get_future(self):
+        self._call["waited"] = True
+        return self._work.get_future()
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def counted_all_reduce(state: dict, fn=None):
+    """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
+    module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
+    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for."""
+    calls = []
+
+    def replace(name, real):
+        if name != "all_reduce":
+            return real
+
+        def counting(tensor, *args, **kwargs):
+            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
+            calls.append(call)
+            work = real(tensor, *args, **kwargs)
+            return _Handle(work, call) if work is not None else None
+        return counting
+    with patched_collectives(replace, fn):
+        yield calls
