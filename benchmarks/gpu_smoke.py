@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-LESSONS = ["01_gpu_architecture", "03_ddp", "07_memory", "10_benchmarking"]
+LESSONS = ["01_gpu_architecture", "03_ddp", "07_memory", "11_benchmarking"]
 LAUNCH_S = 120          # limit of one launch script's run (a CUDA context and an NCCL communicator included)
 TAIL_LINES = 15         # a failed step's last lines of stdout, and of stderr, kept in the summary
 

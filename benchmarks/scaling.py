@@ -1,4 +1,4 @@
-"""Strong and weak scaling of a compute-bound DDP step, from a terminal (notebooks/10_benchmarking.ipynb).
+"""Strong and weak scaling of a compute-bound DDP step, from a terminal (notebooks/11_benchmarking.ipynb).
 
 Launches launch_scripts/ddp_speedup.py at world sizes 1, 2, 4, ... up to --max-nproc, one intra-op thread
 per rank: strong scaling (the same --global-batch split over N ranks) and weak scaling (--per-rank-batch

@@ -21,11 +21,11 @@ import torch
 
 from mgpu_utils.timing import matmul_flops, time_fn
 
-DEFAULT_THREADS = torch.get_num_threads()          # lesson 01 runs with the default; lesson 10 with 1
+DEFAULT_THREADS = torch.get_num_threads()          # lesson 01 runs with the default; lesson 11 with 1
 
 
 def clock_pitfall() -> float:
-    """Lesson 10, section 1: the clock read after an enqueue / after waiting (asserted < 0.2)."""
+    """Lesson 11, section 1: the clock read after an enqueue / after waiting (asserted < 0.2)."""
     torch.set_num_threads(1)
     a = torch.randn(768, 768)
     pool = ThreadPoolExecutor(max_workers=1, initializer=torch.set_num_threads, initargs=(1,))

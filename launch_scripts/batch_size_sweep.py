@@ -1,5 +1,5 @@
 """Do larger batches converge faster? Steps and seconds to a target accuracy across global batch sizes
-(notebooks/09_case_studies.ipynb).
+(notebooks/10_case_studies.ipynb).
 
 For every global batch B of --global-batches, an MLP (make_mlp(--width, 1)) trains on the digits with plain SGD
 at each learning rate of --lrs and each of --seeds seeds, until its test accuracy first reaches --target (checked

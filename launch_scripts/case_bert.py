@@ -1,4 +1,4 @@
-"""Case study: BERT masked-language modelling with DDP, offline (for lesson 09, case studies).
+"""Case study: BERT masked-language modelling with DDP, offline (for lesson 10, case studies).
 
 transformers' BertForMaskedLM from a small BertConfig (random weights: nothing is downloaded), a WordPiece
 tokenizer built here with the tokenizers library from the word counts of text that ships with Python

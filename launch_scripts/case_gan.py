@@ -1,4 +1,4 @@
-"""Case study: a GAN trained with DDP on the digits (for lesson 09, case studies).
+"""Case study: a GAN trained with DDP on the digits (for lesson 10, case studies).
 
 A small generator (noise -> 8x8 image, with BatchNorm) and discriminator (image -> one logit), both wrapped
 in DDP. Each step: the discriminator learns from a real batch and a fake batch (the fakes detached, so no

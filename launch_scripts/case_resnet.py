@@ -1,8 +1,8 @@
-"""Case study: a torchvision ResNet trained with DDP on real images (for lesson 09, case studies).
+"""Case study: a torchvision ResNet trained with DDP on real images (for lesson 10, case studies).
 
 torchvision's resnet18 (or --arch resnet50) with a small-image stem (3x3 convolution, no max-pool) learns scikit-learn's
 digits, augmented with torchvision.transforms.v2 (mgpu_utils.data.AugmentedDigits), with DDP and a DistributedSampler
-(set_epoch every epoch); each rank draws its own augmentations. SGD with momentum and a cosine schedule (lesson 09
+(set_epoch every epoch); each rank draws its own augmentations. SGD with momentum and a cosine schedule (lesson 10
 asserts >= 90% test accuracy: 2 epochs, global batch 32).
 The large-batch recipe of Goyal et al. (2017) when asked: --scale-lr multiplies --lr by global batch / --base-batch
 (the linear scaling rule); --warmup-epochs ramps the rate up linearly from --lr to that (the gradual warm-up).
@@ -15,7 +15,7 @@ SyncBatchNorm gives). --sync-bn converts BatchNorm to SyncBatchNorm, which needs
 caught and reported in the result (sync_bn), and training goes on without it.
 
 --data DIR (an ImageFolder: DIR/train/<class>/*.jpg, DIR/val/...) trains the ImageNet stem at 224 pixels, e.g.
---arch resnet50 --workers 8 on GPUs: a start for the real recipe (lesson 09 lists what it leaves out).
+--arch resnet50 --workers 8 on GPUs: a start for the real recipe (lesson 10 lists what it leaves out).
 
 Rank 0 prints one JSON line (MGPU_RESULT): the run's settings, epoch_losses, step_losses (rank 0's own shard),
 test_accuracy, samples_per_s (training steps only), sync_bn; --check-grads adds grad_vs_* and grad_max_diff.

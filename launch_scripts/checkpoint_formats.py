@@ -1,4 +1,4 @@
-"""Three ways to save a distributed job, timed; a sharded one loads on another world size (notebooks/11_fault_tolerance.ipynb).
+"""Three ways to save a distributed job, timed; a sharded one loads on another world size (notebooks/12_fault_tolerance.ipynb).
 
 --phase save (N ranks): an MLP trained a few Adam steps on the digits, saved three ways (seconds: the slowest rank's, median of --repeats):
   torch_save  DDP: rank 0 saves model and optimizer, a barrier, every rank loads it and compares with its replica.

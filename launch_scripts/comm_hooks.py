@@ -1,5 +1,5 @@
 """Cutting DDP's communication with communication hooks, and an interconnect emulator
-(notebooks/08_sync_vs_async.ipynb).
+(notebooks/09_sync_vs_async.ipynb).
 
 Part 1, accuracy: DDP(SmallCNN) on digits trained from the same start with each hook:
   default (allreduce_hook: fp32, what DDP does without a hook), fp16_compress_hook, bf16_compress_hook,

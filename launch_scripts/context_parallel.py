@@ -1,4 +1,4 @@
-"""Context parallelism: ring attention and Ulysses from scratch, proven equal to one process (lesson 12).
+"""Context parallelism: ring attention and Ulysses from scratch, proven equal to one process (lesson 08).
 
 The sequence (--seq tokens) is split over the ranks; every rank builds the same full q, k, v and upstream
 gradient (one seed), computes attention on one process as the reference, then runs each mode on its own

@@ -1,5 +1,5 @@
 """Strong and weak scaling of one DDP training step on real digits (notebooks/03_ddp.ipynb, section 5b;
-notebooks/10_benchmarking.ipynb and benchmarks/scaling.py).
+notebooks/11_benchmarking.ipynb and benchmarks/scaling.py).
 
 The step is compute-bound on purpose: an MLP of --layers hidden layers of --width units on the
 1,438 training digits, a global batch of --global-batch samples split evenly over the ranks, and

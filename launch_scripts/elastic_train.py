@@ -1,4 +1,4 @@
-"""A rank dies, torchrun restarts the job, and it resumes exactly (notebooks/11_fault_tolerance.ipynb).
+"""A rank dies, torchrun restarts the job, and it resumes exactly (notebooks/12_fault_tolerance.ipynb).
 
 DDP training of a small MLP with dropout on the digits, each rank its shard of every global batch; SGD
 with momentum, StepLR. Every --snapshot-every steps rank 0 writes a snapshot atomically (temporary file,
@@ -8,7 +8,7 @@ Faults, on the first attempt only (TORCHELASTIC_RESTART_COUNT = 0): --kill-rank 
 SIGKILL before step S (OOM killer, hardware fault); torchrun stops the others and, with --max-restarts >= 1,
 starts all again. --hang-rank/--hang-step: a rank sleeps, the collective timeout turns it into an error.
 --drop PART leaves a part out of the snapshot; --resume-at S stops before step S and resumes in the same
-processes as a restart would (lesson 11 compares the parts so). At the end the same job runs uninterrupted
+processes as a restart would (lesson 12 compares the parts so). At the end the same job runs uninterrupted
 and rank 0 reports max_param_diff_vs_uninterrupted and the batches trained twice. On Slurm (job.sbatch)
 the folder is $MGPU_CKPT_DIR; a file STOP in it (the time-limit signal) stops all ranks after one step with
 a snapshot, and the job requeues itself. (The variable below: mgpu_utils.launch.launcher.)

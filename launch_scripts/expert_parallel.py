@@ -1,5 +1,5 @@
 """Expert parallelism: a mixture-of-experts layer with its experts split over the ranks, proven equal to
-the layer on one process, then trained (notebooks/12_context_and_experts.ipynb).
+the layer on one process, then trained (notebooks/08_context_and_experts.ipynb).
 
 1. Check: every rank builds the same MoE layer (mgpu_utils.parallel.experts, no capacity limit) and the same
    tokens; the one-process layer runs on all of them as the reference. ExpertParallelMoE runs on this rank's

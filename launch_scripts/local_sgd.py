@@ -1,7 +1,7 @@
 """Local SGD (periodic parameter averaging every H steps) on digits, for several H, in one launch
-(notebooks/08_sync_vs_async.ipynb).
+(notebooks/09_sync_vs_async.ipynb).
 
-Every rank trains its own copy of lesson 08's small MLP (mgpu_utils.models.make_mlp(128, 1, flatten=True))
+Every rank trains its own copy of lesson 09's small MLP (mgpu_utils.models.make_mlp(128, 1, flatten=True))
 on its own shard with plain SGD (--lr per local step of --per-rank-batch samples); every H steps the ranks average their parameters with one
 all-reduce. H=1 is synchronous data parallelism: averaging the parameters after one step from the same
 parameters equals one step with the averaged gradient. With --with-sync a last run, "sync", all-reduces the gradients

@@ -1,4 +1,4 @@
-"""Where the time of a DDP step goes, and how much of the machine it uses (notebooks/10_benchmarking.ipynb).
+"""Where the time of a DDP step goes, and how much of the machine it uses (notebooks/11_benchmarking.ipynb).
 
 A byte-level GPT-2 (transformers, random init; mgpu_utils.models.byte_gpt2) trains with DDP on stdlib
 docstrings, --threads intra-op threads per rank. Each step is four named phases (torch.profiler's

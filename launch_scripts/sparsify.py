@@ -1,5 +1,5 @@
 """Top-k gradient sparsification with error feedback, as a DDP communication hook
-(notebooks/08_sync_vs_async.ipynb).
+(notebooks/09_sync_vs_async.ipynb).
 
 DDP(SmallCNN) trains on the digits from the same start (the same data order), once per mode:
 

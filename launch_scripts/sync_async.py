@@ -1,5 +1,5 @@
 """Synchronous all-reduce SGD against an asynchronous parameter server on digits, each with and without a
-straggler, in one launch (notebooks/08_sync_vs_async.ipynb).
+straggler, in one launch (notebooks/09_sync_vs_async.ipynb).
 
 Ranks 1..W (W = world size - 1) are the workers in both modes (a small MLP, plain SGD, batches of b).
 * sync: every worker computes the gradient of its batch, the workers all-reduce (average) it and all take

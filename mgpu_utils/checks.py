@@ -1,5 +1,5 @@
 """Comparisons whose tolerance follows the scale of the values compared (the launch scripts of lessons
-02-11, and lessons 03 and 08).
+02-12, and lessons 03 and 09).
 
 ``torch.testing.assert_close``'s default ``atol=1e-5`` is larger than most gradients of a deep MLP
 (lesson 03's 11-layer MLP: 93% of the gradient entries are below it), so a layer left un-averaged,
@@ -58,7 +58,7 @@ def assert_tensors_close(actual, expected, rel: float = 1e-4, names=None) -> flo
 def max_abs_diff(a, b) -> float:
     """Largest ``|a - b|`` over two tensors or two nested containers of them (dicts with the same keys, lists,
     tuples), in float64; other leaves (ints, strings) must be equal. 0.0 for empty containers and tensors.
-    The launch scripts' "max diff vs the reference" numbers (lessons 03, 07, 11).
+    The launch scripts' "max diff vs the reference" numbers (lessons 03, 07, 12).
 
     Raises:
         AssertionError: the two structures differ (keys, lengths, or a non-tensor value).

@@ -1,5 +1,5 @@
 """The course's real dataset: scikit-learn's digits, split once, sharded per rank as DDP shards it
-(lessons 02, 03, 07, 08, 09, 10 and 11).
+(lessons 02, 03, 07, 09, 10, 11 and 12).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``launch_scripts/ddp_train.py``); also used by lessons 07
 (``grad_accumulation.py``, ``zero_fsdp.py``) and 08 (``sync_async.py``, ``local_sgd.py``,
@@ -73,7 +73,7 @@ def shard_batches(dataset, num_replicas: int, rank: int, epoch: int, batch_size:
 def batch_stream(dataset, num_replicas: int, rank: int, batch_size: int, seed: int):
     """Rank ``rank``'s batches (index lists), epoch after epoch without end, as :func:`shard_batches` gives them.
 
-    Used where training counts steps, not epochs (lesson 08's workers and local SGD)."""
+    Used where training counts steps, not epochs (lesson 09's workers and local SGD)."""
     epoch = 0
     while True:
         yield from shard_batches(dataset, num_replicas, rank, epoch, batch_size, seed)
@@ -97,7 +97,7 @@ class AugmentedDigits:
         ValueError: size below 8.
 
     Items: ``(x, y)``: x float32 (1, size, size) in [0, 1], y an int64 label.
-    Introduced in ``notebooks/10_benchmarking.ipynb`` (the input pipeline).
+    Introduced in ``notebooks/11_benchmarking.ipynb`` (the input pipeline).
     """
 
     def __init__(self, size: int = 32, train: bool = True, augment: bool = True):

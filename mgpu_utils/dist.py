@@ -312,7 +312,7 @@ GROUP_BACKENDS = {"nccl": "cpu:gloo,cuda:nccl", "gloo": "gloo"}
 
 def collective_timeout() -> datetime.timedelta:
     """The course's collective timeout: ``$MGPU_COLLECTIVE_TIMEOUT_S`` seconds (:data:`TIMEOUT_ENV`), 120 when
-    unset (lessons 03 and 11). The one place that decides it: the default group (:func:`distributed`), every
+    unset (lessons 03 and 12). The one place that decides it: the default group (:func:`distributed`), every
     subgroup (:func:`new_group`), every device mesh (:func:`device_mesh`) and the graders' subgroups use it.
 
     Short on purpose: a rank waiting for a collective that another rank never calls fails within it, instead
@@ -348,7 +348,7 @@ def new_group(ranks=None, **kwargs):
 
 def device_mesh(device_type: str, mesh_shape: tuple, mesh_dim_names: tuple | None = None):
     """``init_device_mesh(device_type, mesh_shape, mesh_dim_names=...)`` whose every dimension's group has the
-    course's collective timeout (:func:`collective_timeout`; lessons 05-07, 11, 12).
+    course's collective timeout (:func:`collective_timeout`; lessons 05-08, 12).
 
     ``init_device_mesh`` takes no timeout: a dimension smaller than the world gets a new group (or an NCCL
     split) with the backend's default (30 minutes on gloo, 10 on NCCL), so the timeout is set on each
@@ -371,7 +371,7 @@ _POWERSGD_SAID: set = set()
 
 def powersgd_bucket_cap_mb(model, backend: str, bucket_cap_mb: float | None = None, log=print) -> float | None:
     """DDP's ``bucket_cap_mb`` (MiB) for ``model`` when its gradients go through torch's ``powerSGD_hook``
-    (lesson 08, ``comm_hooks.py``): on gloo, one bucket for the whole model.
+    (lesson 09, ``comm_hooks.py``): on gloo, one bucket for the whole model.
 
     Why: the hook launches its second and third all-reduce (the P and Q factors) from inside a future's
     callback and waits there. gloo runs that callback on its own thread while the backward pass launches the

@@ -132,7 +132,7 @@ def usable_physical_cores() -> int:
     """The physical cores this process can use: the machine's physical cores, at most the CPUs its
     affinity and CPU quota allow (:func:`mgpu_utils.timing.usable_cores`: taskset, Slurm's
     ``--cpus-per-task``, a container). What CPU ranks that compute at once are limited by (lessons 03,
-    09 and 10)."""
+    10 and 11)."""
     from mgpu_utils.timing import usable_cores
 
     return max(1, min(machine_report()["cpu_cores_physical"] or 1, usable_cores()))
@@ -141,8 +141,8 @@ def usable_physical_cores() -> int:
 def cpu_ranks(asked: int, gpus: int, cores: int, minimum: int = 2) -> int:
     """How many ranks a lesson launches: ``asked`` when there is one GPU per rank; on CPU one rank per
     core (more only take turns), but at least ``minimum`` (a data-parallel job needs 2 ranks: on one
-    core, as on Colab, they take turns; this wins over ``asked``), else at most ``asked`` (lessons 09
-    and 11).
+    core, as on Colab, they take turns; this wins over ``asked``), else at most ``asked`` (lessons 10
+    and 12).
 
     Raises:
         ValueError: ``asked``, ``cores`` or ``minimum`` below 1.
@@ -162,7 +162,7 @@ def usable_gpus() -> int:
 
 def kernel_device():
     """The device of a lesson's single-process cells: ``cuda:0`` when the course can use a GPU
-    (:func:`usable_gpus`), else the CPU (lessons 01, 07, 09 and 10). A torch ``device``."""
+    (:func:`usable_gpus`), else the CPU (lessons 01, 07, 10 and 11). A torch ``device``."""
     import torch
 
     return torch.device("cuda", 0) if usable_gpus() else torch.device("cpu")

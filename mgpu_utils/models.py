@@ -1,8 +1,8 @@
 """The small models the launch scripts train: a CNN, an MLP factory and a residual MLP of transformer MLP
-blocks (digits in, 10 logits out), and a byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 10).
+blocks (digits in, 10 logits out), and a byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 11).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
-``ddp_internals.py``); lessons 07 and 08 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
+``ddp_internals.py``); lessons 07 and 09 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
 communication hook that records the bytes of every bucket it all-reduces (lessons 03 and 07), and
 :class:`TiedMLP`, an MLP that uses one weight twice (the graders of exercises 03.7 and 07.6).
 """
@@ -84,12 +84,12 @@ def make_mlp(width: int, depth: int, d_in: int = 64, d_out: int = 10, flatten: b
         width: hidden size.
         depth: number of hidden layers (>= 0); the model has ``depth + 1`` Linear layers.
         d_in, d_out: input features and output logits.
-        flatten: start with ``nn.Flatten()`` so images (B, 1, 8, 8) go in directly (lesson 08);
+        flatten: start with ``nn.Flatten()`` so images (B, 1, 8, 8) go in directly (lesson 09);
             without it the input is (B, d_in).
 
     Returns:
         ``nn.Sequential`` mapping (B, d_in) (or (B, 1, 8, 8) with ``flatten``) float32 to (B, d_out) logits.
-        ``make_mlp(128, 1, flatten=True)`` is lesson 08's 9,610-parameter model.
+        ``make_mlp(128, 1, flatten=True)`` is lesson 09's 9,610-parameter model.
 
     Raises:
         ValueError: a negative depth or a non-positive width.

@@ -1,7 +1,7 @@
 """The course's own code, read in a lesson: the lines of a launch script (or of ``mgpu_utils``) that a
 lesson runs, shown highlighted above the cell that launches them (:func:`show_code`, lessons 00-12), and
 a launch script as a module, to call its functions in a notebook (:func:`load_script`, lessons 04, 06,
-08, 09).
+09, 10).
 
 A launch script marks the part of a longer function that a lesson teaches with two comments::
 
@@ -210,7 +210,7 @@ def show_code(what, *names: str, region: str | tuple[str, ...] = ()) -> None:
 
 
 def load_script(script: str | Path):
-    """A launch script as a module, to call its functions in a notebook (lessons 04, 06, 08, 09).
+    """A launch script as a module, to call its functions in a notebook (lessons 04, 06, 09, 10).
 
     Its ``main()`` does not run (every script calls it under ``if __name__ == "__main__"``). Loaded once
     per kernel, under the script's own name (``load_script("sync_async.py")`` is module ``sync_async``).

@@ -176,7 +176,7 @@ class LoadWatch:
 
     Other load = machine busy time (``/proc/stat``, all cores, steal included) minus the CPU time of this
     process and its descendants, divided by the wall time: in cores, on average. Used by lessons 03, 04,
-    05, 08, 09, 10 and 11 (``with LoadWatch(cores=2) as machine: ...`` around the runs, then
+    05, 09, 10, 11 and 12 (``with LoadWatch(cores=2) as machine: ...`` around the runs, then
     ``machine.claim(ok, "what")``), and by tests/test_benchmarking.py.
 
     Args:

@@ -1,4 +1,4 @@
-"""Lesson 10: scaling laws and predictions, the scaling study, per-rank traces, FLOP counting and MFU."""
+"""Lesson 11: scaling laws and predictions, the scaling study, per-rank traces, FLOP counting and MFU."""
 import json
 import subprocess
 import sys
@@ -70,7 +70,7 @@ def test_critical_batch_fit_recovers_the_model():
 
 
 def test_two_level_allreduce_by_hand():
-    """Lesson 10's nodes: NVLink inside a node of 8, one NIC per GPU between nodes."""
+    """Lesson 11's nodes: NVLink inside a node of 8, one NIC per GPU between nodes."""
     from mgpu_utils.costs.bandwidth import hierarchical_allreduce_model, ring_allreduce_model
 
     nv, ib, s = (1e-6, 450e9), (2e-6, 50e9), 256e6

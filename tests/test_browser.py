@@ -42,7 +42,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update"]
 RUN_ALL_TIMEOUT_S = 420
 # The whole test runs every notebook in turn: about 6 minutes on a quiet 2-core machine, about 11 with one
-# core kept busy (measured: a busy run passed 600 s in lesson 11, over make test's per-test limit). A hang is
+# core kept busy (measured: a busy run passed 600 s in lesson 12, over make test's per-test limit). A hang is
 # caught per notebook by RUN_ALL_TIMEOUT_S; this limit only has to sit above the slowest honest total.
 BROWSER_TEST_TIMEOUT_S = RUN_ALL_TIMEOUT_S + 150 * len(NOTEBOOKS)
 # a 1280-pixel window with the file browser open: the width the line and figure conventions are made for

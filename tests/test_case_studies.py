@@ -1,4 +1,4 @@
-"""Lesson 09's case studies under real torchrun/gloo: ResNet, BERT and a GAN with DDP, each checked against one
+"""Lesson 10's case studies under real torchrun/gloo: ResNet, BERT and a GAN with DDP, each checked against one
 process. The accuracy and loss targets are asserted by the notebook itself, which `make test` runs under nbval."""
 import pytest
 
@@ -121,7 +121,7 @@ def test_case_plots_draw_every_figure():
 
 @pytest.mark.parametrize("nproc, gpus, cores", [(8, 8, 64), (4, 4, 16), (2, 0, 2), (4, 0, 1), (8, 1, 4)])
 def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypatch):
-    """Lesson 09's ResNet asserts were measured with 16 images per rank (the global batch 32 on 2 ranks):
+    """Lesson 10's ResNet asserts were measured with 16 images per rank (the global batch 32 on 2 ranks):
     its rank count, from its setup cell run with MGPU_NPROC=8 on an 8-GPU node (and other machines), must
     keep that, where BatchNorm's per-rank statistics would otherwise come from 4 images."""
     import json
@@ -129,7 +129,7 @@ def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypat
 
     import mgpu_utils.env as env
 
-    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "09_case_studies.ipynb").read_text())["cells"]
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "10_case_studies.ipynb").read_text())["cells"]
     setup = next("".join(c["source"]) for c in cells if "RN = cpu_ranks(" in "".join(c["source"]))
     monkeypatch.setattr(env, "default_nproc", lambda: nproc)
     monkeypatch.setattr(env, "usable_gpus", lambda: gpus)
@@ -145,7 +145,7 @@ SWEEP = ["--global-batches", 8, 64, 256, "--lrs", 0.4, 0.8, "--seeds", 2, "--tar
 @pytest.mark.parametrize("nproc", [1, 2, 4])
 def test_batch_size_sweep_is_the_same_on_any_number_of_ranks(nproc, starts_processes):
     """The ranks share the runs; rank 0's table must not depend on how many ranks ran them, and the larger
-    batches must need fewer steps but more examples (the point of lesson 09's section)."""
+    batches must need fewer steps but more examples (the point of lesson 10's section)."""
     r = launch("batch_size_sweep.py", nproc=nproc, args=SWEEP, show="none", threads_per_rank=1)
     one = launch("batch_size_sweep.py", nproc=1, args=SWEEP, show="none") if nproc > 1 else r
     assert r["world_size"] == nproc and [x["global_batch"] for x in r["rows"]] == [8, 64, 256]

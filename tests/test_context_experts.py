@@ -1,4 +1,4 @@
-"""Lesson 12: ring attention, zig-zag, Ulysses and the expert-parallel MoE layer against one process, under
+"""Lesson 08: ring attention, zig-zag, Ulysses and the expert-parallel MoE layer against one process, under
 real torchrun (the scripts assert_close every output and gradient inside each rank); their formulas by hand."""
 import math
 
@@ -16,7 +16,7 @@ SEQ, HEADS, HEAD_DIM, SEQS = 48, 4, 8, 2
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
     # PyTorch's own context_parallel at 2 ranks only: on CPU each rank spends about 13 CPU-seconds choosing how to
-    # shard the attention op, and 4 ranks show nothing 2 do not (lesson 12 runs it on 2 as well)
+    # shard the attention op, and 4 ranks show nothing 2 do not (lesson 08 runs it on 2 as well)
     modes = ["--modes", "ring,zigzag,ulysses,torch" if nproc == 2 else "ring,zigzag,ulysses"]
     res = launch("context_parallel.py", nproc=nproc, show="none",
                  args=["--repeats", 1, "--time-seq", 64, "--sweep-seq", "32,64", *modes])
@@ -136,7 +136,7 @@ def test_moe_layer_matches_a_loop_over_tokens():
 
 
 def test_planner_context_and_expert_parallel_by_hand():
-    """Lesson 12's two degrees in the planner (mgpu_utils.costs.planner), every number written out here."""
+    """Lesson 08's two degrees in the planner (mgpu_utils.costs.planner), every number written out here."""
     from mgpu_utils.costs.memory_model import memory_per_gpu, model_state_bytes
     from mgpu_utils.costs.planner import Cluster, ModelSpec, evaluate
 
@@ -183,7 +183,7 @@ FACTORIES = {"arange", "zeros", "ones", "full", "empty", "tensor", "randn", "ran
 def test_new_tensors_in_parallel_code_are_made_on_the_inputs_device(module):
     """On GPUs a tensor made without device= lands on the CPU and a CUDA op refuses it (a CPU mask in
     masked_fill, CPU positions in repeat_interleave: found by a review, cannot run here). Every factory call
-    in the code lessons 05, 08 and 12 run on the ranks names its device (or is a *_like)."""
+    in the code lessons 05, 08 and 09 run on the ranks names its device (or is a *_like)."""
     import ast
     import inspect
 

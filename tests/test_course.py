@@ -34,7 +34,7 @@ def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd, starts_proc
     assert course.main(["--out", str(out), str(src / "01_ok.ipynb")]) == 0
 
 
-@pytest.mark.parametrize("name", ["00_setup", "11_fault_tolerance"])
+@pytest.mark.parametrize("name", ["00_setup", "12_fault_tolerance"])
 def test_a_lesson_becomes_a_slide_deck_without_running(tmp_path, name):
     """make slides: every heading and every figure of the stored lesson is in the deck, no code (nothing runs:
     this test may not start a process)."""

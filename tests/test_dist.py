@@ -148,7 +148,7 @@ def test_an_old_driver_is_named_instead_of_a_silent_cpu_fallback(monkeypatch):
 
 
 def test_the_nccl_group_also_serves_cpu_tensors(monkeypatch):
-    """Issue 31, item 1. Lesson 11's checkpoint timings and every graded exercise hand CPU tensors to the
+    """Issue 31, item 1. Lesson 12's checkpoint timings and every graded exercise hand CPU tensors to the
     default group. An NCCL-only group refuses them ("No backend type associated with device type cpu"), so on
     the NCCL branch the group is created as torch's device-mapped backend: CPU tensors over gloo, CUDA tensors
     over NCCL, on the rank's own GPU. Checked here by how the group is created (no GPU needed)."""

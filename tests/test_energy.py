@@ -1,4 +1,4 @@
-"""Lesson 10 helpers: EnergyMeter on a fake RAPL tree and a fake pynvml, and the cost formulas."""
+"""Lesson 11 helpers: EnergyMeter on a fake RAPL tree and a fake pynvml, and the cost formulas."""
 import sys
 import time
 import types
@@ -228,7 +228,7 @@ def test_a_window_too_short_for_nvml_is_said_not_reported(fake_nvml, monkeypatch
 
 def test_a_gpu_rank_without_nvml_reports_no_energy_not_the_cpus(powercap, no_nvml, monkeypatch):
     """ddp_speedup.py on a GPU rank where nvidia-ml-py is missing and RAPL is readable (review M4): the
-    meter must not fall back to the CPU packages, whose joules the run would report as its GPUs' (lesson 10's
+    meter must not fall back to the CPU packages, whose joules the run would report as its GPUs' (lesson 11's
     J/sample). Not measured: the reason names NVML. On the CPU tier RAPL is the meter."""
     import ddp_speedup
 

@@ -59,27 +59,27 @@ RIGHT = {
     "07.3": 8,
     "07.7": 49,
     "07.8": 0.8234,
-    "08.1": 140.28,
-    "08.2": 3,
-    "08.3": 100,
-    "08.5": 12.5,
-    "08.6": 140,
-    "09.1": 0.8,
-    "09.2": 5.094,
-    "09.3": "ddp.module.config",
-    "09.4": 3,
-    "09.6": 1.6,
-    "11.1": 37.95,
-    "10.1": 80,
-    "10.2": 9.14,
-    "10.3": 50,
-    "10.4": 11520,
-    "11.2": 20,
-    "11.3": 32,
-    "11.4": 6,
-    "12.1": 896,
-    "12.2": 224,
-    "12.4": 160,
+    "09.1": 140.28,
+    "09.2": 3,
+    "09.3": 100,
+    "09.5": 12.5,
+    "09.6": 140,
+    "10.1": 0.8,
+    "10.2": 5.094,
+    "10.3": "ddp.module.config",
+    "10.4": 3,
+    "10.6": 1.6,
+    "12.1": 37.95,
+    "11.1": 80,
+    "11.2": 9.14,
+    "11.3": 50,
+    "11.4": 11520,
+    "12.2": 20,
+    "12.3": 32,
+    "12.4": 6,
+    "08.1": 896,
+    "08.2": 224,
+    "08.4": 160,
 }
 WRONG = {
     "00.1": 36,
@@ -108,27 +108,27 @@ WRONG = {
     "07.3": 7,
     "07.7": 25,
     "07.8": 0.2684,
-    "08.1": 160,
-    "08.2": 4,
-    "08.3": 800,
-    "08.5": 100,
-    "08.6": 160,
-    "09.1": 0.1,
-    "09.2": 3.82,
-    "09.3": "ddp.config",
-    "09.4": 2,
-    "09.6": 4,
-    "10.1": 3.2,
-    "10.2": 20,
-    "10.3": 16.67,
-    "10.4": 4608,
-    "11.1": 26.83,
-    "11.2": 23,
-    "11.3": 24,
-    "11.4": 5,
-    "12.1": 448,
-    "12.2": 168,
-    "12.4": 128,
+    "09.1": 160,
+    "09.2": 4,
+    "09.3": 800,
+    "09.5": 100,
+    "09.6": 160,
+    "10.1": 0.1,
+    "10.2": 3.82,
+    "10.3": "ddp.config",
+    "10.4": 2,
+    "10.6": 4,
+    "11.1": 3.2,
+    "11.2": 20,
+    "11.3": 16.67,
+    "11.4": 4608,
+    "12.1": 26.83,
+    "12.2": 23,
+    "12.3": 24,
+    "12.4": 5,
+    "08.1": 448,
+    "08.2": 168,
+    "08.4": 128,
 }
 
 
@@ -187,27 +187,27 @@ def test_exercise_answers_match_the_facts():
     assert activation_bytes_per_layer(2048, 1, 4096, 32) / 1e9 == RIGHT["07.2"]
     from mgpu_utils.costs.interconnect import ring_allreduce_seconds
     from mgpu_utils.parallel.staleness import simulate_ps
-    assert math.isclose(ring_allreduce_seconds(100e6, 8, "Ethernet 10 GbE") * 1e3, RIGHT["08.1"])
+    assert math.isclose(ring_allreduce_seconds(100e6, 8, "Ethernet 10 GbE") * 1e3, RIGHT["09.1"])
     sim = simulate_ps([1.0] * 4, 4000)
-    assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["08.2"]
-    assert 800 // 8 == RIGHT["08.3"]
+    assert round(sum(s for _, s in sim) / len(sim)) == RIGHT["09.2"]
+    assert 800 // 8 == RIGHT["09.3"]
     from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
-    assert ring_bytes_per_rank(4 * 25e6, 8) / (7 * 8 * 0.01 * 25e6) == pytest.approx(RIGHT["08.5"])
-    assert 20 * ring_bytes_per_rank(4e9, 8) / 1e9 == pytest.approx(RIGHT["08.6"])
+    assert ring_bytes_per_rank(4 * 25e6, 8) / (7 * 8 * 0.01 * 25e6) == pytest.approx(RIGHT["09.5"])
+    assert 20 * ring_bytes_per_rank(4e9, 8) / 1e9 == pytest.approx(RIGHT["09.6"])
     tokens, V, t = 8192, 50304, 8
     assert (t - 1) / t * tokens * V * 4 / (3 * ring_bytes_per_rank(4 * tokens, t)) == pytest.approx(RIGHT["05.6"])
     from mgpu_utils.measure.energy import run_cost
     from mgpu_utils.costs.scaling import amdahl_speedup, speedups
     assert 100 * speedups([{"world_size": 1, "samples_per_s": 1 / 0.2},
-                           {"world_size": 4, "samples_per_s": 1 / 0.0625}])[4]["efficiency"] == pytest.approx(RIGHT["10.1"])
-    assert round(float(amdahl_speedup(16, 0.05)), 2) == RIGHT["10.2"]
-    assert 100 * 6 * 1.3e9 * 20_000 / 312e12 == pytest.approx(RIGHT["10.3"])
-    assert run_cost(64, 72, 2.50) == RIGHT["10.4"]
-    assert 0.1 * (64 * 32) / 256 == pytest.approx(RIGHT["09.1"])
-    assert 8 * 13e9 * 260e9 / (512 * 120e12) / 86400 == pytest.approx(RIGHT["09.2"], rel=1e-3)
+                           {"world_size": 4, "samples_per_s": 1 / 0.0625}])[4]["efficiency"] == pytest.approx(RIGHT["11.1"])
+    assert round(float(amdahl_speedup(16, 0.05)), 2) == RIGHT["11.2"]
+    assert 100 * 6 * 1.3e9 * 20_000 / 312e12 == pytest.approx(RIGHT["11.3"])
+    assert run_cost(64, 72, 2.50) == RIGHT["11.4"]
+    assert 0.1 * (64 * 32) / 256 == pytest.approx(RIGHT["10.1"])
+    assert 8 * 13e9 * 260e9 / (512 * 120e12) / 86400 == pytest.approx(RIGHT["10.2"], rel=1e-3)
     from mgpu_utils.costs.scaling import critical_batch_steps
     assert (critical_batch_steps(1024, 2000, 1024) / critical_batch_steps(4096, 2000, 1024)
-            == pytest.approx(RIGHT["09.6"]))
+            == pytest.approx(RIGHT["10.6"]))
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
     import torch.distributed as dist
@@ -215,13 +215,13 @@ def test_exercise_answers_match_the_facts():
     try:
         model = torch.nn.Linear(2, 2)
         model.config = "the config"
-        assert eval(RIGHT["09.3"], {"ddp": DDP(model)}) == "the config"
+        assert eval(RIGHT["10.3"], {"ddp": DDP(model)}) == "the config"
     finally:
         dist.destroy_process_group()
     import re
     from mgpu_utils.env import SCRIPTS_DIR
     loop = (SCRIPTS_DIR / "case_gan.py").read_text().split("for step in range(args.steps):")[1].split("params =")[0]
-    assert len(re.findall(r"\bd\(", loop)) == RIGHT["09.4"]     # d(real), d(fake.detach()), d(fake)
+    assert len(re.findall(r"\bd\(", loop)) == RIGHT["10.4"]     # d(real), d(fake.detach()), d(fake)
 
 
 def test_unknown_exercise_and_bad_types():

@@ -89,11 +89,11 @@ def test_no_answer_before_its_exercise(nb_path):
 
 
 def test_the_check_sees_a_shown_answer():
-    """A notebook that shows 12.3's merge (the worked solution's lines, or a def of the same name) above the
+    """A notebook that shows 08.3's merge (the worked solution's lines, or a def of the same name) above the
     exercise fails; the same cells with the exercise first pass."""
-    solution = (EXERCISES / "solutions" / "12_merge_attention.py").read_text()
+    solution = (EXERCISES / "solutions" / "08_merge_attention.py").read_text()
     cell = lambda text, outputs=(): {"cell_type": "code", "source": [text], "outputs": list(outputs)}
-    exercise = cell('check_script("12.3");')
+    exercise = cell('check_script("08.3");')
     shown_source = cell(solution)
     shown_output = cell("show_code(context.merge)", [{"output_type": "display_data", "data": {
         "text/markdown": ["```python\ndef merge(out1, lse1, out2, lse2):\n    return out, lse\n```"]}}])

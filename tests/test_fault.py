@@ -1,4 +1,4 @@
-"""Lesson 11: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
+"""Lesson 12: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
 a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
 import re
 import signal
@@ -64,7 +64,7 @@ def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path, starts_proces
 
 
 def test_every_part_of_the_snapshot_is_needed(tmp_path, starts_processes):
-    """Lesson 11, section 3: each part left out changes the run (resumed in the same processes, --resume-at)."""
+    """Lesson 12, section 3: each part left out changes the run (resumed in the same processes, --resume-at)."""
     for part in ("optimizer", "scheduler", "sampler", "rng"):
         r = launch("elastic_train.py", 2, ["--ckpt-dir", tmp_path / part, "--resume-at", 13, "--drop", part],
                    show="none")
@@ -204,7 +204,7 @@ def test_launch_nodes_names_the_failed_rank_and_its_node(starts_processes):
 
 def test_simulated_nodes_hide_a_preset_cuda_visible_devices(monkeypatch):
     """Issue 31, item 3: under Slurm with --gres, CUDA_VISIBLE_DEVICES is already set. The simulated nodes of
-    lesson 11 share the machine's GPUs, so they run on gloo with the GPUs hidden: a preset value is replaced
+    lesson 12 share the machine's GPUs, so they run on gloo with the GPUs hidden: a preset value is replaced
     (kept, two nodes' local rank 0 would pick the same GPU: NCCL's "Duplicate GPU detected"). A fake
     two-GPU machine stands in for the GPUs."""
     from mgpu_utils.launch import launcher, nodes

@@ -20,18 +20,18 @@ TEMPLATE_HINTS = {
     "04.5": r"returned its own share of chunk \d, unchanged",
     "05.4": r"rank 0 holds 5 micro-batches' activations at once .* at most min\(p - r, m\) = 2",
     "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
-    "08.4": r"the ranks never communicated: after steps \[3, 6\]",
-    "09.5": r"neither G nor D changed in 2 steps",
-    "12.3": r"returned out1 and lse1 unchanged",
+    "09.4": r"the ranks never communicated: after steps \[3, 6\]",
+    "10.5": r"neither G nor D changed in 2 steps",
+    "08.3": r"returned out1 and lse1 unchanged",
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
-    "11.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
-    "10.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
+    "12.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
+    "11.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in three steps",
     "03.7": r"after your wrapper was built the ranks' weights still differed",
     "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* at most 907",
 }
 
-SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 10.5
+SYNC_START = "        sync()                                   # the clock starts when the queue is empty ...\n"  # 11.5
 SYNC_END = "        sync()                                   # ... and stops when this step's work is done\n"
 MFU = '"mfu": flops / step_s / peak_flops'
 
@@ -48,14 +48,14 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "05.4": ("warmup = min(p - r - 1, m)", "warmup = min(p - r, m)", r"rank 0 holds 4 micro-batches.* = 3: start"),
     "07.4": ("        reduce_scatter_single(g, grads)\n        g /= self.world",
              "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
-    "08.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
-    "09.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
-    "12.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
+    "09.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
+    "10.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
+    "08.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
              r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
     "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
-    "11.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
+    "12.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
              r"those of a snapshot without the optimizer's state\."),
-    "10.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
+    "11.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
     "07.5": ("        all_gather_single(full, self.shard.detach())       # every rank's updated slice, on every rank\n",
              "        full = self.flat([p.detach() for p in self.params]).clone()\n"
              "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
@@ -81,16 +81,16 @@ MERGE_OUT = "    out = out1 * torch.exp(lse1 - lse)[..., None] + out2 * torch.ex
 TWO_D_G = 'ReduceFromTP.apply(h @ params["w2"].T, tp_group)'   # 06.3's g in the solution
 
 MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hint it must get at world size 3)
-    "10.5 no warm-up": ("10.5", "    for _ in range(warmup):                      "
+    "11.5 no warm-up": ("11.5", "    for _ in range(warmup):                      "
                                 "# lazy initialisation, autotuning, allocator: not timed\n        step()\n", "",
                         r"step\(\) ran 9 time\(s\) for 2 warm-up and 8 timed steps: run the warm-up steps"),
-    "10.5 one sync for all the timed steps": (
-        "10.5", ["    times = []\n    for _ in range(repeats):\n" + SYNC_START + "        t0 = time.perf_counter()\n"
+    "11.5 one sync for all the timed steps": (
+        "11.5", ["    times = []\n    for _ in range(repeats):\n" + SYNC_START + "        t0 = time.perf_counter()\n"
                  "        step()\n" + SYNC_END + "        times.append(time.perf_counter() - t0)\n"],
         ["    sync()\n    t0 = time.perf_counter()\n    for _ in range(repeats):\n        step()\n"
          "    sync()\n    times = [(time.perf_counter() - t0) / repeats]\n"],
         r"sync\(\) was called \d time\(s\) for 8 timed steps: the median needs each step's own time"),
-    "11.5 snapshot copied onto the path": ("11.5", ["import os\n", "        os.replace(tmp, path)  "],
+    "12.5 snapshot copied onto the path": ("12.5", ["import os\n", "        os.replace(tmp, path)  "],
                                            ["import os\nimport shutil\n", "        shutil.copy(tmp, path)  "],
                                            r"halfway through writing the second snapshot, the path no longer held"),
     "03.7 buckets sent in finish()": (
@@ -141,29 +141,29 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",
                                     "optimizer_class([self.shard], lr=defaults['lr'])",
                                     r"does the inner optimizer get every keyword argument"),
-    "synchronised at the start of each step only": ("10.5", SYNC_END, "",
+    "synchronised at the start of each step only": ("11.5", SYNC_END, "",
                                      r"less than the 50 ms of work each step queues: the clock was read before"),
-    "warm-up in the mean": ("10.5", ["    for _ in range(warmup):                      "
+    "warm-up in the mean": ("11.5", ["    for _ in range(warmup):                      "
                                      "# lazy initialisation, autotuning, allocator: not timed\n        step()\n",
                                      "statistics.median(times)"], ["", "statistics.mean(times)"],
                             r"several times the 50 ms a step's work takes: the first step, 1.5 s"),
-    "two steps counted": ("10.5", "        step()                                   # one more step, counted (not timed)\n",
+    "two steps counted": ("11.5", "        step()                                   # one more step, counted (not timed)\n",
                           "        step()\n        step()\n", r"FLOPs, the count of 2 steps .* count one step"),
-    "MFU in percent": ("10.5", MFU, '"mfu": 100 * flops / step_s / peak_flops', r"is a percentage; return the fraction"),
-    "MFU times the world size": ("10.5", MFU, '"mfu": flops * __import__("torch").distributed.get_world_size() '
+    "MFU in percent": ("11.5", MFU, '"mfu": 100 * flops / step_s / peak_flops', r"is a percentage; return the fraction"),
+    "MFU times the world size": ("11.5", MFU, '"mfu": flops * __import__("torch").distributed.get_world_size() '
                                               '/ step_s / peak_flops', r"is 3 times flops / step_s / peak_flops"),
-    "snapshot without the scheduler": ("11.5", ['"scheduler": sched.state_dict(),\n                 ',
+    "snapshot without the scheduler": ("12.5", ['"scheduler": sched.state_dict(),\n                 ',
                                                 '    sched.load_state_dict(state["scheduler"])\n'], ["", ""],
                                        r"those of a snapshot without the scheduler's\."),
-    "rank 0's random state on every rank": ("11.5", 'state["rng"][dist.get_rank()]', 'state["rng"][0]',
+    "rank 0's random state on every rank": ("12.5", 'state["rng"][dist.get_rank()]', 'state["rng"][0]',
                                             r"every rank restoring rank 0's random state"),
-    "snapshot written in place": ("11.5", ['        tmp = f"{path}.tmp"\n', "        os.replace(tmp, path)  "],
+    "snapshot written in place": ("12.5", ['        tmp = f"{path}.tmp"\n', "        os.replace(tmp, path)  "],
                                   ["        tmp = path\n", "        pass  "],
                                   r"halfway through writing the second snapshot, the path no longer held the first"),
-    "every rank writes": ("11.5", ["    if dist.get_rank() == 0:\n", 'tmp = f"{path}.tmp"'],
+    "every rank writes": ("12.5", ["    if dist.get_rank() == 0:\n", 'tmp = f"{path}.tmp"'],
                           ["    if True:\n", 'tmp = f"{path}.tmp{dist.get_rank()}"'],
                           r"ranks \[1, 2\] wrote files with torch.save too: only rank 0 writes"),
-    "resume one step late": ("11.5", '    return state["step"]', '    return state["step"] + 1',
+    "resume one step late": ("12.5", '    return state["step"]', '    return state["step"] + 1',
                              r"those of a resume one step late"),
     "f left out": ("06.3", "    z = CopyToTP.apply(z, tp_group)\n", "",
                    r"mesh 1x3, .* W0's gradient is only the part that flows through this rank's hidden units"),
@@ -183,17 +183,17 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                                   r"mesh 1x3, .* divided by the world size 3; the mean is over dp_group, 1 rank"),
     "gradients averaged over every rank": ("06.3", "dist.all_reduce(p.grad, group=dp_group)",
                                            "dist.all_reduce(p.grad)", r"mesh 1x3, .* all-reduced over every rank"),
-    "merged lse is the larger one": ("12.3", "    return out, lse\n", "    return out, big\n",
+    "merged lse is the larger one": ("08.3", "    return out, lse\n", "    return out, big\n",
                                      r"the output is right, but the lse returned is max\(lse1, lse2\)"),
-    "outputs averaged": ("12.3", MERGE_OUT, "    out = (out1 + out2) / 2\n", r"plain average of out1 and out2"),
-    "outputs added": ("12.3", MERGE_OUT, "    out = out1 + out2\n", r"the output is out1 \+ out2"),
-    "naive formula in float64": ("12.3", MERGE_LSE, "    lse = torch.log(torch.exp(lse1.double()) + "
+    "outputs averaged": ("08.3", MERGE_OUT, "    out = (out1 + out2) / 2\n", r"plain average of out1 and out2"),
+    "outputs added": ("08.3", MERGE_OUT, "    out = out1 + out2\n", r"the output is out1 \+ out2"),
+    "naive formula in float64": ("08.3", MERGE_LSE, "    lse = torch.log(torch.exp(lse1.double()) + "
                                  "torch.exp(lse2.double())).float()\n",
                                  r"inf or nan when the scores are large \(here up to \d{4}\)"),
-    "weights from the larger lse": ("12.3", MERGE_OUT, "    out = out1 * torch.exp(lse1 - big)[..., None] + "
+    "weights from the larger lse": ("08.3", MERGE_OUT, "    out = out1 * torch.exp(lse1 - big)[..., None] + "
                                     "out2 * torch.exp(lse2 - big)[..., None]\n",
                                     r"weights the parts by exp\(lse_i - max\(lse1, lse2\)\)"),
-    "merged lse is the sum of the two": ("12.3", "    return out, lse\n", "    return out, lse1 + lse2\n",
+    "merged lse is the sum of the two": ("08.3", "    return out, lse\n", "    return out, lse1 + lse2\n",
                                          r"the lse returned is lse1 \+ lse2, not log\(exp\(lse1\) \+ exp\(lse2\)\)"),
     "broadcast instead of all-reduce": ("03.4", "dist.all_reduce(p.grad)  ", "dist.broadcast(p.grad, src=0)  ",
                                         r"is rank 0's own gradient .* a broadcast copies one rank's gradient"),
@@ -225,27 +225,27 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                                        r"first backward; 1F1B's rank r runs min\(p - r, m\) = 2\)"),
     "a cool-down over the wrong micro-batches": ("05.4", "range(m - warmup, m)", "range(warmup, m)",
                                                  r"must hold \('F', i, r\) and \('B', i, r\) exactly once"),
-    "averaging after every step": ("08.4", "        if self.steps % self.period:                      "
+    "averaging after every step": ("09.4", "        if self.steps % self.period:                      "
                                            "# not an averaging step: no communication at all\n            return\n", "",
                                    r"communicated after steps \[1, 2, 3, 4, 5, 6, 7\]; with period 3"),
-    "averaging from the first step": ("08.4", "if self.steps % self.period:", "if (self.steps - 1) % self.period:",
+    "averaging from the first step": ("09.4", "if self.steps % self.period:", "if (self.steps - 1) % self.period:",
                                       r"communicated after steps \[1, 4, 7\]; .* the first averaging follows step 3"),
     "every step, all_reduce imported by name": (
-        "08.4", ["import torch.distributed as dist\n", "dist.all_reduce(p)  ", "dist.get_world_size()",
+        "09.4", ["import torch.distributed as dist\n", "dist.all_reduce(p)  ", "dist.get_world_size()",
                  "        if self.steps % self.period:                      "
                  "# not an averaging step: no communication at all\n            return\n"],
         ["from torch.distributed import all_reduce, get_world_size\n", "all_reduce(p)  ", "get_world_size()", ""],
         r"communicated after steps \[1, 2, 3, 4, 5, 6, 7\]"),
-    "G stepped before D": ("09.5", GAN_D_BLOCK + GAN_G_BLOCK, GAN_G_BLOCK + GAN_D_BLOCK,
+    "G stepped before D": ("10.5", GAN_D_BLOCK + GAN_G_BLOCK, GAN_G_BLOCK + GAN_D_BLOCK,
                            r"the parameters are those of G stepping before D"),
-    "G's fakes labelled fake": ("09.5", "D(fake), ones)", "D(fake), zeros)", r"G's loss labels its fakes 0"),
-    "D's gradients never zeroed": ("09.5", "    opt_d.zero_grad(set_to_none=True)\n", "",
+    "G's fakes labelled fake": ("10.5", "D(fake), ones)", "D(fake), zeros)", r"G's loss labels its fakes 0"),
+    "D's gradients never zeroed": ("10.5", "    opt_d.zero_grad(set_to_none=True)\n", "",
                                    r"D's gradients carried over from the step before"),
-    "G's gradients never zeroed": ("09.5", "    opt_g.zero_grad(set_to_none=True)\n", "",
+    "G's gradients never zeroed": ("10.5", "    opt_g.zero_grad(set_to_none=True)\n", "",
                                    r"G's gradients accumulated over the steps"),
-    "parameters broadcast from rank 0": ("08.4", "dist.all_reduce(p)  ", "dist.broadcast(p, src=0)  ",
+    "parameters broadcast from rank 0": ("09.4", "dist.all_reduce(p)  ", "dist.broadcast(p, src=0)  ",
                                          r"after step 3 the parameters are rank 0's own .* a broadcast copies"),
-    "all-reduce of a copy of the parameters": ("08.4", "dist.all_reduce(p)  ", "dist.all_reduce(p.clone())  ",
+    "all-reduce of a copy of the parameters": ("09.4", "dist.all_reduce(p)  ", "dist.all_reduce(p.clone())  ",
                                                r"after step 3 the parameters are still this rank's own"),
 }
 
@@ -409,7 +409,7 @@ def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):
 
 
 CHEATS = {   # (exercise, the file a student looking for the easy way could write, the hint it must get at 3 ranks)
-    "a snapshot kept in memory": ("11.5", (
+    "a snapshot kept in memory": ("12.5", (
         "import copy, torch\n"
         "def save_snapshot(path, model, opt, sched, step):\n"
         "    torch._stash = copy.deepcopy((model.state_dict(), opt.state_dict(), sched.state_dict(), step,\n"
@@ -598,7 +598,7 @@ def test_held_bytes_finds_every_tensor_once():
 
 
 def test_a_merge_that_fails_only_from_the_empty_start_is_named():
-    """12.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
+    """08.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
     import types
 
     import torch
@@ -613,7 +613,7 @@ def test_a_merge_that_fails_only_from_the_empty_start_is_named():
     problems = []
     check_attention_merge(nan_from_empty, types.SimpleNamespace(rank=0, world_size=1), problems)
     assert re.search(r"merging into the empty start \(out 0, lse -inf.*\) gives nan",
-                     problem_hint("12.3", problems[0], 1))
+                     problem_hint("08.3", problems[0], 1))
 
 
 def test_every_graded_exercise_has_four_wrong_solutions_in_tests():

@@ -62,7 +62,7 @@ def one_node_ddp():
 def one_host(env):
     """``env`` for "nodes" simulated on this one host. They would share its GPUs: each node applies the backend
     rule alone, so on a GPU host every node's local rank 0 takes cuda:0, and NCCL refuses two ranks of one job
-    on one GPU ("Duplicate GPU detected") at init. The GPUs are hidden, as launch_nodes does for lesson 11
+    on one GPU ("Duplicate GPU detected") at init. The GPUs are hidden, as launch_nodes does for lesson 12
     (mgpu_utils.launch.nodes): the job runs on gloo on the CPU. Real nodes each have their own GPUs."""
     return {**env, "CUDA_VISIBLE_DEVICES": ""}
 

@@ -71,7 +71,7 @@ def test_every_launch_is_preceded_by_its_code(path):
 def test_the_notebook_check_finds_launches():
     """The check above reads real launches (it would pass vacuously if it found none)."""
     found = {p.stem: launched_and_shown(p)[0] for p in NOTEBOOKS}
-    assert "hello_dist.py" in found["00_setup"] and "elastic_train.py" in found["11_fault_tolerance"]
+    assert "hello_dist.py" in found["00_setup"] and "elastic_train.py" in found["12_fault_tolerance"]
     assert sum(map(len, found.values())) >= 25
 
 
@@ -196,7 +196,7 @@ def test_fit_comments_moves_only_long_lines_comments():
 
 
 def test_show_code_of_several_objects_shows_each():
-    """Lesson 12 shows two functions in one call: both appear, in order (before, only the first did)."""
+    """Lesson 08 shows two functions in one call: both appear, in order (before, only the first did)."""
     from mgpu_utils.parallel import context
 
     text = read_code(context.ulysses_attention, context.merge)
@@ -207,7 +207,7 @@ def test_show_code_of_several_objects_shows_each():
 
 
 def test_a_shell_file_of_the_course_is_shown_by_region(capsys):
-    """Lesson 11 shows parts of cluster/slurm/job.sbatch: regions in a bash file, highlighted as bash."""
+    """Lesson 12 shows parts of cluster/slurm/job.sbatch: regions in a bash file, highlighted as bash."""
     text = read_code("cluster/slurm/job.sbatch", region="requeue")
     assert text.startswith("# cluster/slurm/job.sbatch, lines ") and "scontrol requeue" in text
     with pytest.raises(ValueError, match="has no region 'nope'.*regions signal, agents, requeue"):

@@ -1,4 +1,4 @@
-"""Lesson 08: parameter server, async vs sync SGD, local SGD, and the interconnect emulator.
+"""Lesson 09: parameter server, async vs sync SGD, local SGD, and the interconnect emulator.
 
 The launch-script tests run under real torchrun and compare with single-process references computed
 here; the emulator is tested in this process on a real DDP GradBucket (a 1-rank gloo group)."""
@@ -192,7 +192,7 @@ def test_parameter_server_applies_every_pushed_gradient_exactly_once(starts_proc
 
 
 def test_modes_runs_only_the_asked_trainings_and_one_worker_is_never_stale(starts_processes):
-    """The staleness sweep of lesson 08 runs ``--modes async``: only async runs, and one worker's
+    """The staleness sweep of lesson 09 runs ``--modes async``: only async runs, and one worker's
     gradients are all fresh (staleness exactly 0). Two workers' usually are not, but that depends on how the
     OS schedules them: on a busy machine the two workers' steps can take turns without overlapping (measured:
     all 16 gradients fresh in 3 of 20 runs with one core kept busy, and in 1 of 843 tests of a busy make
@@ -247,7 +247,7 @@ def test_simulated_staleness_obeys_littles_law():
 
 
 def test_a_worker_that_starts_late_is_simulated_from_its_start():
-    """On a busy machine one worker can start tens of milliseconds late (the CI run of lesson 08 whose
+    """On a busy machine one worker can start tens of milliseconds late (the CI run of lesson 09 whose
     claim failed); the simulation takes the measured starts. Worker 1 starts at 2.5: worker 0 pushes alone
     at 1, 2 (fresh), 3; worker 1 pulls version 2 and pushes at 3.5, after one update; then both see one."""
     from mgpu_utils.parallel.staleness import simulate_ps
@@ -261,7 +261,7 @@ def test_a_worker_that_starts_late_is_simulated_from_its_start():
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_topk_hook_equals_ddp_at_100_percent_and_error_feedback_matters(nproc, starts_processes):
-    """Lesson 08's top-k hook (mgpu_utils.parallel.sparsify): sending every entry equals DDP's all-reduce (asserted in
+    """Lesson 09's top-k hook (mgpu_utils.parallel.sparsify): sending every entry equals DDP's all-reduce (asserted in
     the script); at 1% each rank sends 2 numbers (index, value) per kept entry, gathered by n - 1 ring steps; and error
     feedback ends far more accurate than dropping the rest (measured, seeds 0-3: 0.82-0.88 against 0.24-0.40 at
     4 ranks, 0.76-0.89 against 0.18-0.29 at 2)."""

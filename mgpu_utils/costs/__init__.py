@@ -1,3 +1,3 @@
-"""Cost models checked against published numbers (lessons 01 and 04-11): bandwidth and the alpha-beta model (04), GPU and link
+"""Cost models checked against published numbers (lessons 01 and 04-12): bandwidth and the alpha-beta model (04), GPU and link
 specifications and SM occupancy (01), the interconnect emulator (08), memory per GPU (07), the 3-D planner (06), scaling
 laws (10), snapshot intervals (11)."""

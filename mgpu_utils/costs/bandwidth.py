@@ -50,7 +50,7 @@ def bus_factor(op: str, n: int) -> float:
 
 def ring_bytes_per_rank(size_bytes: float, n: int) -> float:
     """Bytes each of ``n`` ranks sends (and receives) in a ring all-reduce of ``size_bytes``:
-    2(n-1)/n x size_bytes, the all-reduce's busbw factor times the size (0 when n == 1; lessons 04, 06, 08).
+    2(n-1)/n x size_bytes, the all-reduce's busbw factor times the size (0 when n == 1; lessons 04, 06, 09).
 
     Raises:
         ValueError: n < 1.
@@ -85,7 +85,7 @@ def ring_allreduce_model(size_bytes, n: int, alpha_s: float, bandwidth_bps: floa
 def hierarchical_allreduce_model(size_bytes, n: int, gpus_per_node: int, intra: tuple[float, float],
                                  inter: tuple[float, float]):
     """The alpha-beta time of a two-level all-reduce over nodes of ``g = gpus_per_node`` GPUs, in seconds
-    (lesson 10's cluster prediction).
+    (lesson 11's cluster prediction).
 
     How NCCL uses a node with one NIC per GPU (DGX H100: 8 GPUs, NVLink 4, 8 ConnectX-7 NDR NICs):
     a reduce-scatter inside each node over NVLink, so each GPU holds the node's sum of 1/g of the

@@ -1,4 +1,4 @@
-"""How often to snapshot a training job (notebooks/11_fault_tolerance.ipynb).
+"""How often to snapshot a training job (notebooks/12_fault_tolerance.ipynb).
 
 A job that writes a snapshot every ``tau`` seconds of training, each costing ``C`` seconds, on a
 cluster whose mean time between failures is ``M`` seconds, loses two things (first-order model,

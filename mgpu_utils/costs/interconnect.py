@@ -1,5 +1,5 @@
 """An interconnect emulator for DDP: what a gradient all-reduce would cost on a chosen link, from
-the alpha-beta model and published link specifications (lesson 08; also 10).
+the alpha-beta model and published link specifications (lesson 09; also 11).
 
 The alpha-beta model of ring all-reduce (lesson 04, :func:`mgpu_utils.costs.bandwidth.ring_allreduce_model`)
 for a payload of S bytes on n ranks, per-message latency alpha and link bandwidth B::

@@ -1,5 +1,5 @@
 """Memory per GPU from formulas: model states (ZeRO), transformer activations (Korthikanti et al.);
-lesson 07's calculator, and lessons 05, 06, 09 and 10.
+lesson 07's calculator, and lessons 05, 06, 10 and 10.
 
 Shared by the memory calculator (notebooks/07_memory.ipynb) and the 3-D parallelism planner
 (notebooks/06_hybrid_parallel.ipynb). Units: bytes; "GB" in the notebooks is 1e9 bytes, as in the

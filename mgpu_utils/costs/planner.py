@@ -1,5 +1,5 @@
 """3-D parallelism planner: every (dp, tp, pp) layout of a GPT model on a cluster, with memory and
-traffic (lesson 06; also 09); context and expert parallelism as two more degrees (lesson 12).
+traffic (lesson 06; also 10); context and expert parallelism as two more degrees (lesson 08).
 
 Introduced in ``notebooks/06_hybrid_parallel.ipynb``. For a model, a GPU count, a GPU memory size
 and the links inside and between nodes, :func:`plan` lists every layout ``dp * tp * pp = n_gpus``,
@@ -39,14 +39,14 @@ plus bubble) that is ``(pp - 1) / (m + pp - 1)`` = bubble / (1 + bubble), the fo
 
 Activation bytes per value (``act_bytes``) follow the precision: 4 for "fp32", else 2.
 
-Context parallelism (``cp``, lesson 12) splits every sequence over cp GPUs (ring attention,
+Context parallelism (``cp``, lesson 08) splits every sequence over cp GPUs (ring attention,
 zig-zag split): activations as for a sequence of ``s/cp`` tokens; per layer and micro-batch the key/value
 blocks ``B = (s/cp)*b*(h/tp)*act_bytes`` travel the ring, ``2(cp-1) B`` in forward and ``(4cp-2) B`` in
 backward (another ``2(cp-1) B`` with full recomputation); the cp GPUs hold the same parameters, so the
 data-parallel gradient reduction spans ``dp*cp`` GPUs (ZeRO still shards over dp here; Megatron's
 distributed optimizer shards over dp*cp, a little less memory). Needs ``s`` divisible by ``2*cp``.
 
-Expert parallelism (``ep``, lesson 12) for a mixture-of-experts model (``ModelSpec.n_experts`` > 0: every
+Expert parallelism (``ep``, lesson 08) for a mixture-of-experts model (``ModelSpec.n_experts`` > 0: every
 layer's MLP, ``8h^2 + 5h`` parameters, becomes E experts plus an ``h x E`` router, tokens to their
 ``top_k`` experts): the experts are split over ep GPUs taken from the data-parallel ones (ep divides dp),
 so a GPU holds the dense part and E/ep experts per layer, and the experts' gradients are reduced over
@@ -164,8 +164,8 @@ class Layout:
     bubble: float = 0.0
     compute_s: float = 0.0
     problems: list = field(default_factory=list)        # why it is not feasible (empty: feasible)
-    cp: int = 1                                         # context-parallel degree (lesson 12)
-    ep: int = 1                                         # expert-parallel degree (lesson 12)
+    cp: int = 1                                         # context-parallel degree (lesson 08)
+    ep: int = 1                                         # expert-parallel degree (lesson 08)
 
     @property
     def feasible(self) -> bool:
@@ -192,7 +192,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, dp: int, tp: int, pp: int, *, g
     """Memory, communication and feasibility of one layout (see the module docstring for the formulas).
 
     ``act_bytes``: bytes per activation value; default from ``precision`` (4 for "fp32", else 2).
-    ``cp``, ``ep``: context- and expert-parallel degrees (lesson 12); ``comm_bytes`` then has "cp" / "ep".
+    ``cp``, ``ep``: context- and expert-parallel degrees (lesson 08); ``comm_bytes`` then has "cp" / "ep".
 
     Raises:
         ValueError: ``dp * tp * pp * cp != cluster.n_gpus``, unknown precision/optimizer.

@@ -1,4 +1,4 @@
-"""Scaling laws and cost models fitted to measured runs (notebooks/10_benchmarking.ipynb).
+"""Scaling laws and cost models fitted to measured runs (notebooks/11_benchmarking.ipynb).
 
 * :func:`speedups`: speed-up and parallel efficiency from measured throughputs (strong or weak scaling).
 * :func:`amdahl_speedup` / :func:`fit_amdahl`: Amdahl's law S(N) = 1 / (f + (1 - f) / N) and the serial
@@ -9,7 +9,7 @@
   this machine or on GPUs and links from :mod:`mgpu_utils.costs.hardware`; on nodes with a NIC per GPU,
   the two-level all-reduce (``hierarchical_allreduce_model``).
 * :func:`critical_batch_steps` / :func:`fit_critical_batch`: McCandlish et al. (2018)'s steps to a target,
-  S(B) = S_min (1 + B_crit / B), and its fit to measured steps per global batch (lesson 09,
+  S(B) = S_min (1 + B_crit / B), and its fit to measured steps per global batch (lesson 10,
   ``launch_scripts/batch_size_sweep.py``).
 
 Pure Python and numpy: no process group, no torch.
@@ -172,7 +172,7 @@ def predict_scaling(world_sizes, compute_s: float, grad_bytes: float, alpha_s: f
 
 def gpu_compute_seconds(flops: float, peak_tflops: float, efficiency: float) -> float:
     """Seconds a GPU needs for ``flops`` while computing at ``efficiency`` (0..1] of its datasheet peak
-    (lesson 10). This is the kernels' share of peak, not MFU: MFU is measured over the whole step, so a
+    (lesson 11). This is the kernels' share of peak, not MFU: MFU is measured over the whole step, so a
     step that also waits for communication has an MFU of ``efficiency`` x the parallel efficiency.
 
     Raises:
@@ -210,7 +210,7 @@ def critical_batch_steps(batch, s_min: float, b_crit: float):
 
 
 def fit_critical_batch(batches, steps) -> dict:
-    """Fit S(B) = S_min (1 + B_crit / B) to measured steps to a target (lesson 09).
+    """Fit S(B) = S_min (1 + B_crit / B) to measured steps to a target (lesson 10).
 
     S is linear in 1 / B (S = S_min + S_min B_crit / B), so a least-squares line through (1 / B, S), each
     point weighted by 1 / S so that every batch size counts by its relative error, gives both numbers.

@@ -1,4 +1,4 @@
-"""Figures of notebooks/10_benchmarking.ipynb and benchmarks/scaling.py: scaling, timelines, predictions.
+"""Figures of notebooks/11_benchmarking.ipynb and benchmarks/scaling.py: scaling, timelines, predictions.
 
 Every figure names the threads per rank it was measured with; text is at least 9 pt at the displayed width.
 """

@@ -1,4 +1,4 @@
-"""Figures of notebooks/09_case_studies.ipynb: one DDP step of each case, the large-batch recipe,
+"""Figures of notebooks/10_case_studies.ipynb: one DDP step of each case, the large-batch recipe,
 steps and examples to a target per batch size, GAN samples.
 
 Every function draws on a new figure and returns it; nothing is drawn at import.
@@ -34,7 +34,7 @@ CASE_STEPS: dict[str, list[tuple[int, str, float, float, int]]] = {
 
 
 def draw_case_steps():
-    """The picture of lesson 09: what one training step of each case computes and communicates.
+    """The picture of lesson 10: what one training step of each case computes and communicates.
 
     Compute (upper lane) and communication (lower lane) of one rank; lengths are schematic, not measured.
     Overlap is drawn where it happens: DDP's bucket all-reduces run during the backward pass, while

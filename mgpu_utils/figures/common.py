@@ -14,7 +14,7 @@ def rank_color(r: int) -> str:
 
 
 def plot_losses(curves: dict[str, list[float]], title: str, ylabel: str = "loss"):
-    """One line per ``{label: per-step values}`` (lesson 09). Returns the figure."""
+    """One line per ``{label: per-step values}`` (lesson 10). Returns the figure."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 3.4))

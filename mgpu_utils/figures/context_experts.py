@@ -1,4 +1,4 @@
-"""Figures of lesson 12 (context and expert parallelism): who computes which attention scores under ring
+"""Figures of lesson 08 (context and expert parallelism): who computes which attention scores under ring
 attention, the ring's steps, and a mixture-of-experts layer's load and capacity.
 
 Every function returns the matplotlib Figure (end the cell with ``;``).

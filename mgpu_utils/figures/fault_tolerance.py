@@ -1,4 +1,4 @@
-"""Figures of notebooks/11_fault_tolerance.ipynb: a restart from a snapshot, and the cost of snapshotting."""
+"""Figures of notebooks/12_fault_tolerance.ipynb: a restart from a snapshot, and the cost of snapshotting."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Figures of notebooks/08_sync_vs_async.ipynb. Every function returns the matplotlib Figure (end the
-cell with ``;``). ``draw_*`` are schematic; ``plot_*`` draw the measured results of lesson 08's launch
+"""Figures of notebooks/09_sync_vs_async.ipynb. Every function returns the matplotlib Figure (end the
+cell with ``;``). ``draw_*`` are schematic; ``plot_*`` draw the measured results of lesson 09's launch
 scripts (``sync_async.py``, ``local_sgd.py``, ``comm_hooks.py``)."""
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def plot_staleness_sweep(runs: dict, lr: float):
             with ``curve`` [(gradients, seconds, accuracy)] and ``staleness_hist`` [(staleness, count)].
         lr: the learning rate per gradient that every run used (for the title).
 
-    Introduced in ``notebooks/08_sync_vs_async.ipynb`` (where staleness hurts).
+    Introduced in ``notebooks/09_sync_vs_async.ipynb`` (where staleness hurts).
     """
     import matplotlib.pyplot as plt
 

@@ -11,8 +11,8 @@ from mgpu_utils.grading.coding import (benchmarking, case_studies, collectives, 
 from mgpu_utils.grading.common import CodingExercise
 
 #: The lessons' modules of :mod:`mgpu_utils.grading.coding`, in lesson order.
-LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, sync_async, case_studies, benchmarking,
-           fault_tolerance, context_experts)
+LESSONS = (data_parallel, collectives, model_parallel, hybrid, memory, context_experts, sync_async, case_studies,
+           benchmarking, fault_tolerance)
 #: Every graded coding exercise, by id, in lesson order.
 EXERCISES = {e.id: e for module in LESSONS for e in module.EXERCISES}
 

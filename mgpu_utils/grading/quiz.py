@@ -328,7 +328,7 @@ EXERCISES: dict[str, Exercise] = {
         ], "0.823 GB = 50,257 x 4,096 x 4 bytes: the token embedding (or the head, the same size), the largest "
            "module; the number of ranks does not change it"),
         "50,257 x 4,096 x 4 B = 0.823 GB: the replay holds the largest module whole, once."),
-    "08.1": Exercise(
+    "09.1": Exercise(
         "Ring all-reduce of a 100 MB fp32 gradient over 8 ranks on 10 GbE (B = 1.25 GB/s, alpha = 20 us): "
         "the modelled time in milliseconds?",
         _float_answer(140.28, 1e-3, [(lambda v: abs(v - 80) < 0.5, "S/B is one copy of the gradient; a ring sends "
@@ -339,7 +339,7 @@ EXERCISES: dict[str, Exercise] = {
                                      (lambda v: abs(v - 0.14028) < 1e-3, "that is seconds; the answer is in ms")],
                       "2(n-1)(alpha + S/(nB)) = 14 x (20 us + 10 ms) = 140.28 ms: the bandwidth term dominates"),
         "140.28 = ring_allreduce_seconds(100e6, 8, 'Ethernet 10 GbE') * 1e3 (mgpu_utils.costs.interconnect)."),
-    "08.2": Exercise(
+    "09.2": Exercise(
         "An asynchronous parameter server has 4 equally fast workers. In a long run, how many versions old "
         "(staleness) is an applied gradient on average?",
         _int_answer(3, {4: "a gradient does not see its own update: count the other workers",
@@ -349,7 +349,7 @@ EXERCISES: dict[str, Exercise] = {
                     "W - 1 = 3: while you compute, each of the 3 others pushes once (Little's law: the mean is "
                     "at most W - 1 whatever the speeds)"),
         "3 = W - 1; mgpu_utils.parallel.staleness.simulate_ps([1.0] * 4, 4000) gives a mean of 3 (minus start-up)."),
-    "08.3": Exercise(
+    "09.3": Exercise(
         "Local SGD on 8 ranks, averaging every H = 8 steps, 800 steps: how many all-reduces does each rank "
         "take part in?",
         _int_answer(100, {800: "that is synchronous SGD (H = 1): local SGD averages only every H steps",
@@ -358,7 +358,7 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "steps / H"},
                     "800 / 8 = 100 all-reduces of the parameters: 8x less communication than synchronous SGD"),
         "100 = steps // H, as local_sgd.py counts them (allreduce_calls)."),
-    "08.5": Exercise(
+    "09.5": Exercise(
         "Top-k sparsification keeps 1% of a 25e6-parameter fp32 gradient on 8 ranks and sends each kept entry as "
         "an (index, value) pair of two fp32 numbers by a ring all-gather, as sparsify.py's hook does; dense is a "
         "ring all-reduce of fp32. How many times fewer bytes does each rank send with top-k?",
@@ -374,7 +374,7 @@ EXERCISES: dict[str, Exercise] = {
                       "so the saving shrinks as n grows (the all-gather carries every rank's pairs)"),
         "12.5 = ring_bytes_per_rank(4 * 25e6, 8) / (7 * 8 * 0.01 * 25e6) = 1 / (8 x 0.01): the sparse all-gather "
         "brings each rank every other rank's k pairs, so with n ranks the saving is 1/(n x ratio)."),
-    "08.6": Exercise(
+    "09.6": Exercise(
         "DiLoCo on 8 workers: H = 500 inner steps between outer steps, 10,000 inner steps in all, a model of "
         "1e9 parameters whose change (pseudo-gradient) is all-reduced in fp32 by a ring. How many GB (1e9 bytes) "
         "does each worker send over the whole run?",
@@ -389,7 +389,7 @@ EXERCISES: dict[str, Exercise] = {
                       "10,000 / 500 = 20 outer steps, each a ring all-reduce of 4 GB: 20 x 2 x 7/8 x 4 GB = 140 GB, "
                       "500 times less than all-reducing fp32 gradients every step (70,000 GB)"),
         "140 = 20 x ring_bytes_per_rank(4e9, 8) / 1e9 (mgpu_utils.costs.bandwidth)."),
-    "09.1": Exercise(
+    "10.1": Exercise(
         "A recipe trains with a learning rate of 0.1 for a global batch of 256. You move it to 64 GPUs with 32 "
         "images each and keep the number of epochs. By the linear scaling rule, what learning rate do you use?",
         _float_answer(0.8, 1e-3, [(lambda v: abs(v - 0.1) < 1e-6, "the batch grew: the rule scales the rate with it"),
@@ -401,7 +401,7 @@ EXERCISES: dict[str, Exercise] = {
                       "global batch 64 x 32 = 2048 = 8 x 256, so 8 x 0.1 = 0.8, reached by a warm-up over the "
                       "first epochs (Goyal et al. 2017)"),
         "0.8 = 0.1 x (64 x 32) / 256; case_resnet.py --lr 0.1 --base-batch 256 --scale-lr computes the same."),
-    "09.2": Exercise(
+    "10.2": Exercise(
         "A 13-billion-parameter model trains on 260 billion tokens with full activation recomputation, on 512 A100s "
         "achieving 120 TFLOP/s each. How many days does it take?",
         _float_answer(5.094, 0.01, [(lambda v: abs(v - 3.82) < 0.05, "6 N D leaves out the recomputed forward: "
@@ -410,8 +410,8 @@ EXERCISES: dict[str, Exercise] = {
                                     (lambda v: abs(v - 440104) < 500, "that is seconds; the answer is in days"),
                                     (lambda v: abs(v - 2608) < 30, "divide by all 512 GPUs' FLOP/s, not one's")],
                       "8 x 13e9 x 260e9 = 2.70e22 FLOPs / (512 x 120e12 FLOP/s) = 440,000 s = 5.1 days"),
-        "5.094 = 8 * 13e9 * 260e9 / (512 * 120e12) / 86400, as lesson 09 computes GPT-3's 34 days."),
-    "09.3": Exercise(
+        "5.094 = 8 * 13e9 * 260e9 / (512 * 120e12) / 86400, as lesson 10 computes GPT-3's 34 days."),
+    "10.3": Exercise(
         "ddp = DDP(BertForMaskedLM(cfg)). Which expression gives the model's configuration: ddp.config, "
         "ddp.module.config or ddp.model.config?",
         _choice("ddp.module.config", {"ddp.config": "DDP is a wrapper: it does not forward the model's attributes "
@@ -420,7 +420,7 @@ EXERCISES: dict[str, Exercise] = {
                                       "default": "one of the three expressions, as written"},
                 "DDP keeps the wrapped model as .module; save_pretrained and generate are reached the same way"),
         "ddp.module.config: DDP(model).module is model."),
-    "09.4": Exercise(
+    "10.4": Exercise(
         "(optional) In one step of case_gan.py, how many times does the discriminator's forward run on each rank?",
         _int_answer(3, {2: "real and fake for D's own step, and once more for the generator's step",
                         1: "D sees real images and fake ones in its own step, and the fakes again for G",
@@ -428,7 +428,7 @@ EXERCISES: dict[str, Exercise] = {
                     "3: D(real) and D(fake.detach()) for the discriminator's step, D(fake) for the generator's; "
                     "each backward that reaches D makes its DDP reducer all-reduce D's gradients"),
         "3 = d(real), d(fake.detach()), d(fake): see the step picture at the top of lesson 09."),
-    "09.6": Exercise(
+    "10.6": Exercise(
         "McCandlish et al. (2018): the steps to a target are S(B) = S_min (1 + B_crit / B). A model needs "
         "S_min = 2,000 steps and its critical batch B_crit is 1,024. You go from a global batch of 1,024 to 4,096 "
         "(4 times the GPUs, the same batch per GPU). By what factor does the number of steps fall?",
@@ -445,7 +445,7 @@ EXERCISES: dict[str, Exercise] = {
                       "4 times the GPUs, and each image is used 2.5 times as often (E = S B)"),
         "1.6 = critical_batch_steps(1024, 2000, 1024) / critical_batch_steps(4096, 2000, 1024) "
         "(mgpu_utils.costs.scaling)."),
-    "10.1": Exercise(
+    "11.1": Exercise(
         "Strong scaling: one rank takes 200 ms per step; 4 ranks take 62.5 ms per step on the same global batch. "
         "What is the parallel efficiency at 4 ranks, in percent?",
         _float_answer(80.0, 1e-3, [(lambda v: abs(v - 3.2) < 0.01, "3.2 is the speed-up; the efficiency divides it "
@@ -456,7 +456,7 @@ EXERCISES: dict[str, Exercise] = {
                       "speed-up 200 / 62.5 = 3.2, efficiency 3.2 / 4 = 80%"),
         "80 = 100 x (200 / 62.5) / 4; mgpu_utils.costs.scaling.speedups gives it from the throughputs (the same global "
         "batch 1 / 0.2 and 1 / 0.0625 times per second)."),
-    "10.2": Exercise(
+    "11.2": Exercise(
         "A job has a serial fraction f = 5% (Amdahl). What speed-up can 16 ranks give at most, on a fixed problem?",
         _float_answer(9.14, 0.005, [(lambda v: abs(v - 16) < 0.01, "16 is the ideal; the serial part does not "
                                      "shrink with more ranks"),
@@ -466,7 +466,7 @@ EXERCISES: dict[str, Exercise] = {
                                      "problem grows with N); Amdahl keeps the problem fixed")],
                       "1 / (0.05 + 0.95 / 16) = 9.14: 16 ranks at 57% efficiency; no number of ranks beats 20"),
         "9.14 = amdahl_speedup(16, 0.05) (mgpu_utils.costs.scaling)."),
-    "10.3": Exercise(
+    "11.3": Exercise(
         "A 1.3-billion-parameter transformer trains at 20,000 tokens per second on one A100 (312 TFLOP/s dense "
         "bf16). Using 6 N FLOPs per token, what is its MFU, in percent?",
         _float_answer(50.0, 0.01, [(lambda v: abs(v - 16.7) < 0.5, "2 N is the forward pass only: training is "
@@ -475,14 +475,14 @@ EXERCISES: dict[str, Exercise] = {
                                    (lambda v: abs(v - 33.3) < 0.5, "4 N is the backward alone: add the forward")],
                       "6 x 1.3e9 x 20,000 = 1.56e14 FLOP/s = 156 TFLOP/s, half of 312: MFU 50%"),
         "50 = 100 * 6 * 1.3e9 * 20_000 / 312e12."),
-    "10.4": Exercise(
+    "11.4": Exercise(
         "(optional) A run uses 64 GPUs for 72 hours at 2.50 per GPU-hour. What does it cost?",
         _float_answer(11520.0, 1e-3, [(lambda v: abs(v - 180) < 0.5, "that is one GPU's cost: multiply by 64"),
                                       (lambda v: abs(v - 4608) < 1, "the price is per hour, the run 72 hours: "
                                        "4608 is GPU-hours")],
                       "64 x 72 = 4,608 GPU-hours x 2.50 = 11,520"),
         "11520 = run_cost(64, 72, 2.50) (mgpu_utils.measure.energy)."),
-    "11.1": Exercise(
+    "12.1": Exercise(
         "A snapshot costs the job C = 2 minutes and the job fails on average once every M = 6 hours. By Young's "
         "formula, every how many minutes of training should it write a snapshot?",
         _float_answer(37.95, 0.01, [(lambda v: abs(v - 26.83) < 0.5, "sqrt(C M) leaves out the factor 2: sqrt(2 C M)"),
@@ -493,7 +493,7 @@ EXERCISES: dict[str, Exercise] = {
                       "sqrt(2 x 2 min x 360 min) = sqrt(1440) = 37.9 minutes; the snapshots then cost 2/37.9 = 5.3% "
                       "of the time and the lost work as much again"),
         "37.95 = young_interval(120, 6 * 3600) / 60 (mgpu_utils.costs.fault)."),
-    "11.2": Exercise(
+    "12.2": Exercise(
         "elastic_train.py snapshots every 5 steps. Rank 1 is killed right before step index 23 (steps count from 0; "
         "the snapshot taken after 20 steps, steps 0-19, was complete). After the restart, at which step index does "
         "training resume?",
@@ -505,7 +505,7 @@ EXERCISES: dict[str, Exercise] = {
                     "20: the newest complete snapshot holds steps 0-19; steps 20, 21 and 22 are computed again "
                     "(the lost work)"),
         "20 = (23 // 5) * 5: the script reports it as resumed_from_step."),
-    "11.3": Exercise(
+    "12.3": Exercise(
         "A job trains on 4 nodes of 8 GPUs with a global batch of 768 samples. One node is lost; the elastic job "
         "continues on the other 3 nodes and keeps the global batch (as elastic_train.py does). How many samples "
         "does each GPU now process per step?",
@@ -517,7 +517,7 @@ EXERCISES: dict[str, Exercise] = {
         "32 = 768 / 24: the 24 remaining GPUs share the same global batch, so each takes more (24 -> 32) and every "
         "step averages over the same 768 samples. Keeping 24 per GPU instead would shrink the global batch to 576, "
         "a different run, and by the linear scaling rule the learning rate should shrink by the same factor, 0.75."),
-    "11.4": Exercise(
+    "12.4": Exercise(
         "A training run needs 20 hours of training. The partition's time limit is 4 hours per job; job.sbatch asks "
         "for the signal 120 s before the limit (the snapshot is written in that time), and every run of the job "
         "spends its first 5 minutes starting (preflight, rendezvous, loading the snapshot). How many runs of the "
@@ -529,7 +529,7 @@ EXERCISES: dict[str, Exercise] = {
         "6: each run trains 4 h - 5 min - 2 min = 233 minutes, and 20 h = 1,200 minutes; 1200 / 233 = 5.15, so a "
         "sixth run trains the last 35 minutes. The 7 minutes per run are 3% here; with a 30-minute limit they "
         "would be 23%, which is why long runs ask for the longest time limit the cluster allows."),
-    "12.1": Exercise(
+    "08.1": Exercise(
         "Ring attention on 8 ranks: each rank's block of keys K is 64 MiB (its share of the sequence, every head, "
         "bf16), and V the same. How many MiB does each rank send in one forward pass of one attention layer?",
         _int_answer(896, {448: "V travels with K: two blocks per hop",
@@ -540,7 +540,7 @@ EXERCISES: dict[str, Exercise] = {
                           "default": "2 (n - 1) x 64 MiB: K and V, passed on n - 1 times"},
                     "2 x (8 - 1) x 64 = 896 MiB: K and V, each passed on 7 times"),
         "896 = 2 * (8 - 1) * 64 (mgpu_utils.parallel.context; context_parallel.py counts it as fwd_bytes)."),
-    "12.2": Exercise(
+    "08.2": Exercise(
         "The same layer with Ulysses on 8 ranks (K, and so Q, V and the output, are 64 MiB per rank): how many MiB "
         "does each rank send in forward?",
         _float_answer(224.0, 1e-3, [(lambda v: abs(v - 168) < 0.5, "three all-to-alls bring q, k, v to head "
@@ -551,7 +551,7 @@ EXERCISES: dict[str, Exercise] = {
                       "4 x 7/8 x 64 = 224 MiB: 4 all-to-alls, each sending 7/8 of a 64 MiB tensor; the ring sends "
                       "896, n/2 = 4 times more"),
         "224 = 4 * (8 - 1) / 8 * 64: q, k, v to head shards and the output back, each sending (n-1)/n."),
-    "12.4": Exercise(
+    "08.4": Exercise(
         "(optional) A mixture-of-experts layer with 64 experts routes each token to its top 2, with capacity factor "
         "1.25. One rank routes 4,096 tokens. How many assignments can one expert take from it (the capacity)?",
         _int_answer(160, {80: "each token makes top_k = 2 assignments: T x k / E, times the capacity factor",

@@ -1,5 +1,5 @@
 """What a launch script needs on a cluster: a folder every rank sees, and a clean stop before the time limit
-(lesson 11; cluster/slurm/job.sbatch).
+(lesson 12; cluster/slurm/job.sbatch).
 
 On one machine every rank sees the same files. Across nodes a folder is shared only on shared storage
 (NFS, Lustre, GPFS, a home directory mounted everywhere); node-local paths such as ``/tmp`` differ per node,
@@ -27,7 +27,7 @@ STOPPED = "STOPPED"
 
 def shared_folder(folder, rank: int, world_size: int) -> Path:
     """Create ``folder`` on rank 0 and check that every rank sees it as rank 0 wrote it (call on every rank,
-    after ``init_process_group``; lesson 11: checkpoints, traces).
+    after ``init_process_group``; lesson 12: checkpoints, traces).
 
     Rank 0 writes a marker file with a fresh token and broadcasts the token; every rank reads the marker.
 

@@ -137,7 +137,7 @@ def run_torchrun(script, nproc: int = 4, args=(), *, timeout_s: float = 300.0, b
             the CPU cores this process may use // nproc, at least 1).
         max_restarts: passed to torchrun's ``--max-restarts``: when a rank fails, torchrun stops every
             rank and starts them all again, up to this many times (``TORCHELASTIC_RESTART_COUNT`` tells a
-            script which attempt it is; notebooks/11_fault_tolerance.ipynb). The error, if the last
+            script which attempt it is; notebooks/12_fault_tolerance.ipynb). The error, if the last
             attempt fails too, names that attempt's failed rank.
         via: how the ranks start (:func:`choose_via`). "warm": forked from a template process that has
             already imported torch (:mod:`mgpu_utils.launch.warm`; a 4-rank no-op job on 2 cores: about 0.3 s

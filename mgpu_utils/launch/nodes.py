@@ -1,4 +1,4 @@
-"""Several torchrun agents on one machine, as several nodes of one job (notebooks/11_fault_tolerance.ipynb).
+"""Several torchrun agents on one machine, as several nodes of one job (notebooks/12_fault_tolerance.ipynb).
 
 On a cluster every node runs one torchrun *agent*; the agents meet at a rendezvous (here c10d: a
 key-value store, a TCPStore), agree on the set of nodes, give every worker its global rank, and start
@@ -69,7 +69,7 @@ class NodesResult:
 
 
 def node_environment(env: dict | None, nodes: int, nproc_per_node: int) -> dict:
-    """The environment of every agent and worker of :func:`launch_nodes` (lesson 11).
+    """The environment of every agent and worker of :func:`launch_nodes` (lesson 12).
 
     The nodes share this machine's GPUs, so the local rank 0 of two nodes would pick the same GPU: the
     job runs on gloo on CPU, decided once here with the GPUs hidden (a preset ``CUDA_VISIBLE_DEVICES``,

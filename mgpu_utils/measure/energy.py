@@ -1,4 +1,4 @@
-"""Energy and cost of a run (notebooks/10_benchmarking.ipynb).
+"""Energy and cost of a run (notebooks/11_benchmarking.ipynb).
 
 :class:`EnergyMeter` reads the hardware's own energy counters around a block of code: NVML on NVIDIA
 GPUs (Volta and newer) or Linux RAPL on Intel and AMD CPU packages. A machine with neither is a normal
@@ -23,7 +23,7 @@ MIN_NVML_WINDOW_S = 1.0
 
 
 def visible_gpus(environ: dict | None = None) -> list[int | str] | None:
-    """The GPUs CUDA lets this process use, as :class:`EnergyMeter` names them (lesson 10).
+    """The GPUs CUDA lets this process use, as :class:`EnergyMeter` names them (lesson 11).
 
     ``CUDA_VISIBLE_DEVICES`` unset: None (every GPU). Set: its entries up to the first one CUDA would
     stop at, as NVML indices (ints) or UUIDs (``GPU-...``); ``""`` or ``-1`` hide every GPU: ``[]``.

@@ -1,4 +1,4 @@
-"""Reading torch.profiler traces of a distributed step (notebooks/10_benchmarking.ipynb, profile_step.py).
+"""Reading torch.profiler traces of a distributed step (notebooks/11_benchmarking.ipynb, profile_step.py).
 
 Each rank writes its own Chrome trace (JSON, loadable in https://ui.perfetto.dev or chrome://tracing):
 ``trace_rank<r>.json``. :func:`load_spans` keeps what a step breakdown needs: the ``record_function``

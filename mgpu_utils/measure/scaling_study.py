@@ -1,4 +1,4 @@
-"""Running a scaling study and writing it down (notebooks/10_benchmarking.ipynb, benchmarks/scaling.py).
+"""Running a scaling study and writing it down (notebooks/11_benchmarking.ipynb, benchmarks/scaling.py).
 
 :func:`scaling_runs` launches ``launch_scripts/ddp_speedup.py`` once per world size (strong: the same
 global batch split over N ranks; weak: the same batch on every rank), one intra-op thread per rank;

@@ -1,4 +1,4 @@
-"""Context parallelism from scratch: ring attention and Ulysses (notebooks/12_context_and_experts.ipynb).
+"""Context parallelism from scratch: ring attention and Ulysses (notebooks/08_context_and_experts.ipynb).
 
 The sequence of S tokens is split over the n ranks of the default process group; every tensor here is
 ``[B, H, L, D]`` (batch, heads, local tokens L = S/n, head size D), fp32 (the partial results are kept in
@@ -69,7 +69,7 @@ def merge(out1, lse1, out2, lse2):
     its softmax denominator (log-sum-exp of the scores). With ``lse = logaddexp(lse1, lse2)``
     (computed with the larger one subtracted first, so no exp overflows),
     ``out = out1 exp(lse1 - lse) + out2 exp(lse2 - lse)``. A row with no keys yet has lse = -inf
-    and out = 0: exercise 12.3 (lesson 12) writes this function.
+    and out = 0: exercise 08.3 (lesson 08) writes this function.
     """
     lse = torch.logaddexp(lse1, lse2)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)        # rows still without keys
@@ -179,7 +179,7 @@ def ring_attention(q, k, v, *, seq_len: int, layout: str = "contiguous", causal:
                    merge_fn=merge):
     """Ring attention over the default group: q, k, v ``[B, H, L, D]`` are this rank's tokens in
     :func:`chunk_ranges` order; returns this rank's output rows ``[B, H, L, D]``, differentiable.
-    ``merge_fn`` (default :func:`merge`) combines the partial results: exercise 12.3 passes the student's."""
+    ``merge_fn`` (default :func:`merge`) combines the partial results: exercise 08.3 passes the student's."""
     n = dist.get_world_size()
     ranges = [chunk_ranges(r, n, seq_len, layout) for r in range(n)]
     return RingAttention.apply(q, k, v, ranges, causal, new_log() if log is None else log, merge_fn)

@@ -1,4 +1,4 @@
-"""A mixture-of-experts layer and expert parallelism from scratch (notebooks/12_context_and_experts.ipynb).
+"""A mixture-of-experts layer and expert parallelism from scratch (notebooks/08_context_and_experts.ipynb).
 
 Tokens are rows: ``x`` is ``[T, h]`` (T tokens of width h, fp32). The layer (:class:`MoE`):
 

@@ -1,5 +1,5 @@
 """Top-k gradient sparsification with error feedback, as a DDP communication hook, from scratch
-(notebooks/08_sync_vs_async.ipynb, launch_scripts/sparsify.py).
+(notebooks/09_sync_vs_async.ipynb, launch_scripts/sparsify.py).
 
 "Only send the important gradients": each rank keeps the k entries of largest magnitude of its gradient
 bucket (a 1-D fp32 tensor of N values) and sends those, as (index, value) pairs. The ranks' index sets

@@ -1,4 +1,4 @@
-"""Staleness in an asynchronous parameter server: an event simulation (notebooks/08_sync_vs_async.ipynb).
+"""Staleness in an asynchronous parameter server: an event simulation (notebooks/09_sync_vs_async.ipynb).
 
 A parameter server (PS) holds the parameters and a version counter. Each worker pulls the parameters
 (version v), computes a gradient for a fixed time, and pushes it; the PS applies it at once, so the
@@ -24,7 +24,7 @@ def simulate_ps(step_seconds, updates: int, start_seconds=None) -> list[tuple[in
         updates: number of updates the PS applies.
         start_seconds: when each worker makes its first pull (seconds, >= 0; default all 0). A worker that
             starts late pulls the version of that moment, and the others push without it until then: on a
-            busy machine one worker can start tens of milliseconds after the others (lesson 08 passes the
+            busy machine one worker can start tens of milliseconds after the others (lesson 09 passes the
             measured starts).
 
     Returns:

@@ -1,4 +1,4 @@
-"""The graded coding exercise of lesson 10, benchmarking (notebooks/10_benchmarking.ipynb): 10.5, a step timed
+"""The graded coding exercise of lesson 11, benchmarking (notebooks/11_benchmarking.ipynb): 11.5, a step timed
 after warm-up with the clock read when the work is done, its FLOPs counted, its MFU.
 
 The check hands the student a DDP step whose first call is slow and whose work runs after the call returns
@@ -20,7 +20,7 @@ from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import CodingExercise, always, note
 
 
-#: Exercise 10.5's step: its queued device work (seconds), how slow its first call is, the warm-up and timed
+#: Exercise 11.5's step: its queued device work (seconds), how slow its first call is, the warm-up and timed
 #: steps the student is given, and the peak passed in (FLOP/s).
 MEASURE_PLAN = {"device_s": 0.05, "first_s": 1.5, "warmup": 2, "repeats": 8, "peak": 5e9, "batch": 16}
 
@@ -57,7 +57,7 @@ class QueuedDevice:
 
 
 def check_measure(fn, ctx, problems):
-    """10.5: ``fn(step, sync, warmup, repeats, peak_flops)`` on a DDP step whose first call takes 1.5 s and
+    """11.5: ``fn(step, sync, warmup, repeats, peak_flops)`` on a DDP step whose first call takes 1.5 s and
     whose queued work takes 50 ms (:class:`QueuedDevice`): the step time between two bounds (a clock read
     before the work is done reads the step's compute alone, about 5 ms at 3 ranks on 2 cores, under 45 ms; a
     sleep never ends early, so a synced step reads at least 50 ms under any load; a warm-up in the mean adds
@@ -160,7 +160,7 @@ HINTS: dict[str, list[tuple]] = {
 #: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
 EXERCISES = [
     CodingExercise(
-        id="10.5", template="10_measure_step.py", entry="measure_step", world_sizes=(2, 3),
+        id="11.5", template="11_measure_step.py", entry="measure_step", world_sizes=(2, 3),
         check=check_measure, hints=HINTS,
         what="the step time after warm-up with the clock read when the work is done, one step's FLOPs, and "
              "the MFU from them"),

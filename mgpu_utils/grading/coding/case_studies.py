@@ -1,4 +1,4 @@
-"""The graded coding exercise of lesson 09, case studies (notebooks/09_case_studies.ipynb): 09.5, a GAN step
+"""The graded coding exercise of lesson 10, case studies (notebooks/10_case_studies.ipynb): 10.5, a GAN step
 with DDP-wrapped models.
 
 The check runs two of the student's steps under DDP against the same steps in one process on every rank's
@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from mgpu_utils.grading.common import CodingExercise, always, diff, note
 
 
-#: Exercise 09.5's reference procedures, in one process: the right step and the typical wrong ones, so that a
+#: Exercise 10.5's reference procedures, in one process: the right step and the typical wrong ones, so that a
 #: student's result can be named (the first that matches wins).
 GAN_VARIANTS = ("right", "g_first", "g_labels_fake", "no_zero_d", "no_zero_g", "no_d_step", "no_g_step", "nothing")
 
@@ -48,7 +48,7 @@ def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str) -> None:
 
 
 def check_gan_step(fn, ctx, problems, steps=2, batch=8):
-    """09.5: ``fn(G, D, opt_g, opt_d, real, z)`` on DDP-wrapped G and D, two steps, against
+    """10.5: ``fn(G, D, opt_g, opt_d, real, z)`` on DDP-wrapped G and D, two steps, against
     :func:`gan_reference_step` in one process on every rank's samples at once."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
@@ -115,7 +115,7 @@ HINTS: dict[str, list[tuple]] = {
 #: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
 EXERCISES = [
     CodingExercise(
-        id="09.5", template="09_gan_step.py", entry="gan_step", world_sizes=(2, 3),
+        id="10.5", template="10_gan_step.py", entry="gan_step", world_sizes=(2, 3),
         check=check_gan_step, hints=HINTS,
         what="after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
              "detached fakes first, then G through the updated D)"),

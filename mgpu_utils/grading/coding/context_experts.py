@@ -1,5 +1,5 @@
-"""The graded coding exercise of lesson 12, context parallelism and experts
-(notebooks/12_context_and_experts.ipynb): 12.3, the log-sum-exp merge of two partial attention results.
+"""The graded coding exercise of lesson 08, context parallelism and experts
+(notebooks/08_context_and_experts.ipynb): 08.3, the log-sum-exp merge of two partial attention results.
 
 The check merges two parts at small and large scores and from the empty start against attention over both
 key sets, names a wrong merge from the known mistakes' results (:func:`_which_merge`), then runs ring
@@ -46,7 +46,7 @@ def _which_merge(got, p1, p2, whole) -> dict:
 
 
 def check_attention_merge(fn, ctx, problems):
-    """12.3: ``fn(out1, lse1, out2, lse2)`` on two parts (scores small, up to about 190 where float32's exp
+    """08.3: ``fn(out1, lse1, out2, lse2)`` on two parts (scores small, up to about 190 where float32's exp
     overflows, and up to about 1,900 where float64's does) and from the empty state, then inside ring attention (mgpu_utils.parallel.context) at this world size against full attention,
     causal and not."""
     rank, world = ctx.rank, ctx.world_size
@@ -123,7 +123,7 @@ HINTS: dict[str, list[tuple]] = {
 #: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
 EXERCISES = [
     CodingExercise(
-        id="12.3", template="12_merge_attention.py", entry="merge", world_sizes=(2, 3),
+        id="08.3", template="08_merge_attention.py", entry="merge", world_sizes=(2, 3),
         check=check_attention_merge, hints=HINTS,
         what="equal to attention over both key sets (scores up to about 1,900, and from the empty start), and "
              "ring attention with it equals full attention, causal and not"),

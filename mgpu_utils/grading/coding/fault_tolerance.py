@@ -1,4 +1,4 @@
-"""The graded coding exercise of lesson 11, fault tolerance (notebooks/11_fault_tolerance.ipynb): 11.5, a
+"""The graded coding exercise of lesson 12, fault tolerance (notebooks/12_fault_tolerance.ipynb): 12.5, a
 snapshot that resumes a killed DDP job exactly, written by rank 0 alone and atomically.
 
 The check runs a job that is killed after step 7 and resumed from the student's snapshot against the same job
@@ -23,7 +23,7 @@ from mgpu_utils.grading.common import CodingExercise, diff, note
 from mgpu_utils.measure.comm_calls import namespaces_of
 
 
-#: Exercise 11.5's job: steps, the steps after which it snapshots, the step after which it is "killed"; the
+#: Exercise 12.5's job: steps, the steps after which it snapshots, the step after which it is "killed"; the
 #: resume (at 5) is not a multiple of the StepLR period (2), so a lost scheduler shows even with a lost optimizer.
 SNAPSHOT_PLAN = {"steps": 9, "save_after": (3, 5), "crash_after": 7, "batch": 8, "seed": 11}
 #: What a wrong snapshot does, as reference runs (the first whose weights match wins): parts left out of it,
@@ -35,7 +35,7 @@ SNAPSHOT_VARIANTS = (("right", ()), ("drop", ("optimizer",)), ("drop", ("schedul
 
 
 def _snapshot_job(ctx, save, load, crash: bool = True):
-    """11.5's job on this rank: train, ``save(model, opt, sched, step)`` after the planned steps (then a
+    """12.5's job on this rank: train, ``save(model, opt, sched, step)`` after the planned steps (then a
     barrier), and with ``crash`` start again from scratch after the crash step (the same seeds), ``start =
     load(model, opt, sched)``, and go on. Returns the final weights, flat."""
     plan, world, rank = SNAPSHOT_PLAN, ctx.world_size, ctx.rank
@@ -146,7 +146,7 @@ def probed_saves(path: str, seen: dict, fn=None):
 
 
 def check_snapshot(fn, ctx, problems):
-    """11.5: ``save_snapshot(path, model, opt, sched, step)`` and ``load_snapshot(path, model, opt, sched)`` in a
+    """12.5: ``save_snapshot(path, model, opt, sched, step)`` and ``load_snapshot(path, model, opt, sched)`` in a
     job that is killed after step 7 and resumed from step 5, against the uninterrupted job; the snapshot's parts named
     from reference runs without them (:data:`SNAPSHOT_VARIANTS`); rank 0 alone writes; and ``path``, halfway
     through each torch.save of the second snapshot, still holds the first one."""
@@ -249,7 +249,7 @@ HINTS: dict[str, list[tuple]] = {
 #: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
 EXERCISES = [
     CodingExercise(
-        id="11.5", template="11_snapshot.py", entry="save_snapshot", world_sizes=(2, 3),
+        id="12.5", template="12_snapshot.py", entry="save_snapshot", world_sizes=(2, 3),
         check=check_snapshot, hints=HINTS,
         what="a job killed after step 7 and resumed from your snapshot (step 5) ends with the uninterrupted job's "
              "weights, rank 0 alone writes, and a crash halfway through a write leaves the previous snapshot"),

@@ -1,5 +1,5 @@
-"""The graded coding exercise of lesson 08, synchronous and asynchronous training
-(notebooks/08_sync_vs_async.ipynb): 08.4, local SGD.
+"""The graded coding exercise of lesson 09, synchronous and asynchronous training
+(notebooks/09_sync_vs_async.ipynb): 09.4, local SGD.
 
 The check trains one replica per rank in this process, averaged every ``period`` steps, against the student's
 class after every step, and counts the collectives in between (there must be none). The hints of the problems
@@ -20,7 +20,7 @@ from mgpu_utils.models import make_mlp
 
 
 def check_local_sgd(cls, ctx, problems, period=3, steps=7, batch=8):
-    """08.4: ``cls(model, period)`` with ``.after_step()`` after every SGD step, against W replicas trained in this
+    """09.4: ``cls(model, period)`` with ``.after_step()`` after every SGD step, against W replicas trained in this
     process on the ranks' shards and averaged after steps period, 2 period, ...; and silent in between."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
@@ -96,7 +96,7 @@ HINTS: dict[str, list[tuple]] = {
 #: The exercises of this lesson (gathered by :mod:`mgpu_utils.grading.catalog`).
 EXERCISES = [
     CodingExercise(
-        id="08.4", template="08_local_sgd.py", entry="PeriodicAveraging", world_sizes=(2, 3),
+        id="09.4", template="09_local_sgd.py", entry="PeriodicAveraging", world_sizes=(2, 3),
         check=check_local_sgd, hints=HINTS,
         what="after every one of 7 SGD steps the parameters equal local SGD's (replicas averaged after steps 3 "
              "and 6), with no communication in between"),

@@ -1,4 +1,4 @@
-"""Exercise 10.5: time a step and compute its MFU (notebooks/10_benchmarking.ipynb, sections 1 and 4).
+"""Exercise 11.5: time a step and compute its MFU (notebooks/11_benchmarking.ipynb, sections 1 and 4).
 
 Write measure_step(step, sync, warmup, repeats, peak_flops) -> dict, for one rank of a DDP job:
 
@@ -14,7 +14,7 @@ fraction)}. The grader's step is as slow at first as a first GPU step is (lazy i
 autotuning), and its queued work takes a known time, so a clock read before the work is done shows.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
-    check_script("10.5")
+    check_script("11.5")
 """
 import time
 

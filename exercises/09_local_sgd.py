@@ -1,4 +1,4 @@
-"""Exercise 08.4: local SGD, the parameters averaged every H steps (notebooks/08_sync_vs_async.ipynb).
+"""Exercise 09.4: local SGD, the parameters averaged every H steps (notebooks/09_sync_vs_async.ipynb).
 
 Synchronous data parallelism all-reduces the gradients at every step. Local SGD lets every rank train its own
 copy of the model on its own data for H steps without any communication, then replaces each parameter by its
@@ -10,13 +10,13 @@ mean over the ranks: one all-reduce every H steps instead of one per step. Compl
         opt.step(); opt.zero_grad()
         sync.after_step()                        # averages after steps H, 2H, 3H, ... and is silent otherwise
 
-is lesson 08's local SGD. The grader runs 7 SGD steps with H = 3 on 2 and 3 ranks, each rank on its own shard,
+is lesson 09's local SGD. The grader runs 7 SGD steps with H = 3 on 2 and 3 ranks, each rank on its own shard,
 and after every step compares your parameters with replicas trained in one process and averaged after steps 3
 and 6. It records which steps communicated (any collective, however you call it).
 
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
-    check_script("08.4")
+    check_script("09.4")
 """
 import torch
 import torch.distributed as dist

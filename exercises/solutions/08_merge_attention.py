@@ -1,4 +1,4 @@
-"""Solution of exercise 12.3: merge two partial attention results (for instructors)."""
+"""Solution of exercise 08.3: merge two partial attention results (for instructors)."""
 import torch
 
 

@@ -1,4 +1,4 @@
-"""Solution of exercise 10.5: time a step and compute its MFU (for instructors)."""
+"""Solution of exercise 11.5: time a step and compute its MFU (for instructors)."""
 import statistics
 import time
 

@@ -1,4 +1,4 @@
-"""Solution of exercise 09.5: one GAN training step under DDP (for instructors)."""
+"""Solution of exercise 10.5: one GAN training step under DDP (for instructors)."""
 import torch
 import torch.nn.functional as F
 

@@ -1,4 +1,4 @@
-"""Solution of exercise 11.5: a snapshot that resumes exactly (for instructors)."""
+"""Solution of exercise 12.5: a snapshot that resumes exactly (for instructors)."""
 import os
 
 import torch

@@ -1,4 +1,4 @@
-"""Exercise 11.5: a snapshot that resumes exactly (notebooks/11_fault_tolerance.ipynb, sections 2-4).
+"""Exercise 12.5: a snapshot that resumes exactly (notebooks/12_fault_tolerance.ipynb, sections 2-4).
 
 The job: DDP training of a small MLP with dropout (each rank its own dropout stream), SGD with momentum and a
 StepLR schedule. After a crash every rank starts again from the beginning of the script (the same seeds, the
@@ -20,7 +20,7 @@ model, optimizer, scheduler and random state replaced by a fresh start's), resum
 weights with an uninterrupted run; during the second snapshot it checks what ``path`` holds halfway through
 each torch.save. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
-    check_script("11.5")
+    check_script("12.5")
 """
 import torch
 import torch.distributed as dist

@@ -1,11 +1,11 @@
-"""Exercise 09.5: one GAN training step under DDP (notebooks/09_case_studies.ipynb, section 4).
+"""Exercise 10.5: one GAN training step under DDP (notebooks/10_case_studies.ipynb, section 4).
 
 G and D arrive wrapped in DistributedDataParallel, each with its own optimizer. Complete gan_step so that
 
     for real, z in my_batches:                   # this rank's real samples (B, 16) and noise (B, 8)
         d_loss, g_loss = gan_step(G, D, opt_g, opt_d, real, z)
 
-trains as lesson 09's GAN does:
+trains as lesson 10's GAN does:
   1. the discriminator: D(real) labelled 1 and D(fake) labelled 0, where fake = G(z); one step of opt_d.
      G must stay out of this backward (under DDP a second backward through G in the same step fails);
   2. the generator, through the discriminator just updated: D(fake) labelled 1 (G wants D to say real); one
@@ -17,7 +17,7 @@ own hint.
 
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
-    check_script("09.5")
+    check_script("10.5")
 """
 import torch
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Exercise 12.3: merge two partial attention results (notebooks/12_context_and_experts.ipynb, section 2).
+"""Exercise 08.3: merge two partial attention results (notebooks/08_context_and_experts.ipynb, section 2).
 
 Ring attention never holds a row's scores for the whole sequence: each block of keys gives a partial result,
 and the partial results are merged as the blocks go by. For one query row and a set of keys K_i:
@@ -15,7 +15,7 @@ out_i has shape [..., L, D], lse_i [..., L]; the result has the same shapes. Two
 
 Grade it from a notebook cell (the grader runs ring attention with your merge at 2 and 3 ranks):
     from mgpu_utils.grading.runner import check_script
-    check_script("12.3")
+    check_script("08.3")
 """
 import torch
 

@@ -1,4 +1,4 @@
-"""Solution of exercise 08.4: local SGD, the parameters averaged every H steps (for instructors)."""
+"""Solution of exercise 09.4: local SGD, the parameters averaged every H steps (for instructors)."""
 import torch
 import torch.distributed as dist
 
