@@ -1,13 +1,11 @@
 """Preflight before a big job: can every node reach the rendezvous, and every rank its GPU and its peers?
 
-Two checks, one file (notebooks/11_fault_tolerance.ipynb, cluster/README.md):
+Two checks, one file (notebooks/12_fault_tolerance.ipynb, cluster/README.md):
 
-* **Nodes** (plain python, one process per node, before torchrun: cluster/slurm/job.sbatch runs it with
-  srun, cluster/multinode.sh on each host). Node 0 serves a key-value store at --endpoint; every node
-  connects and signs in with its host name. A node that cannot connect within --timeout seconds says
-  so itself, and node 0 names every node that did not sign in, both with the usual fixes: in seconds,
-  not after torchrun's 10-minute rendezvous timeout. The node rank and count come from --node-rank and
-  --nnodes, or from Slurm (SLURM_PROCID, SLURM_NTASKS: one task per node).
+* **Nodes** (plain python, one process per node, before torchrun: job.sbatch runs it with srun, multinode.sh
+  on each host). Node 0 serves a store at --endpoint; every node signs in with its host name. A node that
+  cannot connect within --timeout says so, and node 0 names every node missing, with the usual fixes (not
+  after torchrun's 10-minute timeout). Node rank and count: --node-rank, --nnodes, or Slurm's.
 * **Ranks** (under torchrun): each rank reports its host, node, local rank, device, backend and
   CUDA_VISIBLE_DEVICES; rank 0 prints them as a table with the variables that matter (NCCL_*, MASTER_*,
   GLOO_*). Then: an all-gather of the ranks' ids (each rank's own slot must hold its id), a monitored
@@ -58,8 +56,7 @@ def endpoint_problem(host, port, serve):
 
 
 def reach(host, port, seconds):
-    """Connect to ``host:port`` until it answers or ``seconds`` pass: None, or the last error as one line. (torch's
-    store client retries too, but for up to 3x its timeout and with a C++ warning per try.)"""
+    """Connect until ``host:port`` answers (None) or ``seconds`` pass (the last error: torch's client would take 3x)."""
     deadline = time.monotonic() + seconds
     while True:
         left = deadline - time.monotonic()
@@ -86,19 +83,12 @@ def check_nodes(args):
     wait = datetime.timedelta(seconds=args.timeout)
     t0 = time.monotonic()
     error = None if k == 0 else reach(host, int(port), args.timeout)
-    if error:
-        print(f"{me} {what} within {time.monotonic() - t0:.0f} s (--timeout {args.timeout:g}):\n  {error}\n"
-              f"  {FIXES}", flush=True)
-        return 1
     try:
-        store = dist.TCPStore(host, int(port), None, k == 0, wait, wait_for_workers=False)
-    except Exception as e:       # refused, unreachable: the usual fixes
-        if "Ping failed" in str(e):  # a server answered, but not the store: another service at that address
-            print(f"{me} {what}: something else answers at {args.endpoint}, not node 0's rendezvous store; "
-                  "fix: RDZV_HOST and RDZV_PORT, the first node's address and a port free there", flush=True)
-            return 1
-        print(f"{me} {what} after {time.monotonic() - t0:.0f} s (--timeout {args.timeout:g}):\n"
-              f"  {type(e).__name__}: {str(e).splitlines()[0]}\n"
+        store = None if error else dist.TCPStore(host, int(port), None, k == 0, wait, wait_for_workers=False)
+    except Exception as e:       # a server answered, but not the store ("Ping failed"), or it went away
+        error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    if error:                    # refused, unreachable, something else there: the usual fixes
+        print(f"{me} {what} within {time.monotonic() - t0:.0f} s (--timeout {args.timeout:g}):\n  {error}\n"
               f"  {FIXES}", flush=True)
         return 1
     store.set(f"node{k}", socket.gethostname())
