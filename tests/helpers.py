@@ -57,3 +57,31 @@ def _walk_deeper(cells):
             outer.append(i)
         (deeper if inside is not None else core).append(i)
     return core, deeper, outer
+
+
+#: The worked solutions of the coding exercises (not in a class copy).
+SOLUTIONS = Path(__file__).resolve().parents[1] / "exercises" / "solutions"
+
+
+def solution(exercise_id):
+    """The worked solution's path; the test says SKIPPED in a class copy, which has none (make class-copy)."""
+    import pytest
+
+    from mgpu_utils.grading.catalog import EXERCISES
+
+    if not SOLUTIONS.is_dir():
+        pytest.skip("exercises/solutions/ is not in this copy of the course (make class-copy leaves it out)")
+    return SOLUTIONS / EXERCISES[exercise_id].template
+
+
+def wrong(tmp_path, exercise_id, old, new):
+    """The worked solution with ``old`` replaced by ``new`` (strings, or lists of them), as a file in tmp_path."""
+    from mgpu_utils.grading.catalog import EXERCISES
+
+    text = solution(exercise_id).read_text()
+    for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
+        assert o in text, o
+        text = text.replace(o, n)
+    path = tmp_path / f"wrong_{EXERCISES[exercise_id].template}"
+    path.write_text(text)
+    return path

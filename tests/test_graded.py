@@ -8,8 +8,8 @@ import pytest
 
 from mgpu_utils.grading.catalog import EXERCISES
 from mgpu_utils.grading.runner import EXERCISES_DIR, check_script, exercise_file, grade_many
+from helpers import solution, wrong
 
-SOLUTIONS = EXERCISES_DIR / "solutions"
 FUNCTIONS = sorted(i for i, g in EXERCISES.items() if g.entry)
 
 TEMPLATE_HINTS = {
@@ -162,7 +162,7 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                                   r"halfway through writing the second snapshot, the path no longer held the first"),
     "every rank writes": ("12.5", ["    if dist.get_rank() == 0:\n", 'tmp = f"{path}.tmp"'],
                           ["    if True:\n", 'tmp = f"{path}.tmp{dist.get_rank()}"'],
-                          r"ranks \[1, 2\] wrote files with torch.save too: only rank 0 writes"),
+                          r"ranks \[1, 2\] wrote files too: only rank 0 writes"),
     "resume one step late": ("12.5", '    return state["step"]', '    return state["step"] + 1',
                              r"those of a resume one step late"),
     "f left out": ("06.3", "    z = CopyToTP.apply(z, tp_group)\n", "",
@@ -253,24 +253,6 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
 def printed(capsys):
     """What the grader printed, with its wrapped lines joined again (it wraps at 100 characters)."""
     return re.sub(r"\n +", " ", capsys.readouterr().out)
-
-
-def solution(exercise_id):
-    """The worked solution's path; the test says SKIPPED in a class copy, which has none (make class-copy)."""
-    if not SOLUTIONS.is_dir():
-        pytest.skip("exercises/solutions/ is not in this copy of the course (make class-copy leaves it out)")
-    return SOLUTIONS / EXERCISES[exercise_id].template
-
-
-def wrong(tmp_path, exercise_id, old, new):
-    """The worked solution with ``old`` replaced by ``new`` (strings, or lists of them), as a file in tmp_path."""
-    text = solution(exercise_id).read_text()
-    for o, n in zip(*((old, new) if isinstance(old, list) else ([old], [new]))):
-        assert o in text, o
-        text = text.replace(o, n)
-    path = tmp_path / f"wrong_{EXERCISES[exercise_id].template}"
-    path.write_text(text)
-    return path
 
 
 def test_every_function_exercise_is_covered():

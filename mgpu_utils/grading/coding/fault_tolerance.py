@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +28,9 @@ from mgpu_utils.measure.comm_calls import namespaces_of
 #: Exercise 12.5's job: steps, the steps after which it snapshots, the step after which it is "killed"; the
 #: resume (at 5) is not a multiple of the StepLR period (2), so a lost scheduler shows even with a lost optimizer.
 SNAPSHOT_PLAN = {"steps": 9, "save_after": (3, 5), "crash_after": 7, "batch": 8, "seed": 11}
+#: Seconds rank 0 waits before its second save_snapshot: the other ranks' saves must not return before its file
+#: is complete (a rank that goes on, and the job crashes, would resume from the snapshot before).
+SLOW_START_S = 0.5
 #: What a wrong snapshot does, as reference runs (the first whose weights match wins): parts left out of it,
 #: every rank given rank 0's random state, a resume one step off, or no resume at all.
 SNAPSHOT_VARIANTS = (("right", ()), ("drop", ("optimizer",)), ("drop", ("scheduler",)), ("drop", ("rng",)),
@@ -93,16 +98,46 @@ def _reference_snapshot(variant: str, arg: tuple, ctx):
     return save, load
 
 
+#: What the audit hook of :func:`probed_saves` reports to, while a block is open (None: nothing is watched).
+_WATCH: dict | None = None
+_HOOKED = False
+
+
+def _opened(event: str, args: tuple) -> None:
+    """sys.addaudithook's hook: an "open" for writing (builtins.open, io.open, pathlib, os.open, tempfile, shutil)
+    while :data:`_WATCH` is set and its ``active`` flag on (the student's save_snapshot is running)."""
+    seen = _WATCH
+    if event != "open" or seen is None or not seen.get("active") or seen.get("busy"):
+        return
+    path, mode, flags = (tuple(args) + (None, None, None))[:3]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return                                             # an open file descriptor, not a path
+    writes = (any(c in mode for c in "wax+") if isinstance(mode, str)
+              else bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)))
+    if not writes:
+        return
+    seen["busy"] = True                                    # realpath may audit too: no recursion
+    try:
+        seen["saves"] += 1
+        if os.path.realpath(os.fsdecode(path)) == seen["target"] and isinstance(seen.get("intact"), bytes):
+            seen["torn"] = True                            # opened for writing: the previous snapshot is gone
+    finally:
+        seen["busy"] = False
+
+
 @contextlib.contextmanager
 def probed_saves(path: str, seen: dict, fn=None):
     """Within the block torch.save writes the first half of its bytes, then, while ``seen["intact"]`` is a
     bytes object, checks that ``path`` still holds exactly those bytes (a crash at this moment would leave the
-    previous snapshot), then writes the rest. ``seen["saves"]`` counts the calls that write to a file (however
-    torch.save is reached: ``torch.save`` or a name imported into ``fn``'s module; saves into memory pass), and
-    every file opened for writing; opening ``path`` itself for writing while a previous snapshot is there sets
-    ``seen["torn"]`` (``shutil.copy`` onto it, ``open(path, "wb")``)."""
+    previous snapshot), then writes the rest. While ``seen["active"]`` is true, ``seen["saves"]`` counts the
+    files written: each torch.save to a file (``torch.save`` or the name imported into ``fn``'s module; saves
+    into memory pass), and every "open" for writing that Python's audit hooks see (builtins.open, io.open,
+    pathlib's write_bytes, os.open, tempfile, shutil.copy); opening ``path`` itself for writing while a
+    previous snapshot is there sets ``seen["torn"]``."""
     import io
+    import sys
 
+    global _WATCH, _HOOKED
     real = torch.save
 
     def save(obj, f, *args, **kwargs):
@@ -110,9 +145,10 @@ def probed_saves(path: str, seen: dict, fn=None):
             return real(obj, f, *args, **kwargs)           # into memory (all_gather_object pickles so)
         buf = io.BytesIO()
         real(obj, buf, *args, **kwargs)
-        data, seen["saves"] = buf.getvalue(), seen["saves"] + 1
-        own = not hasattr(f, "write")
-        fh = open(f, "wb") if own else f
+        data = buf.getvalue()
+        if seen.get("active") and hasattr(f, "write"):
+            seen["saves"] += 1                             # an open file handed in (its open was counted too)
+        fh = open(f, "wb") if not hasattr(f, "write") else f
         try:
             fh.write(data[:len(data) // 2])
             fh.flush()
@@ -121,28 +157,23 @@ def probed_saves(path: str, seen: dict, fn=None):
                 seen["torn"] = seen.get("torn") or now != seen["intact"]
             fh.write(data[len(data) // 2:])
         finally:
-            if own:
+            if fh is not f:
                 fh.close()
-    import builtins
-
-    real_open, target = builtins.open, os.path.realpath(path)
-
-    def watched_open(file, mode="r", *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
-            seen["saves"] += 1                             # a file written, however (shutil.copy, pickle, ...)
-            if os.path.realpath(file) == target and isinstance(seen.get("intact"), bytes):
-                seen["torn"] = True                        # opened for writing: the previous snapshot is gone
-        return real_open(file, mode, *args, **kwargs)
+    if not _HOOKED:                                        # once per process: an audit hook cannot be removed
+        sys.addaudithook(_opened)
+        _HOOKED = True
+    seen.setdefault("saves", 0)
+    seen["target"] = os.path.realpath(path)
     spaces = [vars(torch)] + [g for g in namespaces_of(fn) if g.get("save") is real]
-    saved = [(g, "save", g["save"]) for g in spaces] + [(vars(builtins), "open", real_open)] + [
-        (g, "open", real_open) for g in namespaces_of(fn) if g.get("open") is real_open]
-    for g, key, _ in saved:
-        g[key] = save if key == "save" else watched_open
+    for g in spaces:
+        g["save"] = save
+    _WATCH = seen
     try:
         yield
     finally:
-        for g, key, v in saved:
-            g[key] = v
+        _WATCH = None
+        for g in spaces:
+            g["save"] = real
 
 
 def check_snapshot(fn, ctx, problems):
@@ -169,9 +200,17 @@ def check_snapshot(fn, ctx, problems):
     seen = {"saves": 0}
 
     def save(model, opt, sched, step):
-        if step == SNAPSHOT_PLAN["save_after"][1] and rank == 0:
-            seen["intact"] = open(path, "rb").read() if os.path.exists(path) else b""
-        fn(path, model, opt, sched, step)
+        second = step == SNAPSHOT_PLAN["save_after"][1]
+        if second and rank == 0:
+            seen["intact"] = _contents(path)
+            time.sleep(SLOW_START_S)                       # rank 0 starts late: a rank whose save returns at once
+        seen["active"] = True                              # finds the old snapshot still at the path
+        try:
+            fn(path, model, opt, sched, step)
+        finally:
+            seen["active"] = False
+        if second:
+            seen["at_return"] = hashlib.sha1(_contents(path)).hexdigest()
     try:
         if not callable(load):
             note(problems, {"rank": rank, "kind": "snapshot", "what": "no_load"})
@@ -184,8 +223,9 @@ def check_snapshot(fn, ctx, problems):
         finally:
             if rank == 0:
                 shutil.rmtree(folder[0], ignore_errors=True)
-    saves = [None] * ctx.world_size
+    saves, at_return = [None] * ctx.world_size, [None] * ctx.world_size
     dist.all_gather_object(saves, seen["saves"])           # who wrote files: known on rank 0 before it judges
+    dist.all_gather_object(at_return, seen.get("at_return"))
     found = {"variant": None, "parts": "", "off": ""}
     for variant, arg in SNAPSHOT_VARIANTS:                  # every rank runs them all, in the same order
         ref = _snapshot_job(ctx, *_reference_snapshot(variant, arg, ctx))
@@ -206,6 +246,17 @@ def check_snapshot(fn, ctx, problems):
                             "writers": [r for r, n in enumerate(saves) if r and n]})
     elif rank == 0 and seen.get("torn"):
         note(problems, {"rank": rank, "kind": "snapshot", "what": "torn"})
+    elif at_return[rank] != at_return[0]:
+        note(problems, {"rank": rank, "kind": "snapshot", "what": "early", "step": SNAPSHOT_PLAN["save_after"][1]})
+
+
+def _contents(path: str) -> bytes:
+    """The bytes at ``path`` (b"" when there is no file)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
 
 
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
@@ -237,8 +288,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
          "is on disk at the path survives; write the snapshot there"),
         (lambda p, W: p["what"] == "ranks",
-         "ranks {writers} wrote files with torch.save too: only rank 0 writes (every rank holds the same DDP "
+         "ranks {writers} wrote files too: only rank 0 writes (every rank holds the same DDP "
          "state; on a shared file system the ranks would write over each other)"),
+        (lambda p, W: p["what"] == "early",
+         "rank {rank}: save_snapshot returned before rank 0's snapshot of step {step} was complete at the path "
+         "(rank 0 was slow to start): when the save returns on any rank the snapshot must be on disk, or a crash "
+         "right after resumes from the one before; end save_snapshot with dist.barrier() on every rank"),
         (lambda p, W: p["what"] == "torn",
          "rank {rank}: halfway through writing the second snapshot, the path no longer held the first one: a "
          "crash at that moment leaves no complete snapshot. Write to a temporary file next to it, then "
