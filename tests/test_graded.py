@@ -26,7 +26,7 @@ TEMPLATE_HINTS = {
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
     "12.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
     "11.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
-    "07.5": r"with SGD with momentum, no parameter moved in three steps",
+    "07.5": r"with SGD with momentum, no parameter moved in 3 steps",
     "03.7": r"after your wrapper was built the ranks' weights still differed",
     "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* at most 907",
 }
@@ -56,9 +56,9 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "12.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
              r"those of a snapshot without the optimizer's state\."),
     "11.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
-    "07.5": ("        all_gather_single(full, self.shard.detach())       # every rank's updated slice, on every rank\n",
-             "        full = self.flat([p.detach() for p in self.params]).clone()\n"
-             "        full[self.rank * self.size:(self.rank + 1) * self.size] = self.shard.detach()\n",
+    "07.5": ("            all_gather_single(full, shard.detach())        # every rank's updated chunk, on every rank\n",
+             "            full = torch.cat([p.detach().reshape(-1), p.new_zeros(size * self.world - p.numel())])\n"
+             "            full[self.rank * size:(self.rank + 1) * size] = shard.detach()\n",
              r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
     "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
     # torch < 2.13 has all_gather_into_tensor where 2.13 has all_gather_single (mgpu_utils.compat)
@@ -136,10 +136,10 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
         r"\(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
     "07.6 gradients summed": ("07.6", "return out / ctx.world, None, None", "return out, None, None",
                               r"\(MLP, float32\): after 3 steps the model is one process's trained on the sum"),
-    "07.5 gradients summed": ("07.5", "self.shard.grad = g / self.world", "self.shard.grad = g",
-                              r"with SGD with momentum, after three steps the parameters differ .* the mean over"),
-    "07.5 keyword arguments lost": ("07.5", "optimizer_class([self.shard], **defaults)",
-                                    "optimizer_class([self.shard], lr=defaults['lr'])",
+    "07.5 gradients summed": ("07.5", "shard.grad = g / self.world", "shard.grad = g",
+                              r"with SGD with momentum, after 3 steps the parameters differ .* the mean over"),
+    "07.5 keyword arguments lost": ("07.5", "optimizer_class(inner_groups, **defaults)",
+                                    "optimizer_class(inner_groups, lr=defaults['lr'])",
                                     r"does the inner optimizer get every keyword argument"),
     "synchronised at the start of each step only": ("11.5", SYNC_END, "",
                                      r"less than the 50 ms of work each step queues: the clock was read before"),
@@ -206,8 +206,8 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "03.5 without the division": ("03.5", "            p.grad /= self.world\n", "",
                                   r"is 3 times DDP's .* divide by the world size"),
     "pending work never cleared": ("03.5", "        self.pending.clear()\n", "",
-                                   r"parameters differ from DDP's .* although the first step's gradients matched: "
-                                   r"does something carry over"),
+                                   r"the result is right, but what your wrapper holds after each step grows: .*\(a "
+                                   r"list of pending work never cleared\?"),
     "the last bucket forgotten": ("03.6", "        if self.bucket:                                   "
                                           "# what is left after backward\n            self.send(self.bucket)\n"
                                           "            self.bucket = []\n", "",

@@ -39,6 +39,7 @@ class MyFSDP(torch.nn.Module):
             size = -(-p.numel() // world)
             flat = torch.cat([p.detach().reshape(-1), p.new_zeros(size * world - p.numel())])
             shards.append(torch.nn.Parameter(flat[rank * size:(rank + 1) * size].clone()))
+            shards[-1].requires_grad_(p.requires_grad)        # a frozen parameter's shard stays frozen
             self.names.append(name)
             self.shapes.append(p.shape)
             p.data = torch.empty(0)                           # the full copy is freed; only the shard stays
@@ -50,3 +51,9 @@ class MyFSDP(torch.nn.Module):
         if self.compute_dtype is not None and x.is_floating_point():
             x = x.to(self.compute_dtype)
         return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one given
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict:
+        """{name: the whole parameter, float32} on every rank, named as module.named_parameters() (a collective)."""
+        return {n: GatherShard.apply(s, shape, torch.float32).clone()
+                for n, s, shape in zip(self.names, self.shards, self.shapes)}

@@ -1,4 +1,12 @@
-"""Solution of exercise 07.5: ZeRO-1 for any element-wise optimizer, from scratch (for instructors)."""
+"""Solution of exercise 07.5: ZeRO-1 for any element-wise optimizer, from scratch (for instructors).
+
+Each parameter is sharded on its own (flattened, padded to a multiple of the world size, rank r keeps chunk r),
+as FSDP2 does, so that the inner optimizer sees one shard per parameter, in the same parameter group: a
+group's own lr and weight_decay apply, and a parameter whose .grad is None (frozen, or unused in this step) is
+skipped by the inner optimizer exactly as torch skips it in one process. Per step: a reduce-scatter of each
+gradient (each rank receives its chunk, summed) and an all-gather of each updated chunk, 2 x the parameters'
+bytes, as DDP's all-reduce.
+"""
 import torch
 import torch.distributed as dist
 
@@ -6,36 +14,44 @@ from mgpu_utils.compat import all_gather_single, reduce_scatter_single
 
 
 class ShardedOptimizer:
-    """``optimizer_class(**defaults)`` on this rank's slice of the flattened parameters only (ZeRO stage 1)."""
+    """``optimizer_class(**defaults)`` on this rank's chunk of every parameter only (ZeRO stage 1)."""
 
     def __init__(self, params, optimizer_class, **defaults):
-        self.params = list(params)
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
-        self.n = sum(p.numel() for p in self.params)
-        self.size = -(-self.n // self.world)              # elements per slice; the last one padded with zeros
-        mine = self.flat([p.detach() for p in self.params])[self.rank * self.size:(self.rank + 1) * self.size]
-        self.shard = mine.clone().requires_grad_()         # the inner optimizer's one parameter: this slice
-        self.inner = optimizer_class([self.shard], **defaults)
-
-    def flat(self, tensors) -> torch.Tensor:
-        out = torch.cat([t.reshape(-1) for t in tensors])
-        return torch.cat([out, out.new_zeros(self.world * self.size - self.n)])
+        groups = list(params)
+        if not groups or not isinstance(groups[0], dict):  # a list of tensors is one group
+            groups = [{"params": groups}]
+        self.shards, inner_groups = [], []                 # (parameter, this rank's chunk of it, chunk size)
+        for group in groups:
+            mine = []
+            for p in group["params"]:
+                size = -(-p.numel() // self.world)         # elements per chunk; the last one padded with zeros
+                flat = torch.cat([p.detach().reshape(-1), p.new_zeros(size * self.world - p.numel())])
+                shard = flat[self.rank * size:(self.rank + 1) * size].clone().requires_grad_(p.requires_grad)
+                self.shards.append((p, shard, size))
+                mine.append(shard)
+            inner_groups.append({**group, "params": mine})   # the group's own options, this rank's chunks
+        self.inner = optimizer_class(inner_groups, **defaults)
 
     @torch.no_grad()
     def step(self):
-        grads = self.flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        g = torch.empty(self.size)
-        reduce_scatter_single(g, grads)                    # this slice's gradient, summed over the ranks
-        self.shard.grad = g / self.world                   # ... and averaged, as DDP does
+        for p, shard, size in self.shards:
+            if p.grad is None:                             # frozen, or unused in this step: torch skips it
+                shard.grad = None
+                continue
+            flat = torch.cat([p.grad.reshape(-1), p.grad.new_zeros(size * self.world - p.numel())])
+            g = torch.empty(size)
+            reduce_scatter_single(g, flat)                 # this chunk's gradient, summed over the ranks
+            shard.grad = g / self.world                    # ... and averaged, as DDP does
         self.inner.step()
-        full = torch.empty(self.world * self.size)
-        all_gather_single(full, self.shard.detach())       # every rank's updated slice, on every rank
-        offset = 0
-        for p in self.params:
-            p.copy_(full[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, shard, size in self.shards:
+            if shard.grad is None:
+                continue
+            full = torch.empty(size * self.world)
+            all_gather_single(full, shard.detach())        # every rank's updated chunk, on every rank
+            p.copy_(full[:p.numel()].view_as(p))
 
     def zero_grad(self):
-        for p in self.params:
+        for p, shard, _ in self.shards:
             p.grad = None
-        self.shard.grad = None
+            shard.grad = None

@@ -12,6 +12,7 @@ exercise, and the helpers that compare, report and count.
 
 from __future__ import annotations
 
+import gc
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,4 +116,55 @@ def inner_parameters(obj, depth=8) -> list:
         for item in items:
             walk(item, d - 1)
     walk(obj, depth)
+    return found
+
+
+def live_storages(collect: bool = True) -> dict[int, int]:
+    """{storage address: bytes} of every tensor alive in this process that the garbage collector tracks (a
+    tensor kept in a module-level dict, a registry, a closure: state a student's object keeps outside itself,
+    07.5). Tensors that live in C++ only (autograd's saved tensors) are not seen. ``collect``: run the garbage
+    collector first (0.1 s; without it, tensors in unreachable cycles count as alive)."""
+    if collect:
+        gc.collect()
+    out = {}
+    for o in gc.get_objects():
+        if issubclass(type(o), torch.Tensor) and o.device.type != "meta":
+            try:
+                storage = o.untyped_storage()
+            except (RuntimeError, NotImplementedError):    # a tensor without storage (a functional wrapper)
+                continue
+            out[storage.data_ptr()] = max(out.get(storage.data_ptr(), 0), storage.nbytes())
+    return out
+
+
+def reachable_storages(*objs, depth=8) -> set[int]:
+    """The storage addresses of every tensor reachable from ``objs`` (walked as :func:`held_bytes` walks),
+    their gradients included."""
+    found, seen = set(), set()
+
+    def walk(x, d):
+        if isinstance(x, torch.Tensor):
+            found.add(x.untyped_storage().data_ptr())
+            if x.grad is not None:
+                found.add(x.grad.untyped_storage().data_ptr())
+            return
+        if d < 0 or id(x) in seen or isinstance(x, (str, bytes, int, float, bool, type(None), type)):
+            return
+        seen.add(id(x))
+        if isinstance(x, dict):
+            items = list(x.keys()) + list(x.values())
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            items = list(x)
+        elif isinstance(x, types.MethodType):
+            items = [x.__self__]
+        elif isinstance(x, types.FunctionType):
+            items = [c.cell_contents for c in (x.__closure__ or ())]
+        elif isinstance(x, types.ModuleType):
+            return
+        else:
+            items = list(getattr(x, "__dict__", {}).values())
+        for item in items:
+            walk(item, d - 1)
+    for o in objs:
+        walk(o, depth)
     return found

@@ -35,6 +35,10 @@ EXERCISES_DIR = REPO_ROOT / "exercises"
 WORKSPACE = REPO_ROOT / "workspace"
 #: Collective timeout (seconds) for graded runs: a hang becomes an error this fast.
 HANG_TIMEOUT_S = 5
+#: What gloo says when two ranks' collectives pair up with different sizes (then it aborts the process).
+MISMATCH = "Is there a distributed collective mismatch in your code?"
+#: Seconds a graded launch may run; a rank prints its Python stack (faulthandler) 5 s before.
+GRADE_TIMEOUT_S = 120
 
 
 def exercise_file(exercise_id: str) -> Path:
@@ -79,6 +83,24 @@ def _frames(stderr: str, path: Path) -> list[tuple[int, str]]:
         if m and Path(m.group(1)).name == path.name and i + 1 < len(lines):
             out.append((int(m.group(2)), lines[i + 1].strip()))
     return out
+
+
+def _stuck_hint(err: LaunchError, path: Path) -> str | None:
+    """The launch ran past its time limit though no collective timed out (a waiting collective fails after
+    HANG_TIMEOUT_S): where each rank was, from the stacks it printed (faulthandler, most recent call first), or
+    None when none is in the student's file."""
+    where = []
+    for rank, entry in sorted((err.logs or {}).items()):
+        m = re.search(r'File "([^"]+)", line (\d+) in (\w+)', "\n".join(
+            ln for ln in entry.get("stderr", "").splitlines() if path.name in ln))
+        if m:
+            lines = path.read_text().splitlines()
+            code = lines[int(m.group(2)) - 1].strip() if int(m.group(2)) <= len(lines) else ""
+            where.append(f"rank {rank} at line {m.group(2)} ({m.group(3)}): {code}")
+    if not where:
+        return None
+    return (f"the job ran past {GRADE_TIMEOUT_S} s, and no rank was waiting in a collective (one that waits fails "
+            f"after {HANG_TIMEOUT_S} s): {'; '.join(where)}. A loop that never ends?")
 
 
 def _hang_hint(err: LaunchError, path: Path) -> str:
@@ -136,19 +158,25 @@ def _grade_once(exercise_id: str, g: CodingExercise, path: Path, world: int) -> 
     try:
         if g.entry is not None:
             run = run_torchrun("grade_exercise.py", world, ["--exercise", exercise_id, "--solution", path],
-                               show="none", env=env, timeout_s=120)
+                               show="none", env={**env, "MGPU_GRADE_STACKS_AFTER_S": GRADE_TIMEOUT_S - 5},
+                               timeout_s=GRADE_TIMEOUT_S)
         else:
-            run = run_torchrun(path, world, show="none", env=env, timeout_s=120)
+            run = run_torchrun(path, world, show="none", env=env, timeout_s=GRADE_TIMEOUT_S)
     except LaunchTimeout as e:
-        return _hang_hint(e, path), []
+        return _stuck_hint(e, path) or _hang_hint(e, path), []
     except LaunchError as e:
         message = e.message or str(e).splitlines()[0]
         if re.search(r"timed out|Timeout", message, re.IGNORECASE):
             return _hang_hint(e, path), []
         if "point-to-point only" in message:
             return f"{message}: send and receive with your neighbours instead (dist.isend/dist.irecv)", []
-        frames = _frames("\n".join(v.get("stderr", "") for v in (e.logs or {}).values()), path)
+        stderr = "\n".join(v.get("stderr", "") for v in (e.logs or {}).values())
+        frames = _frames(stderr, path)
         at = f" at line {frames[-1][0]} of {path.name}: {frames[-1][1]}" if frames else ""
+        if MISMATCH in stderr:                          # gloo's own words, whichever rank died first
+            return (f"the ranks' collectives did not match (gloo: \"{MISMATCH}\"){at}. Every rank must call the "
+                    f"same collectives in the same order, on tensors of the same size: one called on some ranks "
+                    f"only (under `if rank == 0`) meets another collective on the others"), []
         return f"rank {e.rank} raised {e.exc_type or 'an error'}: {message}{at}", []
     res = run.result or {}
     if g.entry is not None:

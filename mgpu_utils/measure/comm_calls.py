@@ -64,29 +64,61 @@ def point_to_point_only(exercise, fn=None):
     return patched_collectives(forbidden, fn)
 
 
-def counted_collectives(calls: list, fn=None):
-    """Within the block every collective still runs, and its name is appended to ``calls``."""
+def counted_collectives(calls: list, fn=None, carried: list | None = None):
+    """Within the block every collective still runs, and its name is appended to ``calls``; with ``carried``,
+    ``(name, elements)`` too, ``elements`` the element count of its first tensor argument (all_reduce: the
+    tensor reduced; the ``*_single`` and ``*_tensor`` forms: the output), so that a check sees what a call
+    carries, not only that it was made (07.5: an all-reduce of the whole gradient)."""
+    import torch
+
+    def first_elements(args, kwargs) -> int:
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                return a.numel()
+            if isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a):
+                return sum(t.numel() for t in a)
+        return 0
+
     def counting(name, original):
         def call(*args, **kwargs):
             calls.append(name)
+            if carried is not None:
+                carried.append((name, first_elements(args, kwargs)))
             return original(*args, **kwargs)
         return call
     return patched_collectives(counting, fn)
 
 
 class _Handle:
-    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``)."""
+    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``). With
+    ``into``: the collective works on a copy, and its result reaches the student's tensor ``into`` only when
+    wait() returns or the future completes: the only moment the result is promised, so that reading the
+    tensor before wait() fails every time, not when the network happens to be slow."""
 
-    def __init__(self, work, call):
-        self._work, self._call = work, call
+    def __init__(self, work, call, into=None, copy=None):
+        self._work, self._call, self._into, self._copy = work, call, into, copy
+
+    def _deliver(self):
+        if self._into is not None:
+            self._into.copy_(self._copy)
 
     def wait(self, *args, **kwargs):
         self._call["waited"] = True
-        return self._work.wait(*args, **kwargs)
+        out = self._work.wait(*args, **kwargs)
+        self._deliver()
+        return out
 
     def get_future(self):
         self._call["waited"] = True
-        return self._work.get_future()
+        fut = self._work.get_future()
+        if self._into is None:
+            return fut
+
+        def delivered(f):
+            f.value()                                      # raises what the collective raised
+            self._deliver()
+            return [self._into]
+        return fut.then(delivered)
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -96,7 +128,8 @@ class _Handle:
 def counted_all_reduce(state: dict, fn=None):
     """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
     module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
-    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for."""
+    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for; an async
+    call's result reaches its tensor at wait() (or when its future completes), as promised, not before."""
     calls = []
 
     def replace(name, real):
@@ -106,8 +139,10 @@ def counted_all_reduce(state: dict, fn=None):
         def counting(tensor, *args, **kwargs):
             call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
             calls.append(call)
-            work = real(tensor, *args, **kwargs)
-            return _Handle(work, call) if work is not None else None
+            if not call["async"]:
+                return real(tensor, *args, **kwargs)
+            copy = tensor.detach().clone()                 # the result lands in ``tensor`` at wait(), not before
+            return _Handle(real(copy, *args, **kwargs), call, into=tensor, copy=copy)
         return counting
     with patched_collectives(replace, fn):
         yield calls

@@ -10,6 +10,8 @@ checks report and the exercises' records are here too.
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 
 import torch
@@ -46,6 +48,24 @@ def emit_every_rank(ctx, t: torch.Tensor) -> None:
 LARGE = 1 << 22
 
 
+@contextlib.contextmanager
+def empty_is_nan():
+    """Within the block torch.empty and its kin fill floating-point tensors with NaN (torch's deterministic mode,
+    warnings only: nothing refused), so that a slot the student never wrote shows as NaN, not as whatever the
+    memory held (5.6e+37 one run, 2e+03 the next)."""
+    import torch.utils.deterministic as det
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              det.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        det.fill_uninitialized_memory = before[2]
+
+
 def check_all_gather(fn, ctx, problems):
     """04.4: ``fn(x)`` against ``dist.all_gather`` for lengths 1, 7 and :data:`LARGE` (float32), point-to-point
     only. The large message outgrows the sockets' buffers: two blocking calls in the same order on every rank
@@ -53,7 +73,7 @@ def check_all_gather(fn, ctx, problems):
     world, rank = ctx.world_size, ctx.rank
     for length in (1, 7, LARGE):
         x = torch.arange(length, dtype=torch.float32) + 1000.0 * (rank + 1)
-        with point_to_point_only("04.4", fn):
+        with point_to_point_only("04.4", fn), empty_is_nan():
             out = fn(x.clone())
         ref = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(ref, x)
@@ -68,7 +88,7 @@ def check_all_gather(fn, ctx, problems):
             elif diff(o, r):
                 same = [i for i, q in enumerate(ref) if q.shape == o.shape and diff(o, q) == 0]
                 note(problems, {"rank": rank, "kind": "entry", "index": j, "length": length, "max_diff": diff(o, r),
-                                "equals_rank": same[0] if same else None})
+                                "equals_rank": same[0] if same else None, "unwritten": bool(o.isnan().any())})
 
 
 def check_reduce_scatter(fn, ctx, problems):
@@ -107,6 +127,10 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the entry for rank {index} holds rank {equals_rank}'s tensor (world size {W}). At step s a "
          "rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and receives that of "
          "rank (rank - s - 1) mod W"),
+        (lambda p, W: p.get("unwritten"),
+         "rank {rank}: the entry for rank {index} was never written (world size {W}, length {length}): it still "
+         "holds what torch.empty_like left there. Each of the W - 1 steps must receive one tensor from the left "
+         "into its own slot, and wait for it"),
         (always, "rank {rank}: the entry for rank {index} differs from dist.all_gather's by {max_diff:.3g} (world size "
                  "{W}, length {length}): was it received into the right slot, and waited for before use?")],
     "value": [

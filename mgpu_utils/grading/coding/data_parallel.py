@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note
 from mgpu_utils.measure.comm_calls import counted_all_reduce
 from mgpu_utils.models import TiedMLP, make_mlp
 
@@ -34,7 +34,7 @@ def check_average_gradients(fn, ctx, problems):
 
         def finish(self):
             fn(self.model)
-    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None)
+    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None, fn=fn)
 
 
 def every_rank_gradients(model, x, y, world) -> list[dict]:
@@ -95,7 +95,7 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times = {"yours_ms": [], "ddp_ms": []}
+    times, held = {"yours_ms": [], "ddp_ms": []}, []
     for step in range(3):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -108,6 +108,7 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
             sync.finish()
         t1 = time.perf_counter()
+        held.append(held_bytes(sync, exclude=list(mine.parameters())))   # what the wrapper keeps between steps
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
@@ -121,7 +122,8 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
                     got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
                     note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
                                     "summed": diff(got, world * d.grad) < 1e-5,
-                                    "local": g is not None and diff(got, g) == 0,
+                                    "local": g is not None and diff(got, g) == 0, "reduces": len(calls),
+                                    "async_calls": sum(c["async"] for c in calls),
                                     **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
             bad = check_calls(calls, list(ready))
             if bad:
@@ -135,6 +137,8 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
     if worst > 1e-6:
         note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
+    elif len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024:
+        note(problems, {"rank": rank, "kind": "growth", "bytes": held})
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
 
 
@@ -223,10 +227,20 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p.get("max_over_ranks"),
          "rank {rank}: the gradient of {param} is the element-wise maximum over the ranks (world size {W}): use "
          "all_reduce's default operation, a sum (dist.ReduceOp.SUM), then divide by the world size"),
+        (lambda p, W: p.get("own_over_world") and not p.get("reduces"),
+         "rank {rank}: the gradient of {param} is this rank's own divided by {W}, and no all-reduce ran: dividing "
+         "is the second half; first dist.all_reduce(p.grad), which sums every rank's gradient into p.grad"),
+        (lambda p, W: p.get("own_over_world") and p.get("async_calls"),
+         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduced values never "
+         "reached p.grad. An async all-reduce fills its tensor only by the time wait() returns: wait for each "
+         "handle first, then divide the bucket and copy it back into the gradients"),
         (lambda p, W: p.get("own_over_world"),
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
          "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
         (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
+    "growth": [(always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
+                        "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
+                        "every step (a list of pending work never cleared?): in a long run it fills the memory")],
     "broadcast": [(always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
                            "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
                            "wraps the model; do the same in __init__")],

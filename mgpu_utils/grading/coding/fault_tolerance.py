@@ -28,8 +28,9 @@ from mgpu_utils.measure.comm_calls import namespaces_of
 #: Exercise 12.5's job: steps, the steps after which it snapshots, the step after which it is "killed"; the
 #: resume (at 5) is not a multiple of the StepLR period (2), so a lost scheduler shows even with a lost optimizer.
 SNAPSHOT_PLAN = {"steps": 9, "save_after": (3, 5), "crash_after": 7, "batch": 8, "seed": 11}
-#: Seconds rank 0 waits before its second save_snapshot: the other ranks' saves must not return before its file
-#: is complete (a rank that goes on, and the job crashes, would resume from the snapshot before).
+#: Seconds rank 0 waits before the first file it writes in its second save_snapshot (after any collective the
+#: save starts with): the other ranks' saves must not return before its file is complete (a rank that goes on,
+#: and the job crashes, would resume from the snapshot before).
 SLOW_START_S = 0.5
 #: What a wrong snapshot does, as reference runs (the first whose weights match wins): parts left out of it,
 #: every rank given rank 0's random state, a resume one step off, or no resume at all.
@@ -118,6 +119,8 @@ def _opened(event: str, args: tuple) -> None:
         return
     seen["busy"] = True                                    # realpath may audit too: no recursion
     try:
+        if seen.pop("delay", False):
+            time.sleep(SLOW_START_S)
         seen["saves"] += 1
         if os.path.realpath(os.fsdecode(path)) == seen["target"] and isinstance(seen.get("intact"), bytes):
             seen["torn"] = True                            # opened for writing: the previous snapshot is gone
@@ -203,8 +206,8 @@ def check_snapshot(fn, ctx, problems):
         second = step == SNAPSHOT_PLAN["save_after"][1]
         if second and rank == 0:
             seen["intact"] = _contents(path)
-            time.sleep(SLOW_START_S)                       # rank 0 starts late: a rank whose save returns at once
-        seen["active"] = True                              # finds the old snapshot still at the path
+            seen["delay"] = True                           # rank 0's first write starts late: a rank whose save
+        seen["active"] = True                              # returns at once finds the old snapshot at the path
         try:
             fn(path, model, opt, sched, step)
         finally:

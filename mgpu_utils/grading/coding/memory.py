@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, inner_parameters, note
+from mgpu_utils.grading.common import (CodingExercise, always, diff, held_bytes, inner_parameters, live_storages, note,
+                                      reachable_storages)
 from mgpu_utils.measure.comm_calls import counted_collectives
 from mgpu_utils.models import TiedMLP, make_mlp
 
@@ -58,47 +59,136 @@ ANY_OPTIMIZERS = (("SGD with momentum", torch.optim.SGD, {"lr": 0.1, "momentum":
                   ("AdamW", torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}))
 
 
-def check_sharded_any(cls, ctx, problems, steps=3):
-    """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS`, on this rank's share
-    of the batch, against the optimizer in one process; the state it holds (:func:`held_bytes` without the
-    model's parameters and its inner optimizers' parameters) against the reference's state over the world."""
+class FrozenUnusedNet(torch.nn.Module):
+    """07.5's second model: an MLP (64 -> 24 -> 10, float32) whose logits [B, 10] are scaled by ``scale`` [10], a
+    frozen parameter (2.0, requires_grad False: its .grad stays None), plus, while ``use_extra`` is true, a
+    second head ``extra`` [10, 24] (the check turns it off in every other step: a parameter unused in a step has
+    no .grad in it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(64, 24), torch.nn.Linear(24, 10)
+        self.extra = torch.nn.Linear(24, 10, bias=False)
+        self.scale = torch.nn.Parameter(torch.full((10,), 2.0), requires_grad=False)
+        self.use_extra = True
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        out = self.fc2(h) * self.scale
+        return out + self.extra(h) if self.use_extra else out
+
+
+def frozen_unused_groups(net: FrozenUnusedNet, lr: float) -> list[dict]:
+    """Two parameter groups of :class:`FrozenUnusedNet`: the body, the frozen scale and the extra head with the
+    optimizer's defaults; the last layer with half the lr and weight_decay 0.05."""
+    return [{"params": [net.fc1.weight, net.fc1.bias, net.scale, net.extra.weight]},
+            {"params": [net.fc2.weight, net.fc2.bias], "lr": lr / 2, "weight_decay": 0.05}]
+
+
+def _flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def _stop_together(problems) -> bool:
+    """True on every rank once any rank found a problem (the next round has collectives: no rank may leave)."""
+    found = torch.tensor([float(bool(problems))])
+    dist.all_reduce(found)
+    return bool(found.item())
+
+
+def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, steps, outside_too=False):
+    """One optimizer of 07.5: the student's and the reference trained side by side; see check_sharded_any.
+    ``outside_too``: also the tensors that appeared in the process outside the optimizer (0.3 s: one round)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
-    for name, opt_class, kwargs in ANY_OPTIMIZERS:
-        torch.manual_seed(0)
-        mine = make_mlp(24, 1)
-        ref = copy.deepcopy(mine)
-        opt, ref_opt = cls(mine.parameters(), opt_class, **kwargs), opt_class(ref.parameters(), foreach=False,
-                                                                              **kwargs)
-        start = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
-        for _ in range(steps):
-            opt.zero_grad()
-            F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
+    torch.manual_seed(0)
+    mine = FrozenUnusedNet() if frozen_round else make_mlp(24, 1)
+    ref = copy.deepcopy(mine)
+    base = {"rank": rank, "optimizer": name, "round": "groups" if frozen_round else "plain"}
+    existing = set(live_storages(collect=False)) if outside_too else set()   # alive before the student's optimizer
+    try:
+        opt = cls(frozen_unused_groups(mine, kwargs["lr"]) if frozen_round else mine.parameters(), opt_class,
+                  **kwargs)
+        error = ""
+    except Exception as e:                                 # every rank builds the same: every rank fails alike
+        error = f"{type(e).__name__}: {e}"[:160]
+    if error:
+        note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
+        return
+    ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
+                        foreach=False, **kwargs)
+    trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
+    start, comm = _flat(mine.parameters()), None
+    for s in range(steps):
+        use = not frozen_round or s % 2 == 0               # the extra head: used in steps 1, 3, ... only
+        mine.use_extra = ref.use_extra = use
+        before = mine.extra.weight.detach().clone() if frozen_round else None
+        opt.zero_grad()
+        F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
+        calls, carried = [], []
+        with counted_collectives(calls, cls, carried):
             opt.step()
-            ref_opt.zero_grad()
-            F.cross_entropy(ref(x), y).backward()
-            ref_opt.step()
-        got = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
-        want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
-        held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
-        full = held_bytes(ref_opt, exclude=list(ref.parameters()))
-        if diff(got, want) > 1e-5:
-            should = want != start
-            note(problems, {"rank": rank, "kind": "any_opt", "optimizer": name, "max_diff": diff(got, want),
-                            "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item())})
-        elif held > full / world * 1.05 + 512:
-            note(problems, {"rank": rank, "kind": "any_memory", "optimizer": name, "bytes": held, "full": full})
-        found = torch.tensor([float(bool(problems))])
-        dist.all_reduce(found)                             # every rank stops together: an uneven shard may flag
-        if found.item():                                   # one rank only, and the next round has collectives
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        if frozen_round and s == 0:                        # after one step, from the same start, a lost option
+            first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
+            group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
+        reduced = sum(n for call, n in carried if call == "all_reduce")
+        if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
+            comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
+        if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
+            note(problems, {**base, "kind": "any_nograd", "what": "frozen", "step": s + 1,
+                            "got": mine.scale.detach().mean().item()})
+        elif frozen_round and not use and not torch.equal(mine.extra.weight.detach(), before):
+            note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
+                            "moved": diff(mine.extra.weight.detach(), before)})
+    got, want = _flat(mine.parameters()), _flat(ref.parameters())
+    held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
+    full = held_bytes(ref_opt, exclude=list(ref.parameters()))
+    outside = 0
+    if outside_too:
+        known = existing | reachable_storages(opt, mine, ref, ref_opt, x, y, got, want, start, before)
+        outside = sum(n for ptr, n in live_storages().items() if ptr not in known)
+    if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
+        note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
+    if diff(got, want) > 1e-5:
+        should = want != start
+        note(problems, {**base, "kind": "any_opt", "max_diff": diff(got, want), "steps": steps,
+                        "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item()),
+                        "unmoved": ((got == start) & should).sum().item(),
+                        "few": world * sum(1 for p in mine.parameters() if p.requires_grad)})
+    elif held > full / world * 1.05 + 512:
+        note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full})
+    elif outside > full / world * 1.05 + 512:
+        note(problems, {**base, "kind": "any_memory", "what": "outside", "bytes": outside, "full": full})
+    elif comm is not None:
+        note(problems, comm)
+
+
+def check_sharded_any(cls, ctx, problems, steps=3):
+    """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS` on a small MLP, then
+    with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
+    steps, the extra head unused in steps 2 and 4), each on this rank's share of the batch against the optimizer
+    in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
+    model or more (the elements each collective carries), a frozen or unused parameter that moved, the second
+    group's options ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the
+    model's parameters and its inner optimizers' parameters) against the reference's state over the world."""
+    rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
+    rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
+    for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
+        _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, outside_too=k == 0)
+        if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
 #: What brings each rank its shard's gradient summed over the ranks: a reduce-scatter, or an all-to-all and a
-#: local sum (torch.distributed.nn.functional.all_gather's backward on gloo).
-SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single")
+#: local sum (torch.distributed.nn.functional.all_gather's backward: on gloo an all-to-all made of one scatter
+#: per rank).
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single",
+            "scatter")
 
 
 class LinearDtypes(torch.overrides.TorchFunctionMode):
@@ -133,8 +223,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
-    for model_name, model_fn in (("MLP", lambda: make_mlp(24, 1)), ("TiedMLP", TiedMLP)):
-        for dtype in (None, torch.bfloat16):
+    models = (("MLP", lambda: make_mlp(24, 1), (None, torch.bfloat16)), ("TiedMLP", TiedMLP, (None, torch.bfloat16)),
+              ("FrozenUnusedNet", FrozenUnusedNet, (None,)))
+    for model_name, model_fn, dtypes in models:
+        for dtype in dtypes:
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                           # every rank stops together once any rank found one
             if found.item():
@@ -149,10 +241,15 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             bound = sum(max(-(-p.numel() // world), -(-p.shape[0] // world) * (p.numel() // p.shape[0]))
                         for p in model.parameters()) + world
             seen = set()
+            names = [n for n, _ in model.named_parameters()]
+            shapes = {n: p.shape for n, p in model.named_parameters()}
             wrapper = cls(model) if dtype is None else cls(model, dtype)
             shards = list(wrapper.parameters())
             mine = sum(p.numel() for p in shards)
-            if mine > bound:
+            grouped = model_name == "FrozenUnusedNet"       # two groups: the last layer with half the lr
+            if grouped and len(shards) != len(names):
+                note(problems, {**base, "what": "order", "got": len(shards), "want": len(names)})
+            elif mine > bound:
                 note(problems, {**base, "what": "params", "got": mine, "full": full, "bound": bound})
             elif any(p.dtype != torch.float32 for p in shards):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
@@ -160,9 +257,19 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             dist.all_reduce(found)                           # agree before the steps: their collectives are shared
             if found.item():
                 return
-            opt = torch.optim.SGD(shards, lr=lr, momentum=0.9)
-            ref_opts = {v: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for v, m in refs.items()}
+            def groups(params):
+                if not grouped:
+                    return params
+                params = list(params)
+                last = [n.startswith("fc2.") for n in names]
+                return [{"params": [p for p, x in zip(params, last) if not x]},
+                        {"params": [p for p, x in zip(params, last) if x], "lr": lr / 2, "weight_decay": 0.05}]
+            opt = torch.optim.SGD(groups(shards), lr=lr, momentum=0.9)
+            ref_opts = {v: torch.optim.SGD(groups(m.parameters()), lr=lr, momentum=0.9) for v, m in refs.items()}
+            extra = None
             for s in range(steps):
+                for m in [model, *refs.values()]:
+                    m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
                 calls = []
                 with counted_collectives(calls, cls):
                     with LinearDtypes(seen):
@@ -186,6 +293,16 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
                 seen.clear()
+                if grouped:
+                    params = _full_parameters(wrapper, names, base, problems, shapes)
+                    if params is None:
+                        break
+                    if not torch.equal(params["scale"], torch.full((10,), 2.0)):
+                        note(problems, {**base, "what": "frozen", "step": s + 1, "got": params["scale"].mean().item()})
+                    elif extra is not None and s % 2 == 1 and not torch.equal(params["extra.weight"], extra):
+                        note(problems, {**base, "what": "unused", "step": s + 1,
+                                        "moved": diff(params["extra.weight"], extra)})
+                    extra = params["extra.weight"]
             with torch.no_grad():
                 got = wrapper(x[:16]).float()
                 outs = {v: _fsdp_reference(m, x[:16], dtype).float() for v, m in refs.items()}
@@ -195,6 +312,32 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 named = next((v for v in ("sum", "own") if close(got, outs[v])), None)
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
+            params = _full_parameters(wrapper, names, base, problems, shapes)
+            for name, want in refs["right"].named_parameters():
+                if params is not None and not close(params[name].float(), want.detach()):
+                    note(problems, {**base, "what": "full_params", "steps": steps, "name": name,
+                                    "max_diff": diff(params[name].float(), want.detach())})
+
+
+def _full_parameters(wrapper, names, base, problems, shapes=None) -> dict | None:
+    """07.6: ``wrapper.full_parameters()`` (every rank calls it), or None with the problem noted: missing, not
+    a dict of these names, or (with ``shapes``, {name: shape}) a tensor of another shape or not float32."""
+    try:
+        params = wrapper.full_parameters()
+    except Exception as e:                                  # every rank the same: no rank left waiting
+        note(problems, {**base, "what": "no_full", "error": f"raised {type(e).__name__}: {e}"[:160]})
+        return None
+    if not isinstance(params, dict) or sorted(params) != sorted(names):
+        note(problems, {**base, "what": "no_full", "error": "returned "
+                        + (f"the names {sorted(params)[:4]}" if isinstance(params, dict) else type(params).__name__)})
+        return None
+    for n, t in params.items():
+        if shapes is not None and (not isinstance(t, torch.Tensor) or t.shape != shapes[n] or t.dtype != torch.float32):
+            got = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor) else type(t)
+            note(problems, {**base, "what": "no_full", "error": f"returned {got} for {n!r}, whose parameter is "
+                                                                f"{tuple(shapes[n])} float32"})
+            return None
+    return {n: t.detach() for n, t in params.items()}
 
 
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
@@ -211,15 +354,47 @@ HINTS: dict[str, list[tuple]] = {
                              "are {full:,}: keep only this rank's slice of m and v")],
     "any_opt": [
         (lambda p, W: p["moved_share"] == 0,
-         "rank {rank}: with {optimizer}, no parameter moved in three steps (world size {W}): step() must update "
+         "rank {rank}: with {optimizer}, no parameter moved in {steps} steps (world size {W}): step() must update "
          "the parameters"),
         (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),
          "rank {rank}: with {optimizer}, only {moved_share:.0%} of the parameters that one process updates moved "
          "(world size {W}): the other ranks' updated slices never arrived; gather every slice on every rank"),
-        (always, "rank {rank}: with {optimizer}, after three steps the parameters differ from one process's by "
+        (lambda p, W: 0 < p.get("unmoved", 0) < p.get("few", 0),
+         "rank {rank}: with {optimizer}, {unmoved} element(s) that one process updates never moved (world size "
+         "{W}): slices of n // world elements leave the last n % world of each vector in no slice. Round up, "
+         "-(-n // world), and pad the last slice with zeros"),
+        (always, "rank {rank}: with {optimizer}, after {steps} steps the parameters differ from one process's by "
                  "{max_diff:.3g} (world size {W}): is each slice's gradient the mean over the ranks, and does the "
                  "inner optimizer get every keyword argument (lr, momentum, weight_decay)?")],
-    "any_memory": [(always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
+    "any_groups": [
+        (lambda p, W: p["what"] == "error",
+         "rank {rank}: ShardedOptimizer(param_groups, {optimizer}) raised {error}. params may be a list of "
+         "parameter groups, as torch.optim accepts: dicts with \"params\" and their own options (lr, "
+         "weight_decay); give the inner optimizer the same groups, each holding this rank's slices of its "
+         "parameters"),
+        (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
+                 "second (half the lr, weight_decay 0.05) differs by {max_diff:.3g}: each group's own options must reach "
+                 "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
+    "any_comm": [(always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
+                          "model trains {full:,}: every rank received every gradient, as in DDP, though it updates "
+                          "its slice only. ZeRO-1 reduce-scatters (each rank receives its slice's gradient, summed: "
+                          "reduce_scatter_single) and all-gathers the updated slices: 2 x the parameters per step, "
+                          "not 3 x")],
+    "any_nograd": [
+        (lambda p, W: p["what"] == "frozen",
+         "rank {rank}: with {optimizer}, a frozen parameter (requires_grad=False, 2.0 everywhere, .grad None) is "
+         "{got:.4g} on average after step {step}: torch's optimizers skip a parameter whose .grad is None (no "
+         "weight decay, no momentum); skip it too: leave its slices' .grad None, do not fill in zeros"),
+        (always, "rank {rank}: with {optimizer}, a parameter not used in step {step} (its .grad None) moved by "
+                 "{moved:.3g} in that step: torch's optimizers skip it, momentum and weight decay included; leave "
+                 "its slices' .grad None rather than zeros")],
+    "any_memory": [
+        (lambda p, W: p.get("what") == "outside",
+         "rank {rank}: with {optimizer}, {bytes:,} bytes of tensors appeared in this process outside your optimizer "
+         "(in a module-level dict, a registry, a global: the grader looks at every live tensor), and the optimizer "
+         "in one process holds {full:,}: where it is kept does not change what a rank holds; keep the state of "
+         "this rank's slice only, about 1/{W}"),
+        (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                             "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
     "fsdp": [
@@ -246,6 +421,25 @@ HINTS: dict[str, list[tuple]] = {
          "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
+        (lambda p, W: p["what"] == "order",
+         "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
+         "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
+         "them, as a student of FSDP2 does)"),
+        (lambda p, W: p["what"] == "frozen",
+         "rank {rank} ({model}): a frozen parameter (requires_grad=False, 2.0 everywhere) is {got:.4g} on average "
+         "after step {step}: its shard must not require grad either (shard.requires_grad_(p.requires_grad)), so "
+         "that it gets no gradient and the optimizer skips it"),
+        (lambda p, W: p["what"] == "unused",
+         "rank {rank} ({model}): a parameter not used in step {step} moved by {moved:.3g} in that step: no "
+         "gradient reached it, so its shard's .grad must stay None, not zeros (SGD's momentum moves a zero-gradient "
+         "parameter; torch skips one whose .grad is None)"),
+        (lambda p, W: p["what"] == "no_full",
+         "rank {rank} ({model}, {dtype}): full_parameters() {error}: return {{name: the whole parameter, float32}} "
+         "for every name of module.named_parameters(), all-gathered from the shards on every rank"),
+        (lambda p, W: p["what"] == "full_params",
+         "rank {rank} ({model}, {dtype}): the outputs agree with one process's, but after {steps} steps "
+         "full_parameters()['{name}'] differs from its parameter by {max_diff:.3g}: gather every rank's shard, cut "
+         "the padding and reshape to the parameter's shape, in float32"),
         (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
          "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
@@ -276,8 +470,9 @@ EXERCISES = [
     CodingExercise(
         id="07.5", template="07_zero1_any.py", entry="ShardedOptimizer", world_sizes=(2, 3),
         check=check_sharded_any, hints=HINTS,
-        what="three steps of SGD with momentum, Adam and AdamW equal one process's, with each rank holding "
-             "about 1/world of the optimizer's state"),
+        what="SGD with momentum, Adam and AdamW equal one process's, also with a frozen parameter, one unused "
+             "in every other step and two parameter groups, with each rank holding about 1/world of the "
+             "optimizer's state and step() reduce-scattering, not all-reducing, the gradients"),
     CodingExercise(
         id="07.6", template="07_my_fsdp.py", entry="MyFSDP", world_sizes=(2, 3),
         check=check_my_fsdp, hints=HINTS,

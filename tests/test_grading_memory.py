@@ -1,0 +1,267 @@
+"""Exercises 07.5 and 07.6's graders (mgpu_utils.grading.coding.memory), round 2 of issue 55: parameter groups,
+frozen and unused parameters as torch.optim treats them, what each collective carries, state kept outside the
+graded object. Right variants pass; wrong ones get the hint that names them. Each list is graded in one launch
+at 3 ranks."""
+import re
+import subprocess
+
+import pytest
+
+from helpers import solution, wrong
+from mgpu_utils.grading.runner import grade_many
+
+SKIP_NONE = ("            if p.grad is None:                             # frozen, or unused in this step: torch "
+             "skips it\n                shard.grad = None\n                continue\n")
+RS = "            reduce_scatter_single(g, flat)                 # this chunk's gradient, summed over the ranks\n"
+AG = "            all_gather_single(full, shard.detach())        # every rank's updated chunk, on every rank\n"
+
+REGISTRY = '''import torch
+import torch.distributed as dist
+
+_KEPT = {}
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        params = list(params)
+        self.params = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+        _KEPT[id(self)] = optimizer_class(params, **defaults)      # out of sight, not out of memory
+
+    def step(self):
+        w = dist.get_world_size()
+        for p in self.params:
+            if p.grad is not None:                                # every rank's gradient: all-gathered, summed
+                parts = [torch.empty_like(p.grad) for _ in range(w)]
+                dist.all_gather(parts, p.grad)
+                p.grad = sum(parts) / w
+        _KEPT[id(self)].step()
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
+FLOOR = '''import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        groups = list(params)
+        if not groups or not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.shards, inner = [], []
+        for group in groups:
+            mine = []
+            for p in group["params"]:
+                size = p.numel() // self.world                  # floor: the remainder is in no slice
+                shard = p.detach().reshape(-1)[self.rank * size:(self.rank + 1) * size].clone()
+                shard.requires_grad_(p.requires_grad)
+                self.shards.append((p, shard, size))
+                mine.append(shard)
+            inner.append({**group, "params": mine})
+        self.inner = optimizer_class(inner, **defaults)
+
+    @torch.no_grad()
+    def step(self):
+        for p, shard, size in self.shards:
+            if p.grad is None:
+                shard.grad = None
+                continue
+            g = torch.empty(size)
+            dist.reduce_scatter_tensor(g, p.grad.reshape(-1)[:size * self.world].contiguous())
+            shard.grad = g / self.world
+        self.inner.step()
+        for p, shard, size in self.shards:
+            if shard.grad is None:
+                continue
+            full = torch.empty(size * self.world)
+            dist.all_gather_into_tensor(full, shard.detach())
+            p.view(-1)[:size * self.world] = full
+
+    def zero_grad(self):
+        for p, shard, _ in self.shards:
+            p.grad = None
+            shard.grad = None
+'''
+
+RIGHT_075 = {   # name: (text of the solution, replaced by)
+    "an all-gather into a list of chunks": (
+        AG, "            dist.all_gather(list(full.chunk(self.world)), shard.detach())\n"),
+    "a reduce to each chunk's owner instead of a reduce-scatter": (
+        RS, "            for r, chunk in enumerate(flat.chunk(self.world)):\n"
+            "                chunk = chunk.clone()\n                dist.reduce(chunk, dst=r)\n"
+            "                if r == self.rank:\n                    g = chunk\n"),
+    "frozen parameters left out of the inner optimizer": (
+        "                mine.append(shard)\n", "                if p.requires_grad:\n                    "
+                                             "mine.append(shard)\n"),
+}
+
+WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "a missing gradient filled with zeros": (
+        SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
+        r"with SGD with momentum, a parameter not used in step 2 \(its .grad None\) moved by"),
+    "zeros for a frozen parameter only": (
+        SKIP_NONE, "            if p.grad is None and p.requires_grad:\n                shard.grad = None\n"
+                   "                continue\n            if p.grad is None:\n"
+                   "                p.grad = torch.zeros_like(p)\n",
+        r"with AdamW, a frozen parameter \(requires_grad=False, 2.0 everywhere, .grad None\) is 1.9\d* on average"),
+    "the groups' own options dropped": (
+        'inner_groups.append({**group, "params": mine})', 'inner_groups.append({"params": mine})',
+        r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "every rank all-reduces the whole gradient": (
+        RS, "            dist.all_reduce(flat)\n            g = flat[self.rank * size:(self.rank + 1) * size]\n",
+        r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
+    "one flat shard of every parameter (the first worked solution)": (
+        None, None, r"ShardedOptimizer\(param_groups, SGD with momentum\) raised AttributeError"),
+    "slices of n // world elements (floor)": (
+        None, FLOOR, r"with SGD with momentum, 1 element\(s\) that one process updates never moved .* Round up"),
+    "the whole optimizer kept in a module-level registry": (
+        None, REGISTRY, r"with SGD with momentum, 7,240 bytes of tensors appeared in this process outside"),
+}
+
+
+def _cases(tmp_path, exercise_id, table):
+    out = []
+    for k, (name, (old, new, *_)) in enumerate(table.items()):
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        if old is not None:
+            out.append((exercise_id, wrong(folder, exercise_id, old, new)))
+            continue
+        path = folder / "07_zero1_any.py"
+        if new is None:                                   # the worked solution before issue 55's round 2
+            path.write_text(subprocess.run(["git", "show", "5aac830:exercises/solutions/07_zero1_any.py"],
+                                           capture_output=True, text=True, check=True,
+                                           cwd=solution(exercise_id).parents[2]).stdout)
+        else:
+            path.write_text(new)
+        out.append((exercise_id, path))
+    return out
+
+
+def test_075_right_variants_pass(tmp_path, starts_processes):
+    hints = grade_many(_cases(tmp_path, "07.5", RIGHT_075), 3)
+    assert hints == [None] * len(RIGHT_075), dict(zip(RIGHT_075, hints))
+
+
+def test_075_wrong_variants_get_their_hints(tmp_path, starts_processes):
+    hints = grade_many(_cases(tmp_path, "07.5", WRONG_075), 3)
+    for (name, (*_, want)), hint in zip(WRONG_075.items(), hints):
+        assert hint and re.search(want, hint), (name, hint)
+
+
+def test_the_worked_solution_skips_what_torch_skips(monkeypatch):
+    """In one process (world 1, gloo): a frozen parameter stays 2.0 under AdamW's weight decay, and the groups'
+    options apply; the parameters equal torch.optim.AdamW's to 1e-6 after four steps."""
+    import copy
+    import importlib.util
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from mgpu_utils.grading.coding.memory import FrozenUnusedNet, frozen_unused_groups
+
+    spec = importlib.util.spec_from_file_location("sol075", solution("07.5"))
+    sol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sol)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        net = FrozenUnusedNet()
+        ref = copy.deepcopy(net)
+        opt = sol.ShardedOptimizer(frozen_unused_groups(net, 1e-2), torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+        ref_opt = torch.optim.AdamW(frozen_unused_groups(ref, 1e-2), lr=1e-2, weight_decay=0.1)
+        x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+        for s in range(4):
+            for m, o in ((net, opt), (ref, ref_opt)):
+                m.use_extra = s % 2 == 0
+                o.zero_grad()
+                F.cross_entropy(m(x), y).backward()
+                o.step()
+        assert torch.equal(net.scale, torch.full((10,), 2.0))
+        for a, b in zip(net.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+FULL = ("        return {n: GatherShard.apply(s, shape, torch.float32).clone()\n"
+        "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n")
+FROZEN = "            shards[-1].requires_grad_(p.requires_grad)        # a frozen parameter's shard stays frozen\n"
+FORWARD = "        dtype = self.compute_dtype or torch.float32\n"
+
+RIGHT_076 = {   # name: (text of the solution, replaced by)
+    "the gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
+        ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
+         "self.shapes)}\n", FROZEN],
+        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s.to(dtype)))[:shape.numel()]"
+         ".view(shape)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
+         FROZEN + "            if p.requires_grad:\n"
+                  "                shards[-1].register_hook(lambda g, w=world: g / w)\n"]),
+    "full_parameters through all_gather into a list": (
+        FULL, "        out = {}\n        for n, s, shape in zip(self.names, self.shards, self.shapes):\n"
+              "            parts = [torch.empty_like(s) for _ in range(dist.get_world_size())]\n"
+              "            dist.all_gather(parts, s.detach())\n"
+              "            out[n] = torch.cat(parts)[:shape.numel()].view(shape)\n        return out\n"),
+    "shards registered one by one instead of a ParameterList": (
+        "        self.shards = torch.nn.ParameterList(shards)\n",
+        "        for i, shard in enumerate(shards):\n            self.register_parameter(f'shard{i}', shard)\n"
+        "        self.shards = shards\n"),
+}
+
+WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "a frozen parameter's shard trains": (
+        FROZEN, "", r"\(FrozenUnusedNet\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) is [\d.]+ on "
+                    r"average after step 1"),
+    "zero gradients made ready before the forward": (
+        FORWARD, FORWARD + "        for s in self.shards:\n            if s.requires_grad and s.grad is None:\n"
+                           "                s.grad = torch.zeros_like(s)\n",
+        r"\(FrozenUnusedNet\): a parameter not used in step 2 moved by"),
+    "no full_parameters": (
+        ["    @torch.no_grad()\n    def full_parameters(self) -> dict:\n", FULL],
+        ["    def _unused(self) -> dict:\n", "        return {}\n"],
+        r"\(MLP, float32\): full_parameters\(\) raised AttributeError"),
+    "full_parameters with the padding left on": (
+        FULL, "        out = {}\n        for n, s in zip(self.names, self.shards):\n"
+              "            parts = [torch.empty_like(s) for _ in range(dist.get_world_size())]\n"
+              "            dist.all_gather(parts, s.detach())\n            out[n] = torch.cat(parts)\n"
+              "        return out\n",
+        r"\(MLP, float32\): full_parameters\(\) returned \(\d+,\) float32 for '0.weight', whose parameter is "
+        r"\(24, 64\) float32"),
+    "full_parameters in the compute dtype": (
+        FULL, "        return {n: GatherShard.apply(s, shape, self.compute_dtype or torch.float32).clone()\n"
+              "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
+        r"\(MLP, bfloat16\): full_parameters\(\) returned \(24, 64\) bfloat16 for '0.weight'"),
+}
+
+
+def test_076_right_variants_pass(tmp_path, starts_processes):
+    cases = []
+    for k, (name, (old, new)) in enumerate(RIGHT_076.items()):
+        (tmp_path / str(k)).mkdir()
+        cases.append(("07.6", wrong(tmp_path / str(k), "07.6", old, new)))
+    hints = grade_many(cases, 3)
+    assert hints == [None] * len(RIGHT_076), dict(zip(RIGHT_076, hints))
+
+
+def test_076_wrong_variants_get_their_hints(tmp_path, starts_processes):
+    cases = []
+    for k, (name, (old, new, _)) in enumerate(WRONG_076.items()):
+        (tmp_path / str(k)).mkdir()
+        cases.append(("07.6", wrong(tmp_path / str(k), "07.6", old, new)))
+    hints = grade_many(cases, 3)
+    for (name, (*_, want)), hint in zip(WRONG_076.items(), hints):
+        assert hint and re.search(want, hint), (name, hint)
+
+
+#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+COUNTS = {"07.5": (len(RIGHT_075), len(WRONG_075)), "07.6": (len(RIGHT_076), len(WRONG_076))}
