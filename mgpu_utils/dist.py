@@ -25,12 +25,11 @@ import json
 import os
 import signal
 import sys
-import textwrap
 import time
 import traceback
 from dataclasses import dataclass
 
-from mgpu_utils.launch.cluster import srun_without_torchrun
+from mgpu_utils.text import LINE_WIDTH, wrap_text
 
 #: Prefix of the one line of JSON that rank 0 prints at the end of a launch script.
 RESULT_MARKER = "MGPU_RESULT "
@@ -43,8 +42,6 @@ TIMEOUT_ENV = "MGPU_COLLECTIVE_TIMEOUT_S"
 #: Set by the launcher, with :data:`BACKEND_ENV`, to the reason of the backend it chose for the job: the
 #: ranks then take that decision as it is (:func:`choose_backend` runs once, in the launcher).
 REASON_ENV = "MGPU_BACKEND_REASON"
-#: Longest output line the course prints (JupyterLab wraps longer ones mid-word), in characters.
-LINE_WIDTH = 100
 #: Environment variable with the width :meth:`DistContext.log` wraps at (default :data:`LINE_WIDTH`); set
 #: by :func:`mgpu_utils.launch.nodes.launch_nodes`, which puts ``[node k] `` in front of every line.
 LINE_WIDTH_ENV = "MGPU_LINE_WIDTH"
@@ -72,6 +69,22 @@ class DistEnv:
     under_torchrun: bool = False
 
 
+def srun_without_torchrun(environ=None) -> str | None:
+    """The message for a script started by ``srun`` as one of several tasks without torchrun, else None.
+
+    Such a task has Slurm's variables (``SLURM_STEP_NUM_TASKS`` > 1) but not torchrun's (``RANK``): each task
+    would train alone as world size 1, N times over. :func:`mgpu_utils.dist.get_dist_env` refuses it.
+    """
+    env = os.environ if environ is None else environ
+    tasks = env.get("SLURM_STEP_NUM_TASKS", "1")
+    if "RANK" in env or not tasks.isdigit() or int(tasks) <= 1:
+        return None
+    return (f"this process is task {env.get('SLURM_PROCID', '?')} of {tasks} started by srun without torchrun: "
+            "each task would run alone as world size 1. Start one torchrun agent per node instead: "
+            "sbatch --nodes N cluster/slurm/job.sbatch SCRIPT [ARGS] (or srun --ntasks-per-node 1 torchrun "
+            "--nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT SCRIPT)")
+
+
 def get_dist_env(environ: dict | None = None) -> DistEnv:
     """Read rank, local rank and world size from torchrun's environment variables.
 
@@ -83,7 +96,7 @@ def get_dist_env(environ: dict | None = None) -> DistEnv:
 
     Raises:
         ValueError: if the variables are inconsistent (e.g. ``RANK >= WORLD_SIZE``), or the process is one of
-            several tasks that ``srun`` started without torchrun (:func:`mgpu_utils.launch.cluster.srun_without_torchrun`).
+            several tasks that ``srun`` started without torchrun (:func:`srun_without_torchrun`).
     """
     env = os.environ if environ is None else environ
     if "RANK" not in env:
@@ -226,6 +239,7 @@ class DistContext:
     backend: str
     reason: str
     device: "torch.device"  # cuda:local_rank with NCCL, else cpu
+    timeout_s: float = 120.0  # the collective timeout of the default group, and of every group made after it
 
     @property
     def rank(self) -> int:
@@ -257,35 +271,6 @@ class DistContext:
             sys.stdout.flush()
 
 
-def wrap_text(text: str, width: int = LINE_WIDTH, indent: str = "  ", first: int = 0) -> str:
-    """``text`` with every line longer than ``width`` characters broken at spaces (never inside a word).
-
-    A continuation line starts with its line's own leading spaces plus ``indent``; lines that fit, and
-    the line breaks already in ``text``, stay as they are. A word longer than a line stays whole.
-
-    Args:
-        text: one or more lines.
-        width: the longest line, in characters.
-        indent: what continuation lines add in front.
-        first: characters that the caller prints in front of the first line (e.g. ``"ValueError: "``):
-            the first line is that much shorter.
-
-    Returns:
-        The wrapped text (lines joined by ``"\\n"``, no trailing newline added).
-    """
-    out = []
-    for i, line in enumerate(str(text).split("\n")):
-        pad = " " * first if i == 0 else ""
-        if len(pad + line) <= width:
-            out.append(line)
-            continue
-        lead = line[:len(line) - len(line.lstrip(" "))]
-        lines = textwrap.wrap(line.lstrip(" "), width, initial_indent=pad + lead, subsequent_indent=lead + indent,
-                              break_long_words=False, break_on_hyphens=False)
-        out += [lines[0][len(pad):], *lines[1:]] if lines else [line]
-    return "\n".join(out)
-
-
 def _report_error(rank: int, exc: BaseException) -> None:
     """Print one machine-readable error line to stderr (read by the launcher), and under torchrun write the
     rank's error file (``$TORCHELASTIC_ERROR_FILE``, as ``@record`` does): torchrun's failure summary then shows
@@ -310,9 +295,14 @@ def _report_error(rank: int, exc: BaseException) -> None:
 GROUP_BACKENDS = {"nccl": "cpu:gloo,cuda:nccl", "gloo": "gloo"}
 
 
+#: The collective timeout :func:`distributed` gave the default group (seconds), while it is open; None outside.
+_CHOSEN_TIMEOUT_S: float | None = None
+
+
 def collective_timeout() -> datetime.timedelta:
-    """The course's collective timeout: ``$MGPU_COLLECTIVE_TIMEOUT_S`` seconds (:data:`TIMEOUT_ENV`), 120 when
-    unset (lessons 03 and 12). The one place that decides it: the default group (:func:`distributed`), every
+    """The course's collective timeout: inside :func:`distributed`, the one it gave the default group (also
+    ``ctx.timeout_s``); else ``$MGPU_COLLECTIVE_TIMEOUT_S`` seconds (:data:`TIMEOUT_ENV`), 120 when unset
+    (lessons 03 and 12). The one place that decides it: the default group (:func:`distributed`), every
     subgroup (:func:`new_group`), every device mesh (:func:`device_mesh`) and the graders' subgroups use it.
 
     Short on purpose: a rank waiting for a collective that another rank never calls fails within it, instead
@@ -321,6 +311,8 @@ def collective_timeout() -> datetime.timedelta:
     Raises:
         ValueError: the variable is not a positive number (the message names it).
     """
+    if _CHOSEN_TIMEOUT_S is not None:                  # distributed(timeout_s=...) decided it for this process
+        return datetime.timedelta(seconds=_CHOSEN_TIMEOUT_S)
     text = os.environ.get(TIMEOUT_ENV, "120")
     try:
         seconds = float(text)
@@ -468,6 +460,7 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     """
     import torch
 
+    global _CHOSEN_TIMEOUT_S
     env = get_dist_env()
     if hasattr(signal, "SIGUSR2") and signal.getsignal(signal.SIGUSR2) in (signal.SIG_DFL, None):
         faulthandler.register(signal.SIGUSR2, all_threads=True)   # `pkill -USR2 -f SCRIPT`: every rank's stack
@@ -484,7 +477,8 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
             init_group(chosen, device, timeout_s)
         else:
             chosen, reason = "none", "single process (not started by torchrun): world size 1, no process group"
-        ctx = DistContext(env, chosen, reason, device)
+        ctx = DistContext(env, chosen, reason, device, float(timeout_s))
+        _CHOSEN_TIMEOUT_S = float(timeout_s)              # every subgroup and mesh made from now on uses it
         if not quiet:
             ctx.log(f"world size {env.world_size}, backend {reason}")
     except Exception as e:  # a setup error is reported like any other, then re-raised
@@ -509,6 +503,8 @@ def distributed(backend: str | None = None, timeout_s: float | None = None, quie
     else:
         if ctx.backend != "none":
             shutdown(0)
+    finally:
+        _CHOSEN_TIMEOUT_S = None
 
 
 def _exit_code(exc: BaseException) -> int:

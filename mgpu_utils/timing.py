@@ -297,7 +297,7 @@ class LoadWatch:
         Raises:
             AssertionError: the machine was quiet and the measurement does not show ``what``.
         """
-        from mgpu_utils.dist import wrap_text
+        from mgpu_utils.text import wrap_text
 
         why = unless if self.why_not() is None else self._short_why()
         if why is None:

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from mgpu_utils.dist import (RESULT_MARKER, DistContext, DistEnv, choose_backend, emit_result, get_dist_env,
-                             parse_result, wrap_text)
+                             parse_result)
+from mgpu_utils.text import wrap_text
 
 
 def test_env_without_torchrun_is_world_size_1():
@@ -185,6 +186,29 @@ def test_the_collective_timeout_has_one_home(monkeypatch):
         monkeypatch.setenv(TIMEOUT_ENV, bad)
         with pytest.raises(ValueError, match=f"{TIMEOUT_ENV}=.*positive number of seconds"):
             collective_timeout()
+
+
+def test_the_timeout_distributed_chose_is_carried_in_the_context_and_used_by_every_group(monkeypatch):
+    """Issue 61: distributed(timeout_s=7) gives the default group 7 s, says so in ctx.timeout_s, and every group
+    made inside (new_group, device_mesh, the graders' subgroups) gets 7 s too, not the variable's 120; outside
+    the block the variable decides again."""
+    import datetime
+
+    import torch.distributed as dist
+
+    import mgpu_utils.dist as md
+
+    seen = {}
+    monkeypatch.setattr(md, "init_group", lambda chosen, device, timeout_s: seen.update(default=timeout_s))
+    monkeypatch.setattr(dist, "new_group", lambda ranks=None, **kw: seen.update(sub=kw["timeout"]))
+    monkeypatch.setattr(md, "shutdown", lambda code: None)
+    monkeypatch.setattr(md, "get_dist_env", lambda: DistEnv(rank=0, world_size=2, under_torchrun=True))
+    monkeypatch.delenv(md.TIMEOUT_ENV, raising=False)
+    with md.distributed(backend="gloo", timeout_s=7, quiet=True) as ctx:
+        md.new_group([0, 1])
+        assert ctx.timeout_s == 7 and md.collective_timeout() == datetime.timedelta(seconds=7)
+    assert seen == {"default": 7, "sub": datetime.timedelta(seconds=7)}
+    assert md.collective_timeout() == datetime.timedelta(seconds=120)
 
 
 #: torch's calls that make a group, and what the course calls instead (mgpu_utils.dist).

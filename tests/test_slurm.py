@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mgpu_utils.launch.cluster import shared_folder, srun_without_torchrun
+from mgpu_utils.dist import srun_without_torchrun
+from mgpu_utils.launch.cluster import shared_folder
 from mgpu_utils.dist import get_dist_env
 from mgpu_utils.launch.launcher import LaunchError, launch, run_torchrun
 from mgpu_utils.launch.slurm import INSTALL, LocalSlurm, job_results, missing_programs

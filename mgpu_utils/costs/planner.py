@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mgpu_utils.dist import LINE_WIDTH, wrap_text
+from mgpu_utils.text import LINE_WIDTH, wrap_text
 from mgpu_utils.costs.bandwidth import ring_bytes_per_rank
 from mgpu_utils.costs.hardware import GPUS
 from mgpu_utils.costs.hardware import LINKS as _HW_LINKS

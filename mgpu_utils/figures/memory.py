@@ -96,7 +96,7 @@ def calculator(show_static: bool = False, **defaults):  # pragma: no mutate bloc
     except ImportError:
         print("SKIPPED: interactive calculator needs ipywidgets (pip install ipywidgets)")
         return None
-    from mgpu_utils.dist import wrap_text
+    from mgpu_utils.text import wrap_text
     from mgpu_utils.costs.memory_model import BYTES_PER_PARAM, RECOMPUTE
     from mgpu_utils.figures.widget_view import with_static_view
 

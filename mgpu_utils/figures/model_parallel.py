@@ -73,7 +73,7 @@ def explorer(p: int = 4, m: int = 8, schedule: str = "1f1b"):  # pragma: no muta
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from mgpu_utils.dist import wrap_text
+    from mgpu_utils.text import wrap_text
     from mgpu_utils.figures.widget_view import with_static_view
 
     ps = w.IntSlider(value=p, min=1, max=8, description="stages p")

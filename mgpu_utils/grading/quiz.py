@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mgpu_utils.dist import wrap_text
+from mgpu_utils.text import wrap_text
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import re
 import shutil
 from pathlib import Path
 
-from mgpu_utils.dist import TIMEOUT_ENV, wrap_text
+from mgpu_utils.dist import TIMEOUT_ENV
+from mgpu_utils.text import wrap_text
 from mgpu_utils.grading.catalog import exercise
 from mgpu_utils.grading.common import CodingExercise
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun

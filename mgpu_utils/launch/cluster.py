@@ -14,7 +14,6 @@ requeues itself and its next run resumes from the snapshot.
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from pathlib import Path
@@ -86,19 +85,3 @@ def mark_stopped(folder, rank: int) -> None:
     """Rank 0 writes ``folder/STOPPED``: the script stopped at a snapshot, and job.sbatch may requeue the job."""
     if rank == 0:
         (Path(folder) / STOPPED).touch()
-
-
-def srun_without_torchrun(environ=None) -> str | None:
-    """The message for a script started by ``srun`` as one of several tasks without torchrun, else None.
-
-    Such a task has Slurm's variables (``SLURM_STEP_NUM_TASKS`` > 1) but not torchrun's (``RANK``): each task
-    would train alone as world size 1, N times over. :func:`mgpu_utils.dist.get_dist_env` refuses it.
-    """
-    env = os.environ if environ is None else environ
-    tasks = env.get("SLURM_STEP_NUM_TASKS", "1")
-    if "RANK" in env or not tasks.isdigit() or int(tasks) <= 1:
-        return None
-    return (f"this process is task {env.get('SLURM_PROCID', '?')} of {tasks} started by srun without torchrun: "
-            "each task would run alone as world size 1. Start one torchrun agent per node instead: "
-            "sbatch --nodes N cluster/slurm/job.sbatch SCRIPT [ARGS] (or srun --ntasks-per-node 1 torchrun "
-            "--nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT SCRIPT)")

@@ -38,7 +38,8 @@ from mgpu_utils.compat import check_torch_version
 from mgpu_utils.launch.logs import (Rank0Tail, attempt_failures, count_restarts, diagnose, format_rank_output,
                                     read_logs)
 from mgpu_utils.launch.processes import kill_tree, pythonpath, rank_environment, resolve_script
-from mgpu_utils.dist import BACKEND_ENV, HIDDEN_NOTE, REASON_ENV, choose_backend, gpu_status, parse_result, wrap_text
+from mgpu_utils.dist import BACKEND_ENV, HIDDEN_NOTE, REASON_ENV, choose_backend, gpu_status, parse_result
+from mgpu_utils.text import wrap_text
 
 
 class LaunchError(RuntimeError):

@@ -15,7 +15,8 @@ import re
 import signal
 from pathlib import Path
 
-from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER, wrap_text
+from mgpu_utils.dist import ERROR_MARKER, RESULT_MARKER
+from mgpu_utils.text import wrap_text
 from mgpu_utils.env import REPO_ROOT
 
 # Errors that a surviving rank sees *because* another rank died: not the root cause.

@@ -32,7 +32,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from mgpu_utils.compat import check_torch_version
-from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH, LINE_WIDTH_ENV, RESULT_MARKER, parse_result, wrap_text
+from mgpu_utils.dist import ERROR_MARKER, LINE_WIDTH_ENV, RESULT_MARKER, parse_result
+from mgpu_utils.text import LINE_WIDTH, wrap_text
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, decide_backend
 from mgpu_utils.launch.logs import SECONDARY
 from mgpu_utils.launch.processes import kill_all, process_tree, rank_environment, resolve_script

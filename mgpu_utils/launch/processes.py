@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from mgpu_utils.env import REPO_ROOT, SCRIPTS_DIR
-from mgpu_utils.dist import wrap_text
+from mgpu_utils.text import wrap_text
 from mgpu_utils.timing import usable_cores
 
 def resolve_script(script) -> Path:

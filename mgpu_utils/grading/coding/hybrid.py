@@ -9,11 +9,12 @@ problems it reports and the exercise's record are here too.
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mgpu_utils.dist import collective_timeout
 from mgpu_utils.grading.common import CodingExercise, always, diff, note
 from mgpu_utils.measure.comm_calls import patched_collectives
 
@@ -81,7 +82,7 @@ def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
     mistakes' results after step 1 (:data:`TWO_D_FORWARDS` x :data:`TWO_D_SYNCS`), or gradients carried into
     step 2. Only all-reduce is allowed: a gather would hold more than this rank's shard."""
     world, rank = ctx.world_size, ctx.rank
-    timeout = collective_timeout()                      # the subgroups time out as the default group does
+    timeout = datetime.timedelta(seconds=ctx.timeout_s)   # the subgroups time out as the default group does
     D, N, O, B = (TWO_D_SIZES[k] for k in "DNOB")
     g = torch.Generator().manual_seed(6)
     P0 = {"w0": torch.randn(D, D, generator=g) / D ** 0.5, "w1": torch.randn(N, D, generator=g) / D ** 0.5,
