@@ -107,3 +107,46 @@ def test_title_ids_and_next_follow_the_file_number(notebook):
             f"{notebook.name}: 'Next:' points to {nexts}, the next lesson is {NUMBERS[following]}"
     else:
         assert not nexts, f"{notebook.name} is the last lesson but points to {nexts}"
+
+
+def _lesson_minutes() -> dict[str, tuple]:
+    """Per lesson number: (README's minutes, docs/lessons.md's minutes, docs/syllabus.md's seconds)."""
+    readme = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^\| \[`(\d\d)_\w+\.ipynb`\]\([^)]*\) \| [^|]* \| ([\d.]+) \|", (ROOT / "README.md").read_text(), re.M)}
+    lessons = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^## (\d\d) .*?^Minutes on CPU: ([\d.]+)\.", (ROOT / "docs" / "lessons.md").read_text(), re.M | re.S)}
+    syllabus = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r"^\| (\d\d) [^|]* \| (\d+) \| \d+ \|", (ROOT / "docs" / "syllabus.md").read_text(), re.M)}
+    return {n: (readme.get(n), lessons.get(n), syllabus.get(n)) for n in sorted({*readme, *lessons, *syllabus})}
+
+
+def test_the_three_places_that_state_lesson_times_agree():
+    """Issue 61: README's minutes, docs/lessons.md's minutes and docs/syllabus.md's seconds are one measurement
+    (make course), for every lesson in notebooks/."""
+    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    times = _lesson_minutes()
+    assert set(times) == notebooks, set(times) ^ notebooks
+    bad = {n: t for n, t in times.items() if None in t or t[0] != t[1] or abs(t[2] / 60 - t[0]) > 0.051}
+    assert not bad, bad
+
+
+def test_the_exercise_tables_list_every_graded_exercise():
+    """Issue 61: exercises/README.md (id, lesson, template), docs/syllabus.md (ids per lesson) and
+    docs/instructors.md (every id) agree with the grading catalog."""
+    from mgpu_utils.grading.catalog import EXERCISES
+
+    table = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^\| (\d\d\.\d) \| (\d\d) [^|]* \| `([\w.]+)` \|", (ROOT / "exercises" / "README.md").read_text(), re.M)}
+    assert table == {i: (i[:2], e.template) for i, e in EXERCISES.items()}
+    syllabus = (ROOT / "docs" / "syllabus.md").read_text()
+    rows = {m.group(1): set(re.findall(r"\b\d\d\.\d\b", m.group(2)))
+            for m in re.finditer(r"^\| (\d\d) [^|]* \|(?:[^|]*\|){3}([^|]*)\|$", syllabus, re.M)}
+    by_lesson = {}
+    for i in EXERCISES:
+        by_lesson.setdefault(i[:2], set()).add(i)
+    assert {n: ids for n, ids in rows.items() if ids} == by_lesson
+    instructors = (ROOT / "docs" / "instructors.md").read_text()
+    named = set(re.findall(r"\b\d\d\.\d\b", instructors))
+    for lesson, first, last in re.findall(r"\b(\d\d)\.(\d)-\1\.(\d)\b", instructors):   # 03.4-03.6: a range
+        named |= {f"{lesson}.{k}" for k in range(int(first), int(last) + 1)}
+    assert set(EXERCISES) <= named, set(EXERCISES) - named
