@@ -8,7 +8,8 @@ from helpers import wrong
 from mgpu_utils.grading.runner import grade_many
 
 # 03.4 ---------------------------------------------------------------------------------------------------------
-REDUCE = ("        dist.all_reduce(p.grad)          # sum over the ranks (dist.ReduceOp.AVG on NCCL does both at once)\n"
+REDUCE = ("        dist.all_reduce(p.grad)          "
+          "# sum over the ranks (dist.ReduceOp.AVG on NCCL does both at once)\n"
           "        p.grad /= world\n")
 LOOP = "    for p in model.parameters():\n        if p.grad is None:\n            continue\n" + REDUCE
 IMPORT = "import torch.distributed as dist\n"
@@ -96,11 +97,13 @@ WRONG_035 = {
 # 03.6 ---------------------------------------------------------------------------------------------------------
 SEND_036 = "        flat = torch.cat([p.grad.reshape(-1) for p in params])\n"
 PENDING_036 = "        self.pending.append((params, flat, dist.all_reduce(flat, async_op=True)))\n"
-WAIT_036 = ("            work.wait()\n            flat /= self.world\n            offset = 0\n            for p in params:\n"
+WAIT_036 = ("            work.wait()\n            flat /= self.world\n            offset = 0\n"
+            "            for p in params:\n"
             "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
             "                offset += p.numel()\n")
 FULL_036 = ("        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
-            "            self.send(self.bucket)\n            self.bucket = []                              # a new bucket\n")
+            "            self.send(self.bucket)\n"
+            "            self.bucket = []                              # a new bucket\n")
 LEFT_036 = ("        if self.bucket:                                   # what is left after backward\n"
             "            self.send(self.bucket)\n            self.bucket = []\n")
 
