@@ -125,7 +125,8 @@ def problem_hint(exercise_id: str, p: dict, world: int) -> str:
         if when(p, world):
             return hint.format(**p, W=world) + (
                 " (on a model that uses one weight twice: its gradient is the sum of both uses and is ready once, "
-                "after both; register_post_accumulate_grad_hook fires then, a tensor hook once per use)"
+                "after both, when its hook fires (a tensor hook, p.register_hook, once too, with the sum): "
+                "model.parameters() lists it once; one hook per module that holds it fires twice)"
                 if p.get("tied") else "")
     return f"rank {p.get('rank')}: {p}"
 

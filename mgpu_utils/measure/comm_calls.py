@@ -100,6 +100,8 @@ class _Handle:
 
     def _deliver(self):
         if self._into is not None:
+            if self._into._version != self._call.get("version", self._into._version):
+                self._call["touched"] = True               # written (divided?) before the result was promised
             self._into.copy_(self._copy)
 
     def wait(self, *args, **kwargs):
@@ -128,8 +130,11 @@ class _Handle:
 def counted_all_reduce(state: dict, fn=None):
     """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
     module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
-    it while ``loss.backward()`` runs), and for an async call whether its handle was waited for; an async
-    call's result reaches its tensor at wait() (or when its future completes), as promised, not before."""
+    it while ``loss.backward()`` runs), the tensor's storage (``storage``, its data pointer: the weights
+    all-reduced instead of the gradient?) and ``elements``, and for an async call whether its handle was waited
+    for and whether the tensor was written before the result was delivered (``touched``: divided before
+    wait()); an async call's result reaches its tensor at wait() (or when its future completes), as promised,
+    not before."""
     calls = []
 
     def replace(name, real):
@@ -137,10 +142,12 @@ def counted_all_reduce(state: dict, fn=None):
             return real
 
         def counting(tensor, *args, **kwargs):
-            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False}
+            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False,
+                    "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel()}
             calls.append(call)
             if not call["async"]:
                 return real(tensor, *args, **kwargs)
+            call["version"] = tensor._version              # changed before wait()? (``touched`` then)
             copy = tensor.detach().clone()                 # the result lands in ``tensor`` at wait(), not before
             return _Handle(real(copy, *args, **kwargs), call, into=tensor, copy=copy)
         return counting

@@ -26,10 +26,15 @@ from mgpu_utils.measure.comm_calls import point_to_point_only
 def start_values(rank: int, n: int = 4, seed: int | None = None) -> torch.Tensor:
     """Exercise 04.6's numbers: ``n`` whole numbers (float32, shape (n,)) of rank ``rank``'s own, drawn from
     ``seed`` (default: ``MGPU_GRADE_SEED``, 0 when unset). The grader picks a new seed for every run, so the
-    sum over the ranks cannot be written down in advance: it has to be communicated."""
+    sum over the ranks cannot be written down in advance: it has to be communicated. Each is 1 to 99, and 100
+    more at position ``rank % n``: with up to ``n`` ranks each rank holds the largest number somewhere, so the
+    element-wise maximum over the ranks is no rank's own numbers (a ReduceOp.MAX is not taken for a
+    broadcast)."""
     seed = int(os.environ.get("MGPU_GRADE_SEED", "0")) if seed is None else seed
     g = torch.Generator().manual_seed(seed * 1009 + rank)
-    return torch.randint(1, 100, (n,), generator=g).float()
+    t = torch.randint(1, 100, (n,), generator=g).float()
+    t[rank % n] += 100
+    return t
 
 
 def emit_every_rank(ctx, t: torch.Tensor) -> None:
@@ -81,6 +86,11 @@ def check_all_gather(fn, ctx, problems):
             note(problems, {"rank": rank, "kind": "shape", "want": f"a list of {world} tensors",
                             "got": f"{len(out)} tensors" if isinstance(out, (list, tuple)) else type(out).__name__})
             continue
+        shared = _one_tensor_twice(out)
+        if shared:                                    # [t] * W, or one receive buffer for every step
+            note(problems, {"rank": rank, "kind": "aliased", "first": shared[0], "second": shared[1],
+                            "length": length})
+            continue
         for j, (o, r) in enumerate(zip(out, ref)):
             if not isinstance(o, torch.Tensor) or o.shape != r.shape:
                 note(problems, {"rank": rank, "kind": "shape", "got": str(getattr(o, "shape", type(o).__name__)),
@@ -91,12 +101,42 @@ def check_all_gather(fn, ctx, problems):
                                 "equals_rank": same[0] if same else None, "unwritten": bool(o.isnan().any())})
 
 
+def _one_tensor_twice(out) -> tuple[int, int] | None:
+    """The first two entries of ``out`` that share memory (one tensor twice in the list, or views of one
+    buffer that overlap), or None."""
+    spans = []
+    for j, o in enumerate(out):
+        if isinstance(o, torch.Tensor) and o.numel():
+            start = o.data_ptr()
+            spans.append((j, o.untyped_storage().data_ptr(), start, start + o.numel() * o.element_size()))
+    for a, (i, si, lo_i, hi_i) in enumerate(spans):
+        for j, sj, lo_j, hi_j in spans[a + 1:]:
+            if si == sj and lo_i < hi_j and lo_j < hi_i:
+                return i, j
+    return None
+
+
+def _partial_sum(out, shares, rank) -> tuple[int, list[int]] | None:
+    """Which chunk ``out`` is, summed over which ranks, when that is a proper subset of two or more ranks
+    (``shares[s][j]``: rank s's chunk j): (chunk, ranks), this rank's own chunk first, or None."""
+    import itertools
+
+    world = len(shares)
+    for j in [rank] + [c for c in range(world) if c != rank]:
+        for size in range(2, world):
+            for ranks in itertools.combinations(range(world), size):
+                if diff(out, sum(shares[s][j] for s in ranks)) == 0:
+                    return j, list(ranks)
+    return None
+
+
 def check_reduce_scatter(fn, ctx, problems):
     """04.5: ``fn(x)``, x of world_size * k elements, against reduce-scatter for k = 1, 3 and :data:`LARGE`,
     point-to-point only (the large chunks deadlock blocking calls, as in :func:`check_all_gather`)."""
     world, rank = ctx.world_size, ctx.rank
     for k in (1, 3, LARGE):
-        x = (torch.arange(world * k) % 251).float() * (rank + 1) + rank   # small integers: every sum is exact
+        # small integers (every sum is exact), not linear in the rank: a mean over the ranks is no rank's share
+        x = (torch.arange(world * k) % 251).float() * (rank + 1) + rank * rank
         with point_to_point_only("04.5", fn):
             out = fn(x.clone())
         ref = torch.empty(k)
@@ -114,8 +154,11 @@ def check_reduce_scatter(fn, ctx, problems):
             total = sum(xs).chunk(world)
             same = [j for j in range(world) if diff(out, total[j]) == 0]          # another chunk's full sum
             alone = [j for j in range(world) if diff(out, xs[j].chunk(world)[rank]) == 0]   # one rank's share
+            part = _partial_sum(out, [t.chunk(world) for t in xs], rank) if k < LARGE else None
             note(problems, {"rank": rank, "kind": "value", "k": k, "max_diff": diff(out, ref),
-                            "equals_chunk": same[0] if same else None, "one_rank": alone[0] if alone else None})
+                            "equals_chunk": same[0] if same else None, "one_rank": alone[0] if alone else None,
+                            "mean": diff(out, ref / world) < 1e-4 * (1 + ref.abs().max().item()),
+                            "part_chunk": part[0] if part else None, "part_ranks": part[1] if part else None})
 
 
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
@@ -127,13 +170,25 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the entry for rank {index} holds rank {equals_rank}'s tensor (world size {W}). At step s a "
          "rank forwards what it received at step s - 1: the tensor of rank (rank - s) mod W, and receives that of "
          "rank (rank - s - 1) mod W"),
+        (lambda p, W: p.get("unwritten") and p["index"] == p["rank"],
+         "rank {rank}: its own entry, out[{rank}], was never written (world size {W}, length {length}): it still holds "
+         "what torch.empty_like left there, and the ring forwarded that. Put a copy of this rank's x there before "
+         "the first step"),
         (lambda p, W: p.get("unwritten"),
          "rank {rank}: the entry for rank {index} was never written (world size {W}, length {length}): it still "
          "holds what torch.empty_like left there. Each of the W - 1 steps must receive one tensor from the left "
          "into its own slot, and wait for it"),
         (always, "rank {rank}: the entry for rank {index} differs from dist.all_gather's by {max_diff:.3g} (world size "
                  "{W}, length {length}): was it received into the right slot, and waited for before use?")],
+    "aliased": [
+        (always, "rank {rank}: the entries for ranks {first} and {second} are one and the same tensor (world size "
+                 "{W}, length {length}): [t] * W repeats one tensor W times, and a buffer reused for every receive is "
+                 "one tensor too, so each receive overwrites the last. Give every entry a tensor of its own "
+                 "(torch.empty_like per entry, or a new one per step)")],
     "value": [
+        (lambda p, W: p.get("mean"),
+         "rank {rank}: returned the mean over the {W} ranks of chunk {rank}, not their sum (world size {W}): "
+         "reduce-scatter sums (its default op, ReduceOp.SUM); do not divide by the world size"),
         (lambda p, W: p.get("one_rank") is not None and p["one_rank"] == p["rank"],
          "rank {rank}: returned its own share of chunk {rank}, unchanged (world size {W}): nothing from the other "
          "ranks was added"),
@@ -143,6 +198,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p.get("equals_chunk") is not None and p["equals_chunk"] != p["rank"],
          "rank {rank}: returned the complete sum of chunk {equals_chunk}, not chunk {rank} (world size {W}): start "
          "one chunk earlier, so that after W - 1 steps the chunk completed is rank's own"),
+        (lambda p, W: p.get("part_chunk") is not None,
+         "rank {rank}: returned chunk {part_chunk} summed over ranks {part_ranks} only, where reduce-scatter gives "
+         "chunk {rank} summed over all {W} (world size {W}, chunks of {k}): after W - 1 steps the chunk complete on "
+         "a rank is the one its last step received into; make that chunk {rank}, and return it"),
         (always, "rank {rank}: differs from reduce-scatter's chunk by {max_diff:.3g} (world size {W}, chunks of {k}): "
                  "each step must add the incoming partial sum to this rank's copy of the same chunk")],
 }
@@ -161,6 +220,14 @@ def _every_rank_hint(res: dict, world: int, seed: int) -> str | None:
     if copied and world > 1:
         return (f"every rank holds rank {copied[0]}'s numbers {starts[copied[0]]}, not the sum over the ranks {want} "
                 f"(world size {world}): a broadcast copies one rank's t and adds nothing; dist.all_reduce sums")
+    top, mean = [max(col) for col in zip(*starts)], [w / world for w in want]
+    if world > 1 and all(got == top for got in every):          # no rank's own numbers (start_values)
+        return (f"rank 0 ends with {top}, the element-wise maximum over the ranks, not their sum {want} (world size "
+                f"{world}), and so does every rank: all_reduce's default op, ReduceOp.SUM, adds")
+    if world > 1 and all(isinstance(got, list) and len(got) == len(mean)
+                         and max(abs(g - m) for g, m in zip(got, mean)) < 1e-4 for got in every):
+        return (f"rank 0 ends with {every[0]}, the mean over the {world} ranks, not their sum {want} (world size "
+                f"{world}), and so does every rank: the exercise asks for the sum; do not divide by the world size")
     for r, got in enumerate(every):
         if got == want:
             continue

@@ -89,8 +89,12 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
                                                                                 ddp.module.buffers()))
         apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in pairs) > 0)])
         dist.all_reduce(apart)                            # known on every rank, rank 0 too
-        if apart.item():
-            note(problems, {"rank": rank, "kind": "broadcast"})
+        if apart.item():                                  # the same weights on every rank, only not rank 0's?
+            flat = torch.cat([q.detach().reshape(-1).float() for q, _ in pairs])
+            low, high = flat.clone(), flat.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            note(problems, {"rank": rank, "kind": "broadcast", "agree": diff(low, high) == 0})
     x_all, y_all = load_data()[0][:48]
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
@@ -117,6 +121,7 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
             if unwaited:                                  # first: unwaited work can also leave a gradient wrong
                 note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
                                 "unwaited": unwaited})
+            weights = {q.untyped_storage().data_ptr() for q in mine.parameters()}
             for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
                 if q.grad is None or diff(q.grad, d.grad) > 1e-6:
                     got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
@@ -124,6 +129,10 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
                                     "summed": diff(got, world * d.grad) < 1e-5,
                                     "local": g is not None and diff(got, g) == 0, "reduces": len(calls),
                                     "async_calls": sum(c["async"] for c in calls),
+                                    "touched": any(c.get("touched") for c in calls),
+                                    "on_weights": sum(c["storage"] in weights for c in calls),
+                                    "carried": sum(c["elements"] for c in calls),
+                                    "total": sum(p.numel() for p in mine.parameters()),
                                     **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
             bad = check_calls(calls, list(ready))
             if bad:
@@ -215,9 +224,25 @@ def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
     "grad": [
+        (lambda p, W: p["local"] and p.get("on_weights"),
+         "rank {rank}: the gradient of {param} is still this rank's own: {on_weights} of the {reduces} all-reduce(s) "
+         "were of the parameters themselves (their weights), not of p.grad (world size {W}): DDP averages the "
+         "gradients, and every rank then takes the same step from the same weights"),
+        (lambda p, W: p["local"] and p.get("reduces") and p["carried"] < p["total"],
+         "rank {rank}: the gradient of {param} is still this rank's own: your all-reduces carried {carried:,} of the "
+         "model's {total:,} gradient elements (world size {W}), not this one: every gradient must be all-reduced "
+         "(with buckets: the one still open when backward ends too, sent by finish())"),
+        (lambda p, W: p["local"] and p.get("reduces"),
+         "rank {rank}: the gradient of {param} is still this rank's own, though {reduces} all-reduce(s) ran and "
+         "carried {carried:,} elements, every gradient's (world size {W}): the means never came back: after wait(), "
+         "copy each parameter's slice of the averaged bucket back into p.grad"),
         (lambda p, W: p["local"],
          "rank {rank}: the gradient of {param} is still this rank's own (world size {W}): all-reduce it over the "
          "ranks"),
+        (lambda p, W: p["summed"] and p.get("touched"),
+         "rank {rank}: the gradient of {param} is {W} times DDP's: it was changed (divided?) before its all-reduce's "
+         "wait() returned, and the sum, which an async all-reduce writes into its tensor by the time wait() "
+         "returns, replaced that (world size {W}): wait first, then divide"),
         (lambda p, W: p["summed"],
          "rank {rank}: the gradient of {param} is {W} times DDP's (world size {W}): all_reduce sums; DDP averages, "
          "so divide by the world size"),
@@ -230,6 +255,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p.get("own_over_world") and not p.get("reduces"),
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}, and no all-reduce ran: dividing "
          "is the second half; first dist.all_reduce(p.grad), which sums every rank's gradient into p.grad"),
+        (lambda p, W: p.get("own_over_world") and p.get("async_calls") and not p.get("touched"),
+         "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce ran on a copy, and "
+         "its result never came back into p.grad: all-reduce p.grad itself, or copy the result back once wait() "
+         "has returned (an async all-reduce fills its tensor only by then)"),
         (lambda p, W: p.get("own_over_world") and p.get("async_calls"),
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduced values never "
          "reached p.grad. An async all-reduce fills its tensor only by the time wait() returns: wait for each "
@@ -241,7 +270,11 @@ HINTS: dict[str, list[tuple]] = {
     "growth": [(always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
                         "every step (a list of pending work never cleared?): in a long run it fills the memory")],
-    "broadcast": [(always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
+    "broadcast": [(lambda p, W: p.get("agree"),
+                   "after your wrapper was built every rank held the same weights, but not rank 0's (world size "
+                   "{W}): DDP starts every replica from rank 0's parameters and buffers, broadcast from src=0, not "
+                   "from their mean or from anything else the ranks agree on"),
+                  (always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
                            "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
                            "wraps the model; do the same in __init__")],
     "unwaited": [(always, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "

@@ -1,0 +1,287 @@
+"""Exercises 03.4 to 03.7's graders (mgpu_utils.grading.coding.data_parallel), round 2 of issue 55: right
+solutions written as students write them (an explicit ReduceOp.SUM, all_reduce imported by name, one flat
+tensor, futures, tensor hooks, buckets laid out in advance as DDP does, a coalesced broadcast) pass; wrong ones
+get the hint that names the mistake made. Each list is graded in one launch at 3 ranks."""
+import re
+
+from helpers import wrong
+from mgpu_utils.grading.runner import grade_many
+
+# 03.4 ---------------------------------------------------------------------------------------------------------
+REDUCE = ("        dist.all_reduce(p.grad)          "
+          "# sum over the ranks (dist.ReduceOp.AVG on NCCL does both at once)\n"
+          "        p.grad /= world\n")
+LOOP = "    for p in model.parameters():\n        if p.grad is None:\n            continue\n" + REDUCE
+IMPORT = "import torch.distributed as dist\n"
+
+RIGHT_034 = {   # name: (text of the solution, replaced by)
+    "an explicit ReduceOp.SUM, then div_": (
+        REDUCE, "        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)\n        p.grad.div_(world)\n"),
+    "all_reduce and ReduceOp imported by name": (
+        [IMPORT, REDUCE], [IMPORT + "from torch.distributed import ReduceOp, all_reduce\n",
+                           "        all_reduce(p.grad, op=ReduceOp.SUM)\n        p.grad /= world\n"]),
+    "divided first, then summed": (REDUCE, "        p.grad /= world\n        dist.all_reduce(p.grad)\n"),
+    "torch.distributed.nn's all_reduce, a new gradient": (
+        [IMPORT, REDUCE], [IMPORT + "import torch.distributed.nn.functional as dist_nn\n",
+                           "        p.grad = dist_nn.all_reduce(p.grad) / world\n"]),
+    "one flat tensor (torch._utils._flatten_dense_tensors)": (
+        LOOP, "    grads = [p.grad for p in model.parameters() if p.grad is not None]\n"
+              "    flat = torch._utils._flatten_dense_tensors(grads)\n    dist.all_reduce(flat)\n    flat /= world\n"
+              "    for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):\n"
+              "        g.copy_(mean)\n"),
+    "asynchronous all-reduces, every one waited": (
+        LOOP, "    works = [(p, dist.all_reduce(p.grad, async_op=True)) for p in model.parameters() "
+              "if p.grad is not None]\n    for p, work in works:\n        work.wait()\n        p.grad /= world\n"),
+    "on p.grad.data, times 1 / world": (
+        REDUCE, "        dist.all_reduce(p.grad.data)\n        p.grad.data.mul_(1.0 / world)\n"),
+}
+
+WRONG_034 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "the weights averaged, not the gradients": (
+        REDUCE, "        dist.all_reduce(p.data)\n        p.data /= world\n",
+        r"the gradient of 0.weight is still this rank's own: 6 of the 6 all-reduce\(s\) were of the parameters "
+        r"themselves \(their weights\), not of p.grad"),
+    "asynchronous, never waited": (
+        REDUCE, "        dist.all_reduce(p.grad, async_op=True)\n        p.grad /= world\n",
+        r"6 of the 6 asynchronous all-reduces were never waited for"),
+    "asynchronous, divided before wait()": (
+        REDUCE, "        work = dist.all_reduce(p.grad, async_op=True)\n        p.grad /= world\n        work.wait()\n",
+        r"is 3 times DDP's: it was changed \(divided\?\) before its all-reduce's wait\(\) returned"),
+    "a return indented into the loop: the first gradient only": (
+        REDUCE, REDUCE + "        return\n",
+        r"the gradient of 0.bias is still this rank's own: your all-reduces carried 2,048 of the model's 3,466 "
+        r"gradient elements \(world size 3\), not this one"),
+}
+
+# 03.5 ---------------------------------------------------------------------------------------------------------
+APPEND = "        self.pending.append((p, dist.all_reduce(p.grad, async_op=True)))\n"
+WAIT = "            work.wait()\n            p.grad /= self.world\n"
+FINISH_035 = ("        for p, work in self.pending:\n" + WAIT + "        self.pending.clear()\n")
+HOOKS_035 = "        for p in model.parameters():\n            p.register_post_accumulate_grad_hook(self.ready)\n"
+
+RIGHT_035 = {
+    "get_future().wait()": (WAIT, "            work.get_future().wait()\n            p.grad /= self.world\n"),
+    "torch.futures.wait_all, then divide": (
+        FINISH_035, "        torch.futures.wait_all([work.get_future() for _, work in self.pending])\n"
+                    "        for p, _ in self.pending:\n            p.grad.div_(self.world)\n"
+                    "        self.pending.clear()\n"),
+    "divided in the hook, before the all-reduce": (
+        [APPEND, WAIT], ["        p.grad.div_(self.world)\n" + APPEND, "            work.wait()\n"]),
+    "all_reduce imported by name, an explicit ReduceOp.SUM": (
+        [IMPORT, APPEND], [IMPORT + "from torch.distributed import ReduceOp, all_reduce\n",
+                           "        self.pending.append((p, all_reduce(p.grad, op=ReduceOp.SUM, async_op=True)))\n"]),
+    "a tensor hook (register_hook) on the incoming gradient, copied into p.grad in finish": (
+        [HOOKS_035, "    def ready(self, p: torch.Tensor) -> None:\n", APPEND, FINISH_035],
+        ["        for p in model.parameters():\n"
+         "            p.register_hook(lambda g, p=p: self.ready(p, g))\n",
+         "    def ready(self, p: torch.Tensor, g: torch.Tensor) -> None:\n",
+         "        self.pending.append((p, g, dist.all_reduce(g, async_op=True)))\n",
+         "        for p, g, work in self.pending:\n            work.wait()\n            p.grad.copy_(g / self.world)\n"
+         "        self.pending.clear()\n"]),
+}
+
+WRONG_035 = {
+    "a blocking all-reduce in the hook": (
+        [APPEND, WAIT], ["        dist.all_reduce(p.grad)\n        self.pending.append((p, None))\n",
+                         "            p.grad /= self.world\n"],
+        r"6 all-reduce call\(s\) for 6 parameters, 0 of them started inside backward with async_op=True"),
+    "divided before wait()": (
+        WAIT, "            p.grad /= self.world\n            work.wait()\n",
+        r"is 3 times DDP's: it was changed \(divided\?\) before its all-reduce's wait\(\) returned"),
+    "an all-reduce of a copy of each gradient": (
+        APPEND, "        self.pending.append((p, dist.all_reduce(p.grad.clone(), async_op=True)))\n",
+        r"is this rank's own divided by 3: the all-reduce ran on a copy, and its result never came back into "
+        r"p.grad: all-reduce p.grad itself"),
+}
+
+# 03.6 ---------------------------------------------------------------------------------------------------------
+SEND_036 = "        flat = torch.cat([p.grad.reshape(-1) for p in params])\n"
+PENDING_036 = "        self.pending.append((params, flat, dist.all_reduce(flat, async_op=True)))\n"
+WAIT_036 = ("            work.wait()\n            flat /= self.world\n            offset = 0\n"
+            "            for p in params:\n"
+            "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+            "                offset += p.numel()\n")
+FULL_036 = ("        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
+            "            self.send(self.bucket)\n"
+            "            self.bucket = []                              # a new bucket\n")
+LEFT_036 = ("        if self.bucket:                                   # what is left after backward\n"
+            "            self.send(self.bucket)\n            self.bucket = []\n")
+
+LAID_OUT = '''import torch
+import torch.distributed as dist
+
+
+class BucketedGradients:
+    """Buckets laid out once, in reverse parameter order (the order backward completes them), as DDP does."""
+
+    def __init__(self, model, bucket_bytes):
+        self.world = dist.get_world_size()
+        self.buckets, current, size = [], [], 0
+        for p in reversed(list(model.parameters())):
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(current)
+                current, size = [], 0
+        if current:
+            self.buckets.append(current)
+        self.bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.waiting = [len(b) for b in self.buckets]
+        self.pending = []
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p):
+        i = self.bucket_of[p]
+        self.waiting[i] -= 1
+        if self.waiting[i] == 0:                  # the bucket's last gradient: send it
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            self.pending.append((self.buckets[i], flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish(self):
+        for params, flat, work in self.pending:
+            work.wait()
+            flat /= self.world
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.pending.clear()
+        self.waiting = [len(b) for b in self.buckets]
+'''
+
+RIGHT_036 = {
+    "flattened and unflattened with torch._utils": (
+        [SEND_036, WAIT_036],
+        ["        flat = torch._utils._flatten_dense_tensors([p.grad for p in params])\n",
+         "            work.wait()\n            grads = [p.grad for p in params]\n"
+         "            for g, mean in zip(grads, torch._utils._unflatten_dense_tensors(flat / self.world, grads)):\n"
+         "                g.copy_(mean)\n"]),
+    "a running byte count": (
+        ["        self.bucket, self.pending = [], []", FULL_036, LEFT_036],
+        ["        self.bucket, self.pending, self.size = [], [], 0",
+         "        self.size += p.grad.numel() * p.grad.element_size()\n        if self.size >= self.bucket_bytes:\n"
+         "            self.send(self.bucket)\n            self.bucket, self.size = [], 0\n",
+         "        if self.bucket:\n            self.send(self.bucket)\n            self.bucket, self.size = [], 0\n"]),
+    "each bucket's future divides (get_future().then)": (
+        [PENDING_036, WAIT_036, "        for params, flat, work in self.pending:\n"],
+        ["        fut = dist.all_reduce(flat, async_op=True).get_future().then(lambda f: f.value()[0] / self.world)\n"
+         "        self.pending.append((params, fut))\n",
+         "            flat = fut.wait()\n            offset = 0\n            for p in params:\n"
+         "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+         "                offset += p.numel()\n",
+         "        for params, fut in self.pending:\n"]),
+    "buckets laid out in __init__, in reverse parameter order": (None, LAID_OUT),
+}
+
+WRONG_036 = {
+    "the means never copied back into the gradients": (
+        WAIT_036, "            work.wait()\n            flat /= self.world\n",
+        r"the gradient of \S+ is still this rank's own, though 2 all-reduce\(s\) ran and carried 3,466 elements, "
+        r"every gradient's .* copy each parameter's slice of the averaged bucket back into p.grad"),
+    "a bucket sent before it would overflow (bucket_bytes as a cap)": (
+        ["    def ready(self, p: torch.Tensor) -> None:\n        self.bucket.append(p)\n", FULL_036],
+        ["    def ready(self, p: torch.Tensor) -> None:\n",
+         "        size = sum(q.grad.numel() * q.grad.element_size() for q in self.bucket)\n"
+         "        if self.bucket and size + p.grad.numel() * p.grad.element_size() > self.bucket_bytes:\n"
+         "            self.send(self.bucket)\n            self.bucket = []\n        self.bucket.append(p)\n"],
+        r"4 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+    "divided before wait()": (
+        WAIT_036, WAIT_036.replace("            work.wait()\n            flat /= self.world\n",
+                                   "            flat /= self.world\n            work.wait()\n"),
+        r"is 3 times DDP's: it was changed \(divided\?\) before its all-reduce's wait\(\) returned"),
+    "buckets laid out in parameter order, not in the order backward completes them": (
+        None, LAID_OUT.replace("reversed(list(model.parameters()))", "model.parameters()"),
+        r"3 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes in "
+        r"ready order"),
+}
+
+# 03.7 ---------------------------------------------------------------------------------------------------------
+BROADCAST = ("            for t in list(module.parameters()) + list(module.buffers()):\n"
+             "                dist.broadcast(t, src=0)                  # every replica starts from rank 0's weights\n")
+READY_037 = "    def ready(self, p: torch.Tensor) -> None:\n        self.bucket.append(p)\n"
+WAIT_037 = "            work.wait()\n            flat /= self.world\n"
+HOOKS_037 = "            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(self.ready)\n"
+
+RIGHT_037 = {
+    "the state_dict's tensors broadcast": (
+        BROADCAST, "            for t in module.state_dict().values():\n                dist.broadcast(t, src=0)\n"),
+    "one coalesced broadcast (torch._utils flatten)": (
+        BROADCAST, "            tensors = list(module.parameters()) + list(module.buffers())\n"
+                   "            flat = torch._utils._flatten_dense_tensors(tensors)\n"
+                   "            dist.broadcast(flat, src=0)\n"
+                   "            for t, s in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):\n"
+                   "                t.copy_(s)\n"),
+    "rank 0's state_dict sent with broadcast_object_list": (
+        BROADCAST, "            state = [module.state_dict() if dist.get_rank() == 0 else None]\n"
+                   "            dist.broadcast_object_list(state, src=0)\n"
+                   "            module.load_state_dict(state[0])\n"),
+    "divided in the hook, waited through the future": (
+        [READY_037, WAIT_037], ["    def ready(self, p: torch.Tensor) -> None:\n        p.grad.div_(self.world)\n"
+                                "        self.bucket.append(p)\n", "            work.get_future().wait()\n"]),
+    "tensor hooks (register_hook): a tied weight's hook fires once, with the sum of both uses": (
+        [HOOKS_037, READY_037, "sum(q.grad.numel() * q.grad.element_size() for q in self.bucket)",
+         "        flat = torch.cat([p.grad.reshape(-1) for p in self.bucket])\n",
+         "            for p in params:\n                p.grad.copy_("],
+        ["            if p.requires_grad:\n                p.register_hook(lambda g, p=p: self.ready(p, g))\n",
+         "    def ready(self, p: torch.Tensor, g: torch.Tensor) -> None:\n        self.bucket.append((p, g))\n",
+         "sum(g.numel() * g.element_size() for _, g in self.bucket)",
+         "        flat = torch.cat([g.reshape(-1) for _, g in self.bucket])\n",
+         "            for p, _ in params:\n                p.grad.copy_("]),
+    "the gradients made views of the averaged bucket": (
+        "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n",
+        "                p.grad = flat[offset:offset + p.numel()].view_as(p)\n"),
+}
+
+WRONG_037 = {
+    "buffers broadcast, the parameters averaged": (
+        BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
+                   "            for p in module.parameters():\n                dist.all_reduce(p)\n"
+                   "                p /= self.world\n",
+        r"after your wrapper was built every rank held the same weights, but not rank 0's \(world size 3\)"),
+    "buckets counted in elements": (
+        "q.grad.numel() * q.grad.element_size() for", "q.grad.numel() for",
+        r"1 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+}
+
+
+def _cases(tmp_path, exercise_id, table):
+    out = []
+    for k, (name, (old, new, *_)) in enumerate(table.items()):
+        folder = tmp_path / f"{exercise_id}_{k}"
+        folder.mkdir()
+        if old is None:
+            path = folder / f"whole_{k}.py"
+            path.write_text(new)
+            out.append((exercise_id, path))
+        else:
+            out.append((exercise_id, wrong(folder, exercise_id, old, new)))
+    return out
+
+
+TABLES = {"03.4": (RIGHT_034, WRONG_034), "03.5": (RIGHT_035, WRONG_035), "03.6": (RIGHT_036, WRONG_036),
+          "03.7": (RIGHT_037, WRONG_037)}
+
+
+def test_right_variants_pass(tmp_path, starts_processes):
+    cases, names = [], []
+    for exercise_id, (right, _) in TABLES.items():
+        cases += _cases(tmp_path, exercise_id, right)
+        names += [f"{exercise_id} {n}" for n in right]
+    hints = grade_many(cases, 3)
+    assert hints == [None] * len(cases), {n: h for n, h in zip(names, hints) if h}
+
+
+def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
+    cases, wants = [], []
+    for exercise_id, (_, bad) in TABLES.items():
+        cases += _cases(tmp_path, exercise_id, bad)
+        wants += [(f"{exercise_id} {n}", want) for n, (*_, want) in bad.items()]
+    hints = grade_many(cases, 3)
+    failed = {name: hint for (name, want), hint in zip(wants, hints) if not (hint and re.search(want, hint))}
+    assert not failed, failed
+
+
+#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+COUNTS = {"03.4": (len(RIGHT_034), len(WRONG_034)), "03.5": (len(RIGHT_035), len(WRONG_035)),
+          "03.6": (len(RIGHT_036), len(WRONG_036)), "03.7": (len(RIGHT_037), len(WRONG_037))}
