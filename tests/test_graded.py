@@ -598,20 +598,33 @@ def test_a_merge_that_fails_only_from_the_empty_start_is_named():
                      problem_hint("08.3", problems[0], 1))
 
 
-def test_every_graded_exercise_has_four_wrong_solutions_in_tests():
-    """Issue 33's bar: the untouched template plus at least three more known-wrong solutions per exercise, each
-    graded above with the hint it must get."""
-    count = {i: 1 for i in EXERCISES}                               # the template
+def test_every_graded_exercise_has_six_wrong_and_three_right_solutions_in_tests():
+    """Issue 55's bar: per exercise, at least six known-wrong solutions graded with the hint each must get (the
+    untouched template, the tables of this file, and the WRONG tables of tests/test_grading_*.py) and at least
+    three right ones (the worked solution and the RIGHT variants of tests/test_grading_*.py)."""
+    import importlib
+    from pathlib import Path
+
+    wrong_n = {i: 1 for i in EXERCISES}                             # the template
+    right_n = {i: 1 for i in EXERCISES}                             # the worked solution
     for i in MISTAKES:
-        count[i] += 1
+        wrong_n[i] += 1
     for exercise_id, *_ in list(MORE_MISTAKES.values()) + list(CHEATS.values()):
-        count[exercise_id] += 1
+        wrong_n[exercise_id] += 1
     for i in BLOCKING:
-        count[i] += 1
-    count["04.6"] += len(HANG_WRONG)
-    count["03.5"] += 1                                              # never waited for (easy ways round)
-    count["03.6"] += 1
-    assert all(n >= 4 for n in count.values()), count
+        wrong_n[i] += 1
+    wrong_n["04.6"] += len(HANG_WRONG)
+    wrong_n["03.5"] += 1                                            # never waited for (easy ways round)
+    wrong_n["03.6"] += 1
+    right_n["03.7"] += 1                                            # all_reduce imported by name (below)
+    files = sorted(Path(__file__).parent.glob("test_grading_*.py"))
+    assert files
+    for path in files:
+        for exercise_id, (right, wrong) in importlib.import_module(path.stem).COUNTS.items():
+            right_n[exercise_id] += right
+            wrong_n[exercise_id] += wrong
+    assert all(n >= 6 for n in wrong_n.values()), wrong_n
+    assert all(n >= 3 for n in right_n.values()), right_n
 
 
 def test_lessons_03_to_12_each_grade_a_coding_exercise_they_hold():
