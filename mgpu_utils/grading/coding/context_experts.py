@@ -34,10 +34,12 @@ def _which_merge(got, p1, p2, whole) -> dict:
         return {"variant": "first_only"}
     if near(o, out):
         return {"variant": "lse", "lse_is": next((name for name, t in (("max(lse1, lse2)", torch.maximum(l1, l2)),
-                                                                        ("lse1 + lse2", l1 + l2), ("lse1", l1)) if near(l, t)),
+                                                                        ("lse1 + lse2", l1 + l2), ("lse1", l1),
+                                                                        ("lse2", l2)) if near(l, t)),
                                                   "something else")}
-    big = torch.maximum(l1, l2)
+    big, both = torch.maximum(l1, l2), torch.logaddexp(l1, l2)
     for name, t in (("average", (o1 + o2) / 2), ("sum", o1 + o2),
+                    ("swapped", o1 * (l2 - both).exp()[..., None] + o2 * (l1 - both).exp()[..., None]),
                     ("unnormalised", o1 * l1.exp()[..., None] + o2 * l2.exp()[..., None]),
                     ("max_weights", o1 * (l1 - big).exp()[..., None] + o2 * (l2 - big).exp()[..., None])):
         if near(o, t):
@@ -103,6 +105,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["variant"] == "sum",
          "rank {rank}: the output is out1 + out2: each part is already normalised over its own keys, so weight "
          "them by exp(lse_i - lse) (the weights sum to 1)"),
+        (lambda p, W: p["variant"] == "swapped",
+         "rank {rank}: the output weights out1 by exp(lse2 - lse) and out2 by exp(lse1 - lse): the weights are "
+         "swapped. Each part's weight is its own share of the softmax's mass, out1 exp(lse1 - lse) + out2 "
+         "exp(lse2 - lse)"),
         (lambda p, W: p["variant"] == "unnormalised",
          "rank {rank}: the output is out1 exp(lse1) + out2 exp(lse2), not divided by exp(lse1) + exp(lse2)"),
         (lambda p, W: p["variant"] == "max_weights",

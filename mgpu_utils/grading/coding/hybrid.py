@@ -24,7 +24,7 @@ from mgpu_utils.measure.comm_calls import patched_collectives
 #: what g and f send (B/dp x O and B/dp x D elements), so whole weights cannot pass for activations (tp_traffic).
 TWO_D_SIZES = {"D": 6, "N": 48, "O": 4, "B": 24}
 #: Known wrong forwards and backwards of 06.3, named by what they do (the first that matches wins).
-TWO_D_FORWARDS = ("right", "no_f", "g_backward_sum", "bias_every_rank", "no_g")
+TWO_D_FORWARDS = ("right", "no_f", "g_backward_sum", "bias_every_rank", "no_g", "f_forward_sum")
 #: Known wrong data-parallel averages of 06.3: per rank's gradient of its shard, before the update.
 TWO_D_SYNCS = ("right", "none", "sum", "div_world", "world_dp", "world_mean")
 
@@ -51,7 +51,10 @@ def two_d_local(P: dict, x, target, t: int, tp: int, variant: str = "right"):
     parts = []
     for u in range(tp):
         w = mine if u == t else {k: v.detach() for k, v in _two_d_shard(P, u, tp).items()}
-        zu = z if u == t or variant != "no_f" else z.detach()  # without f: W0 learns through its own slice only
+        no_sum = variant in ("no_f", "f_forward_sum")     # f's backward does not sum: W0 learns through its own slice
+        zu = z if u == t or not no_sum else z.detach()
+        if variant == "f_forward_sum":
+            zu = zu + (tp - 1) * z.detach()                # f summed in the forward: tp z, its backward the identity
         parts.append(F.relu(zu @ w["w1"].T) @ w["w2"].T)
     S = parts[t] if variant == "no_g" else sum(parts)
     if variant == "g_backward_sum":                          # g's backward sums: every gradient before it x tp
@@ -133,7 +136,8 @@ def check_two_d(fn, ctx, problems, steps=2, lr=0.1):
                                 want[bad].shape else float("nan")})
             elif sorted(traffic) != want_traffic:
                 note(problems, {**base, "what": "tp_traffic", "step": s + 1, "calls": len(traffic),
-                                "got": sum(traffic), "want_g": len(x) * O, "want_f": len(x) * D})
+                                "got": sum(traffic), "want_g": len(x) * O, "want_f": len(x) * D, "w0": D * D,
+                                "named": _which_traffic(traffic, want_traffic, D * D, O)})
             P = {k: v - lr * _full_grad(local, dp, tp, k) for k, v in P.items()}
             prev = grads
         for group in {tp_group, dp_group}:                              # no groups left over for the next layout
@@ -157,6 +161,23 @@ def tp_traffic(calls: list, traffic: list, tp_ranks: set, fn=None):
             return original(*args, **kwargs)
         return call
     return patched_collectives(counting, fn)
+
+
+def _which_traffic(traffic: list, want: list, w0: int, b2: int) -> str | None:
+    """06.3, a right result whose all-reduces over tp_group carried other sizes than g's and f's activations
+    (``want``): "w0_for_f", W0's gradient (``w0`` elements) all-reduced in place of f; "replicated_world", W0's
+    and b2's gradients (``b2`` elements) averaged over every rank besides f and g; None, something else."""
+    missing, extra = list(want), []
+    for k in traffic:
+        if k in missing:
+            missing.remove(k)
+        else:
+            extra.append(k)
+    if len(missing) == 1 and missing[0] == max(want) and w0 in extra and set(extra) <= {w0, b2}:
+        return "w0_for_f"                                  # f's [rows, D] is the larger of the two (D > O)
+    if not missing and extra and set(extra) <= {w0, b2}:
+        return "replicated_world"
+    return None
 
 
 def _full_grad(local: dict, dp: int, tp: int, name: str) -> torch.Tensor:
@@ -193,6 +214,16 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "loss_type",
          "rank {rank}: train_step returned a {got}; return the loss on this rank's rows as a Python float "
          "(loss.item())"),
+        (lambda p, W: p["what"] == "tp_traffic" and p.get("named") == "w0_for_f",
+         "rank {rank} (mesh {layout}, dp x tp): the result is right, but there is no f: W0's gradient was "
+         "all-reduced over tp_group after the backward ({w0} elements). That gives the same W0 here, where W0 is "
+         "the only layer before f, but f sums z's gradient, [rows, D] ({want_f} elements), in the backward, which "
+         "every layer before it needs: write f's backward (one all-reduce over tp_group)"),
+        (lambda p, W: p["what"] == "tp_traffic" and p.get("named") == "replicated_world",
+         "rank {rank} (mesh {layout}, dp x tp): the result is right, but W0's or b2's gradient was averaged over "
+         "every rank, tp_group included: after f they are equal on the tp ranks, so the mean over dp_group is "
+         "already the mean, and averaging over the world sends them tp = {tp} times over. Average every "
+         "gradient over dp_group only"),
         (lambda p, W: p["what"] == "tp_traffic",
          "rank {rank} (mesh {layout}, dp x tp): the result is right, but at step {step} the all-reduces over "
          "tp_group sent {got} elements in {calls} call(s); tensor parallelism sends activations only, g's "
@@ -205,6 +236,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "loss" and p["forward"] == "bias_every_rank",
          "rank {rank} (mesh {layout}, dp x tp): the loss is that of y with b2 added {tp} times: every tp rank added "
          "the bias before g's all-reduce. Add it after g, once"),
+        (lambda p, W: p["what"] == "loss" and p["forward"] == "f_forward_sum",
+         "rank {rank} (mesh {layout}, dp x tp): the loss is that of z summed over tp_group, tp = {tp} times too "
+         "large: f all-reduced in the forward. f is the identity in the forward and sums the gradient in the "
+         "backward; g is the one that sums in the forward"),
         (lambda p, W: p["what"] == "loss",
          "rank {rank} (mesh {layout}, dp x tp): at step {step} the loss {got:.6f} differs from one process's "
          "{want:.6f} on this rank's rows: the forward is relu(x W0^T), f, relu(. W1^T), . W2^T, g, + b2"),

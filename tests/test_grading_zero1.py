@@ -1,0 +1,117 @@
+"""Exercise 07.4's grader (mgpu_utils.grading.coding.memory, check_sharded_adam), round 2 of issue 55: what
+each collective of a step carries (a whole-gradient all-reduce or all-gather is DDP's traffic, not ZeRO-1's),
+state kept outside the graded object, and a gradient summed where the mean is asked for (Adam all but hides
+it). Right variants pass; wrong ones get the hint that names them. Each list is graded in one launch at 3
+ranks."""
+import re
+
+from helpers import wrong
+from mgpu_utils.grading.runner import grade_many
+
+RS = "        reduce_scatter_single(g, grads)\n        g /= self.world\n"
+AG = "        all_gather_single(full, mine)\n"
+WRITE = ("        offset = 0\n        for p in self.params:                              # write the vector back into "
+         "the parameters\n            p.copy_(full[offset:offset + p.numel()].view_as(p))\n"
+         "            offset += p.numel()\n")
+
+REGISTRY = '''import torch
+import torch.distributed as dist
+
+_MOMENTS = {}                                             # kept by the module, not by the optimizer
+
+
+class ShardedAdam:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps, self.t = list(params), lr, betas, eps, 0
+        _MOMENTS[id(self)] = [(torch.zeros_like(p), torch.zeros_like(p)) for p in self.params]
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        w, r = dist.get_world_size(), dist.get_rank()
+        for p, (m, v) in zip(self.params, _MOMENTS[id(self)]):
+            flat = p.grad.reshape(-1)
+            size = -(-flat.numel() // w)
+            padded = torch.cat([flat, flat.new_zeros(size * w - flat.numel())])
+            mine = torch.empty(size)
+            dist.reduce_scatter_tensor(mine, padded)
+            full = torch.empty(size * w)
+            dist.all_gather_into_tensor(full, mine)
+            g = full[:flat.numel()].view_as(p) / w
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p -= self.lr * (m / (1 - b1 ** self.t)) / ((v / (1 - b2 ** self.t)).sqrt() + self.eps)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
+RIGHT = {   # name: (text of the solution, replaced by)
+    "an all-gather into a list of slices": (AG, "        dist.all_gather(list(full.chunk(self.world)), mine)\n"),
+    "a reduce to each slice's owner instead of a reduce-scatter": (
+        RS, "        for r, part in enumerate(grads.chunk(self.world)):\n            part = part.clone()\n"
+            "            dist.reduce(part, dst=r)\n            if r == self.rank:\n"
+            "                g = part / self.world\n"),
+    "divided first, then a reduce-scatter into a list": (
+        RS, "        grads /= self.world\n        dist.reduce_scatter(g, list(grads.chunk(self.world)))\n"),
+    "an all-to-all and a local sum": (
+        RS, "        parts = torch.empty_like(grads)\n        dist.all_to_all_single(parts, grads)\n"
+            "        g = parts.view(self.world, self.size).sum(0) / self.world\n"),
+    "each slice broadcast by its owner, written back with vector_to_parameters": (
+        [AG, WRITE],
+        ["        for r in range(self.world):\n            part = full[r * self.size:(r + 1) * self.size]\n"
+         "            if r == self.rank:\n                part.copy_(mine)\n            dist.broadcast(part, src=r)\n",
+         "        torch.nn.utils.vector_to_parameters(full[:self.n], self.params)\n"]),
+}
+
+WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "every rank all-reduces the whole gradient": (
+        RS, "        dist.all_reduce(grads)\n"
+            "        g = grads[self.rank * self.size:(self.rank + 1) * self.size] / self.world\n",
+        r"the result is right, but step 1 all-reduced 1,812 elements, and the model has 1,810: every rank received "
+        r"every gradient, as in DDP"),
+    "every rank gathers every rank's whole gradient": (
+        RS, "        parts = [torch.empty_like(grads) for _ in range(self.world)]\n"
+            "        dist.all_gather(parts, grads)\n"
+            "        g = sum(parts)[self.rank * self.size:(self.rank + 1) * self.size] / self.world\n",
+        r"the result is right, but step 1 gathered or broadcast 7,248 elements, and the model has 1,810: every rank "
+        r"received every rank's whole gradient"),
+    "the gradients summed, not averaged": (
+        RS, "        reduce_scatter_single(g, grads)\n",
+        r"the parameters are those of Adam on the sum of the ranks' gradients, 3 times their "
+        r"mean: divide"),
+    "whole moments kept in a module-level dict": (
+        None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
+        r"optimizer \(in a module-level dict"),
+}
+
+
+def _cases(tmp_path, table):
+    out = []
+    for k, (name, (old, new, *_)) in enumerate(table.items()):
+        folder = tmp_path / str(k)
+        folder.mkdir()
+        if old is None:
+            path = folder / "07_zero1.py"
+            path.write_text(new)
+            out.append(("07.4", path))
+        else:
+            out.append(("07.4", wrong(folder, "07.4", old, new)))
+    return out
+
+
+def test_right_variants_pass(tmp_path, starts_processes):
+    hints = grade_many(_cases(tmp_path, RIGHT), 3)
+    assert hints == [None] * len(RIGHT), dict(zip(RIGHT, hints))
+
+
+def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
+    hints = grade_many(_cases(tmp_path, WRONG), 3)
+    for (name, (*_, want)), hint in zip(WRONG.items(), hints):
+        assert hint and re.search(want, hint), (name, hint)
+
+
+#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+COUNTS = {"07.4": (len(RIGHT), len(WRONG))}
