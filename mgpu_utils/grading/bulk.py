@@ -1,4 +1,4 @@
-"""Grade a whole class: every student's workspace, every coding exercise of lessons 03-07, one CSV (for
+"""Grade a whole class: every student's workspace, every coding exercise of lessons 03-12, one CSV (for
 instructors: docs/instructors.md).
 
     python -m mgpu_utils.grading.bulk SUBMISSIONS --out grades.csv [--exercises 04.4,04.5] [--timeout 300]

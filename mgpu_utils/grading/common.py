@@ -8,6 +8,8 @@ exercise, and the helpers that compare, report and count.
   condition of a kind's last hint).
 * :func:`held_bytes` (every tensor an object can reach, each storage once: the state a student's optimizer or
   wrapper holds, 07.4 to 07.6) and :func:`inner_parameters` (the parameters handed to an optimizer inside it).
+* :func:`live_storages` and :func:`reachable_storages` (every tensor alive in the process, and those an object
+  reaches: state kept outside the graded object, in a module-level dict or a registry, 07.4 and 07.5).
 """
 
 from __future__ import annotations
