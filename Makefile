@@ -67,9 +67,14 @@ FLOOR_TORCHVISION ?= 0.25.0
 FLOOR_VENV        := .venv-floor
 FLOOR_SKIP        := torch torchvision jupyterlab playwright
 FLOOR_LAUNCHES    := tests/test_compat.py tests/test_collectives.py tests/test_ddp.py tests/test_model_parallel.py
+# PyPI's torch 2.10 is a CUDA build: about 6 GB in .venv-floor, downloaded without keeping a second copy in pip's
+# cache (--no-cache-dir). FLOOR_NEED_GB is checked first, so a full disk says so instead of pip's "Errno 28".
+FLOOR_NEED_GB     ?= 9
 test-floor:
+	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); [ -x $(FLOOR_VENV)/bin/python ] || [ $$free -ge $(FLOOR_NEED_GB) ] || \
+	  { echo "make test-floor: $$free GB free here, the torch $(FLOOR_TORCH) environment needs about $(FLOOR_NEED_GB) GB (free disk, then run it again)"; exit 3; }
 	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION) \
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-cache-dir torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION) \
 	  $$($(PYTHON) -c "import tomllib; \
 	  deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
 	  print(' '.join(d for d in deps if d.split('==')[0] not in '$(FLOOR_SKIP)'.split()))")
