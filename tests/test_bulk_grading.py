@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from mgpu_utils.env import REPO_ROOT
-from mgpu_utils.grading.bulk import FIELDS, grade_class, main, summary, write_grades
+from mgpu_utils.grading.bulk import (FIELDS, TOTAL_FIELDS, estimate_s, grade_class, main, student_summary, summary,
+                                     submission_folder, totals, write_grades)
 
 EXERCISES = REPO_ROOT / "exercises"
 FILE = "04_ring_all_gather.py"
@@ -50,6 +51,51 @@ def test_six_students_one_row_each(tmp_path, starts_processes):
     table = list(csv.DictReader(out.open()))
     assert tuple(table[0]) == FIELDS and [t["passed"] for t in table] == ["1", "0", "0", "0", "0", "0"]
     assert summary(rows).splitlines()[1].split() == ["04.4", "6", "5", "1"]
+    per_student = list(csv.DictReader((tmp_path / "grades_totals.csv").open()))
+    assert tuple(per_student[0]) == TOTAL_FIELDS
+    assert [(t["student"], t["passed"], t["submitted"]) for t in per_student][:2] == [("ada_right", "1", "1"),
+                                                                                     ("bob_wrong", "0", "1")]
+    assert ("eve_missing", "0", "0") in [(t["student"], t["passed"], t["submitted"]) for t in per_student]
+
+
+def test_totals_sort_and_a_nested_workspace_is_found(tmp_path):
+    """Per-student totals, the most passed first; rows by student, then exercise in lesson order (not as given);
+    a student who handed in the whole workspace/ folder is graded from it, with a warning, not "not submitted"."""
+    rows = [{"student": s, "exercise": e, "passed": p, "hint": h, "seconds": 1.0} for s, e, p, h in [
+        ("zoe", "04.4", True, "ok"), ("zoe", "03.4", True, "ok"), ("al", "03.4", False, "not submitted: no f"),
+        ("al", "04.4", True, "ok"), ("bo", "03.4", False, "wrong"), ("bo", "04.4", False, "wrong")]]
+    assert [(t["student"], t["passed"], t["submitted"], t["of"]) for t in totals(rows)] == [
+        ("zoe", 2, 2, 2), ("al", 1, 1, 2), ("bo", 0, 2, 2)]
+    assert student_summary(rows).splitlines()[1].split() == ["zoe", "2", "2", "2"]
+    nested = tmp_path / "class" / "cy" / "workspace"
+    nested.mkdir(parents=True)
+    (nested / FILE).write_text(SIGNATURE)
+    (tmp_path / "class" / "dee").mkdir()
+    assert submission_folder(tmp_path / "class" / "cy", [FILE]) == (nested, "cy: the files are in cy/workspace/, "
+                                                                             "graded from there")
+    assert submission_folder(tmp_path / "class" / "dee", [FILE]) == (tmp_path / "class" / "dee", "")
+    said = []
+    with pytest.raises(KeyError):                       # checked before anything is graded or said
+        grade_class(tmp_path / "class", ["04.4", "99.9"], say=said.append)
+    with pytest.raises(KeyError, match="known: 03.4"):
+        grade_class(tmp_path / "class", ["ring"], say=said.append)
+    assert said == []
+    assert estimate_s(30, (2, 3)) == 60 * estimate_s(1, (2,)) > 0
+
+
+def test_rows_come_sorted_with_an_estimate_first(tmp_path, starts_processes):
+    """Exercises asked in any order come back in lesson order; the estimate and the warning come before any row."""
+    root = tmp_path / "class"
+    (root / "ada" / "workspace").mkdir(parents=True)
+    (root / "ada" / "workspace" / FILE).write_text(SIGNATURE + "    raise ValueError('boom')\n")
+    events = []
+    rows = grade_class(root, ["04.4", "03.4"], timeout_s=40, world_sizes=(2,), say=events.append,
+                       progress=lambda r, done, todo, left: events.append((r["exercise"], done, todo)))
+    assert [r["exercise"] for r in rows] == ["03.4", "04.4"]
+    assert events[0].startswith("warning: ada: the files are in ada/workspace/")
+    assert events[1].startswith("1 students, 2 exercises: 1 files to grade, about ")
+    assert events[2:] == [("03.4", 0, 1), ("04.4", 1, 1)]
+    assert rows[0]["hint"].startswith("not submitted") and "raised ValueError: boom" in rows[1]["hint"]
 
 
 def test_command_line_and_bad_input(tmp_path, capsys, starts_processes):
@@ -59,7 +105,8 @@ def test_command_line_and_bad_input(tmp_path, capsys, starts_processes):
     shutil.copy(EXERCISES / "solutions" / FILE, root / "ada" / FILE)
     assert main([str(root), "--out", str(tmp_path / "g.csv"), "--exercises", "04.4", "--world-sizes", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "ada" in printed and "passed" in printed and "1 rows in" in printed
+    assert "ada" in printed and "passed" in printed and "1 rows in" in printed and "g_totals.csv" in printed
+    assert printed.index("1 files to grade, about") < printed.index("1/1 files")
     with pytest.raises(FileNotFoundError, match="one folder per student"):
         grade_class(tmp_path / "nope")
     with pytest.raises(KeyError):
