@@ -83,30 +83,21 @@ def test_totals_sort_and_a_nested_workspace_is_found(tmp_path):
     assert estimate_s(30, (2, 3)) == 60 * estimate_s(1, (2,)) > 0
 
 
-def test_rows_come_sorted_with_an_estimate_first(tmp_path, starts_processes):
-    """Exercises asked in any order come back in lesson order; the estimate and the warning come before any row."""
+def test_command_line_and_bad_input(tmp_path, capsys, starts_processes):
+    """The command line: the estimate first, then a line per row with the time left, then both tables; exercises
+    asked in any order come back in lesson order; ada handed in her whole workspace/ folder: graded from it."""
     root = tmp_path / "class"
     (root / "ada" / "workspace").mkdir(parents=True)
-    (root / "ada" / "workspace" / FILE).write_text(SIGNATURE + "    raise ValueError('boom')\n")
-    events = []
-    rows = grade_class(root, ["04.4", "03.4"], timeout_s=40, world_sizes=(2,), say=events.append,
-                       progress=lambda r, done, todo, left: events.append((r["exercise"], done, todo)))
-    assert [r["exercise"] for r in rows] == ["03.4", "04.4"]
-    assert events[0].startswith("warning: ada: the files are in ada/workspace/")
-    assert events[1].startswith("1 students, 2 exercises: 1 files to grade, about ")
-    assert events[2:] == [("03.4", 0, 1), ("04.4", 1, 1)]
-    assert rows[0]["hint"].startswith("not submitted") and "raised ValueError: boom" in rows[1]["hint"]
-
-
-def test_command_line_and_bad_input(tmp_path, capsys, starts_processes):
-    root = tmp_path / "class"
-    (root / "ada").mkdir(parents=True)
     make_class(tmp_path / "unused")                    # skips in a class copy, as above
-    shutil.copy(EXERCISES / "solutions" / FILE, root / "ada" / FILE)
-    assert main([str(root), "--out", str(tmp_path / "g.csv"), "--exercises", "04.4", "--world-sizes", "2"]) == 0
+    shutil.copy(EXERCISES / "solutions" / FILE, root / "ada" / "workspace" / FILE)
+    assert main([str(root), "--out", str(tmp_path / "g.csv"), "--exercises", "04.4,03.4", "--world-sizes", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "ada" in printed and "passed" in printed and "1 rows in" in printed and "g_totals.csv" in printed
-    assert printed.index("1 files to grade, about") < printed.index("1/1 files")
+    assert "warning: ada: the files are in ada/workspace/, graded from there" in printed
+    assert printed.index("1 students, 2 exercises: 1 files to grade, about") < printed.index("1/1 files")
+    assert "2 rows in" in printed and "g_totals.csv" in printed
+    rows = list(csv.DictReader((tmp_path / "g.csv").open()))
+    assert [(r["exercise"], r["passed"]) for r in rows] == [("03.4", "0"), ("04.4", "1")]
+    assert [ln.split() for ln in printed.splitlines() if ln.startswith("ada ")][-1] == ["ada", "1", "1", "2"]
     with pytest.raises(FileNotFoundError, match="one folder per student"):
         grade_class(tmp_path / "nope")
     with pytest.raises(KeyError):
