@@ -117,32 +117,157 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
     return seconds, status
 
 
+#: A slide's frame in CSS pixels (16:9); the deck scales it to the window, and a slide's content to the frame.
+SLIDE_W, SLIDE_H = 1280, 720
+
+_DECK_CSS = """
+html, body { margin: 0; height: 100%; background: #2b2b2b; }
+body { font-family: "DejaVu Sans", "Helvetica Neue", Arial, sans-serif; color: #1d1d1d; }
+.slide { display: none; position: absolute; left: 50%; top: 50%; width: WIDTHpx; height: HEIGHTpx;
+         margin: -HALF_Hpx 0 0 -HALF_Wpx; background: #fff; box-sizing: border-box; padding: 40px 56px;
+         overflow: hidden; }
+.slide.current { display: block; }
+.fit { --k: 1; font-size: calc(28px * var(--k)); line-height: 1.35; }
+.fit h1 { font-size: 1.75em; margin: 0 0 0.4em; } .fit h2 { font-size: 1.5em; margin: 0 0 0.4em; }
+.fit h3, .fit h4 { font-size: 1.2em; margin: 0.3em 0; } .fit p, .fit ul, .fit ol { margin: 0.35em 0; }
+.crumb { font-size: 18px; color: #777; margin-bottom: 8px; }
+.fit pre { font-size: 0.7em; background: #f4f4f4; padding: 0.5em 0.7em; margin: 0.4em 0; white-space: pre-wrap; }
+.fit code { font-family: "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 0.9em; }
+.fit table { border-collapse: collapse; font-size: 0.75em; margin: 0.4em 0; }
+.fit th, .fit td { border: 1px solid #bbb; padding: 0.15em 0.5em; }
+.fit img { display: block; max-width: 100%; max-height: calc(560px * var(--k)); margin: 0 auto; }
+.fit svg.math { vertical-align: middle; height: 1.2em; width: auto; } .fit div.math svg { height: 2.4em; }
+.number { position: absolute; right: 20px; bottom: 10px; font-size: 16px; color: #999; }
+@media print { body { background: #fff; } .slide { display: block; position: relative; left: 0; top: 0;
+               margin: 0; page-break-after: always; transform: none !important; } }
+"""
+
+# Shows one slide at a time (arrow keys, space, Page Up/Down, Home/End, a click; the slide's number in the
+# address: #5), scales the frame to the window, and shrinks a slide's text until it fits its frame (--k, down to
+# 0.45), then the whole content if it still does not: nothing leaves the frame. data-k records the scale.
+_DECK_JS = """
+const slides = Array.from(document.querySelectorAll('.slide'));
+function fits(fit, box) { return fit.scrollHeight <= box.h + 1 && fit.scrollWidth <= box.w + 1; }
+function fitContent(slide) {
+  if (slide.dataset.k) return;
+  const fit = slide.querySelector('.fit'), cs = getComputedStyle(slide);
+  const box = { w: slide.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
+                h: slide.clientHeight - parseFloat(cs.paddingTop) - parseFloat(cs.paddingBottom)
+                   - slide.querySelector('.crumb').offsetHeight - 8 };
+  fit.style.width = box.w + 'px';
+  let k = 1;
+  while (!fits(fit, box) && k > 0.45) { k = Math.round((k - 0.05) * 100) / 100; fit.style.setProperty('--k', k); }
+  if (!fits(fit, box)) {
+    const s = Math.min(box.h / fit.scrollHeight, box.w / fit.scrollWidth);
+    fit.style.transformOrigin = 'top left'; fit.style.transform = 'scale(' + s + ')'; k = k * s;
+  }
+  slide.dataset.k = k.toFixed(2);
+}
+function frame() {
+  const s = Math.min(innerWidth / WIDTH, innerHeight / HEIGHT);
+  slides.forEach(x => x.style.transform = 'scale(' + s + ')');
+}
+let at = 0;
+function show(i) {
+  at = Math.max(0, Math.min(slides.length - 1, i));
+  slides.forEach((x, j) => x.classList.toggle('current', j === at));
+  fitContent(slides[at]);
+  history.replaceState(null, '', '#' + (at + 1));
+}
+document.addEventListener('keydown', e => {
+  if (['ArrowRight', 'ArrowDown', 'PageDown', ' '].includes(e.key)) show(at + 1);
+  else if (['ArrowLeft', 'ArrowUp', 'PageUp'].includes(e.key)) show(at - 1);
+  else if (e.key === 'Home') show(0); else if (e.key === 'End') show(slides.length - 1); else return;
+  e.preventDefault();
+});
+document.addEventListener('click', e => show(at + (e.clientX > innerWidth / 3 ? 1 : -1)));
+addEventListener('resize', frame);
+addEventListener('beforeprint', () => slides.forEach(x => { x.classList.add('current'); fitContent(x); }));
+addEventListener('afterprint', () => show(at));
+frame();
+show((parseInt(location.hash.slice(1)) || 1) - 1);
+"""
+
+
+def _math_svg(tex: str, display: bool) -> str:
+    """``tex`` (a TeX formula without its dollars) as an inline SVG drawn by matplotlib's mathtext (no MathJax,
+    no network); a formula mathtext cannot draw stays as code."""
+    import html
+    import io
+
+    from matplotlib import mathtext
+
+    buf = io.BytesIO()
+    try:
+        mathtext.math_to_image(f"${html.unescape(tex)}$", buf, format="svg", dpi=100)
+    except (ValueError, RuntimeError):
+        return f"<code>{tex}</code>"
+    svg = buf.getvalue().decode()
+    svg = re.sub(r"<metadata>.*?</metadata>", "", svg[svg.index("<svg"):], flags=re.S)   # no date: a stable deck
+    svg = svg.replace("<svg ", '<svg class="math" ', 1)
+    return f'<div class="math">{svg}</div>' if display else svg
+
+
+def _slide_html(markdown: str) -> str:
+    """One markdown cell as HTML: nbconvert's renderer (tables, highlighted code), math as SVG."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    body = re.sub(r'<a class="anchor-link"[^>]*>.*?</a>', "", markdown2html_mistune(markdown))   # no ¶ links
+    parts = re.split(r"(<pre.*?</pre>|<code>.*?</code>)", body, flags=re.S)
+    for i in range(0, len(parts), 2):                  # the text between code: a $ in code is not math
+        parts[i] = re.sub(r"\$\$(.+?)\$\$", lambda m: _math_svg(m.group(1), True), parts[i], flags=re.S)
+        parts[i] = re.sub(r"(?<![\\$])\$([^$\n]+?)\$", lambda m: _math_svg(m.group(1), False), parts[i])
+    return "".join(parts)
+
+
 def slide_deck(path: Path, out_dir: Path) -> Path:
-    """A lesson as a reveal.js slide deck (``make slides``; for instructors): ``out_dir/NAME.slides.html``.
+    """A lesson as a slide deck (``make slides``; for instructors): ``out_dir/NAME.slides.html``, one
+    self-contained file that works offline (no reveal.js, MathJax or fonts from a CDN).
 
     Made from the notebook as stored (its committed outputs: nothing runs). Each ``#`` or ``##`` heading opens a
-    slide, each further text cell and each figure a slide below it; code is left out, and so are code cells
-    without a figure (their numbers are in the lesson). The deck loads reveal.js from a CDN when opened.
+    slide, each further text cell and each figure is a slide of its own, under its section's title; code cells
+    are left out, and so are code cells without a figure (their numbers are in the lesson). Each slide is a
+    ``SLIDE_W`` x ``SLIDE_H`` frame scaled to the window; a long text or code slide is shrunk to fit it (the test
+    renders every slide in Chromium and checks that nothing leaves the frame). Keys: arrows, space, Page Up/Down,
+    Home/End; a click; ``#5`` in the address opens slide 5; printing gives one slide per page.
 
     Returns:
         the path of the deck.
     """
+    import html
+
     import nbformat
-    from nbconvert import SlidesExporter
 
     nb = nbformat.read(path, as_version=4)
+    slides, section = [], ""
     for cell in nb.cells:
-        figure = cell.cell_type == "code" and any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
         if cell.cell_type == "markdown":
-            kind = "slide" if cell.source.startswith(("# ", "## ")) else "subslide"
-        else:
-            kind = "subslide" if figure else "skip"
-        cell.metadata["slideshow"] = {"slide_type": kind}
-    exporter = SlidesExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    html, _ = exporter.from_notebook_node(nb)
+            heading = cell.source.startswith(("# ", "## "))
+            if heading:
+                section = cell.source.splitlines()[0].lstrip("# ").strip()
+            slides.append(("" if heading else section, _slide_html(cell.source)))   # a title slide has no crumb
+        elif cell.cell_type == "code":
+            for out in cell.get("outputs", []):
+                png = out.get("data", {}).get("image/png")
+                if png:
+                    slides.append((section, f'<img alt="a figure of the lesson" src="data:image/png;base64,'
+                                            f'{png.strip()}">'))
+    from pygments.formatters import HtmlFormatter
+
+    title = next((ln.lstrip("# ").strip() for c in nb.cells if c.cell_type == "markdown"
+                  for ln in c.source.splitlines()[:1] if ln.startswith("# ")), path.stem)
+    css = (_DECK_CSS.replace("HALF_W", str(SLIDE_W // 2)).replace("HALF_H", str(SLIDE_H // 2))
+           .replace("WIDTH", str(SLIDE_W)).replace("HEIGHT", str(SLIDE_H))
+           + HtmlFormatter().get_style_defs(".highlight"))
+    sections = "\n".join(
+        f'<section class="slide" id="s{i}"><div class="crumb">{html.escape(sec)}</div><div class="fit">{body}'
+        f'</div><div class="number">{i} / {len(slides)}</div></section>' for i, (sec, body) in enumerate(slides, 1))
+    js = _DECK_JS.replace("WIDTH", str(SLIDE_W)).replace("HEIGHT", str(SLIDE_H))
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f'<style>{css}</style></head>\n<body>\n{sections}\n<script>{js}</script></body></html>\n')
     out_dir.mkdir(parents=True, exist_ok=True)
     deck = out_dir / f"{path.stem}.slides.html"
-    deck.write_text(html)
+    deck.write_text(page)
     return deck
 
 

@@ -22,6 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Debian's Chromium (Ubuntu's chromium package is a snap stub that does not run in containers)
 CHROMIUM = os.environ.get("MGPU_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# as the probe of this machine starts it: no sandbox as root, no network a closed machine refuses anyway
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
 
 
 def browser_missing() -> str | None:

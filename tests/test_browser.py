@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from helpers import hidden_on_opening
-from lab_server import (CHROMIUM, ROOT, api, browser_missing, browser_notebooks, browser_required,
+from lab_server import (CHROMIUM, CHROMIUM_ARGS, ROOT, api, browser_missing, browser_notebooks, browser_required,
                         running_lab)
 from nbval.plugin import coalesce_streams, find_comment_markers, find_metadata_tags, get_sanitize_patterns
 
@@ -37,9 +37,6 @@ SHOTS = ROOT / "build" / "browser"
 NOTEBOOKS = browser_notebooks()
 SANITIZE_CFG = ROOT / "tests" / "nbval_sanitize.cfg"    # what `make test` passes to nbval (pyproject.toml)
 WIDGET_CALLS = re.compile(r"ring_stepper\(|explorer\(|calculator\(|widgets\.interact")
-# as the probe of this machine starts it: no sandbox as root, no network a closed machine refuses anyway
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]
 RUN_ALL_TIMEOUT_S = 420
 # The whole test runs every notebook in turn: about 6 minutes on a quiet 2-core machine, about 11 with one
 # core kept busy (measured: a busy run passed 600 s in lesson 12, over make test's per-test limit). A hang is
