@@ -1,5 +1,10 @@
-"""The graded coding exercise of lesson 06, hybrid parallelism (notebooks/06_hybrid_parallel.ipynb): 06.3, an
-SGD step on a data x tensor mesh, f and g from scratch.
+"""The graded exercises of lesson 06, hybrid parallelism (notebooks/06_hybrid_parallel.ipynb): 06.3, an SGD step
+on a data x tensor mesh, f and g from scratch; 06.4 (design), the layout of a training job chosen for ten jobs.
+
+06.4's check (:func:`check_layout`) asks the student's ``choose_layout`` about :data:`LAYOUT_JOBS`, with the
+planner's ``plan`` and ``evaluate`` switched off while it runs, then scores each answer with the planner against
+the best layout it finds (:func:`best_layout`): it must fit in memory and be at most :data:`LAYOUT_SLACK` times
+slower; the hint names the job, where the student's step time goes and where the best one's does.
 
 The check runs two steps at every dp x tp mesh of the world (:func:`two_d_layouts`) against the same steps in
 one process, counts what the all-reduces over the tensor-parallel group send (:func:`tp_traffic`), and names a
@@ -9,7 +14,9 @@ problems it reports and the exercise's record are here too.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -203,6 +210,140 @@ def _which_two_d(params, P, batch, dp, tp, i, t, lr, rows) -> dict:
     return {"forward": None, "sync": None}
 
 
+#: 06.4's jobs: (name, model, cluster, global batch). The first six are named in the template; the last four are
+#: of the same kind, not named (an answer written down per job does not pass them).
+def _layout_jobs():
+    from mgpu_utils.costs.planner import GPT3_175B, Cluster, ModelSpec
+
+    nv4, ndr = "NVLink 4 (H100, 18 links)", "InfiniBand NDR (400 Gb/s)"
+    return (
+        ("GPT-3 175B on 1024 A100, batch 1536", GPT3_175B, Cluster(1024, "A100"), 1536),
+        ("7B on 16 A100 40GB, batch 256", ModelSpec("7B", 32, 4096, 32, 2048, 50257), Cluster(16, "A100 40GB"), 256),
+        ("70B on 256 H100, batch 1024", ModelSpec("70B", 80, 8192, 64, 4096, 32000),
+         Cluster(256, "H100", intra_link=nv4, inter_link=ndr), 1024),
+        ("1.3B on 32 A100, batch 512", ModelSpec("1.3B", 24, 2048, 16, 2048, 50257), Cluster(32, "A100"), 512),
+        ("13B on 64 A100, batch 64", ModelSpec("13B", 40, 5120, 40, 2048, 50257), Cluster(64, "A100"), 64),
+        ("20B on 32 H100 PCIe (PCIe 5.0 in a node), batch 256", ModelSpec("20B", 44, 6144, 48, 2048, 50257),
+         Cluster(32, "H100 PCIe", intra_link="PCIe 5.0 x16", inter_link=ndr), 256),
+        ("an unnamed job: 30B on 128 H100, batch 128", ModelSpec("30B", 48, 7168, 56, 2048, 50257),
+         Cluster(128, "H100", intra_link=nv4, inter_link=ndr), 128),
+        ("an unnamed job: 2.7B on 64 A100 40GB, batch 1024", ModelSpec("2.7B", 32, 2560, 32, 2048, 50257),
+         Cluster(64, "A100 40GB"), 1024),
+        ("an unnamed job: 6.7B on 32 L4 (PCIe 4.0 in a node, 100 GbE between), batch 256",
+         ModelSpec("6.7B", 32, 4096, 32, 2048, 50257),
+         Cluster(32, "L4", intra_link="PCIe 4.0 x16", inter_link="Ethernet 100 GbE"), 256),
+        ("an unnamed job: 6.7B on 128 H200, batch 2048", ModelSpec("6.7B", 32, 4096, 32, 2048, 50257),
+         Cluster(128, "H200", intra_link=nv4, inter_link=ndr), 2048),
+    )
+
+
+LAYOUT_JOBS = _layout_jobs()
+#: 06.4 accepts a layout whose estimated step time is at most this many times the best layout's.
+LAYOUT_SLACK = 1.25
+#: The options :func:`best_layout` searches besides dp, tp and pp.
+LAYOUT_OPTIONS = {"micro_batch": (1, 2, 4), "recompute": ("none", "selective", "full"), "zero_stage": (0, 1, 2, 3)}
+
+
+def best_layout(model, cluster, global_batch):
+    """The planner's fastest feasible layout over every dp x tp x pp = n_gpus and :data:`LAYOUT_OPTIONS`
+    (a ``planner.Layout``, with ``options`` added: its micro-batch, recomputation and ZeRO stage)."""
+    import itertools
+
+    from mgpu_utils.costs.planner import evaluate
+
+    n, best = cluster.n_gpus, None
+    for tp, pp in ((t, p) for t in range(1, n + 1) if n % t == 0 for p in range(1, n // t + 1) if (n // t) % p == 0):
+        for mb, rc, z in itertools.product(*LAYOUT_OPTIONS.values()):
+            lay = evaluate(model, cluster, n // (tp * pp), tp, pp, global_batch=global_batch, micro_batch=mb,
+                           recompute=rc, zero_stage=z)
+            if lay.feasible and (best is None or lay.step_s < best.step_s):
+                best, best.options = lay, {"micro_batch": mb, "recompute": rc, "zero_stage": z}
+    return best
+
+
+def _where_time_goes(lay) -> str:
+    """A layout's estimated step, by part: "compute 1.6 s, bubble 0.1 s, dp all-reduce 2.0 s (InfiniBand...)"."""
+    parts = [f"compute {lay.compute_s:.2f} s", f"bubble {lay.compute_s * lay.bubble:.2f} s"]
+    parts += [f"{k} traffic {v:.2f} s ({lay.links[k].split(' (')[0]})" for k, v in lay.comm_s.items() if v > 0]
+    return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def _planner_off(fn):
+    """planner.plan and planner.evaluate raise while the student's function runs (however it imported them)."""
+    from mgpu_utils.costs import planner
+
+    class PlannerUsed(Exception):
+        pass
+
+    def off(name):
+        def call(*args, **kwargs):
+            raise PlannerUsed(name)
+        return call
+    spaces = [vars(planner)] + [g for g in [getattr(fn, "__globals__", None)] if g is not None]
+    saved = [(sp, k, v) for sp in spaces for k, v in list(sp.items()) if v in (planner.plan, planner.evaluate)]
+    for sp, k, v in saved:
+        sp[k] = off(v.__name__)
+    try:
+        yield PlannerUsed
+    finally:
+        for sp, k, v in saved:
+            sp[k] = v
+
+
+def check_layout(fn, ctx, problems):
+    """06.4: ``fn(model, cluster, global_batch)`` for every job of :data:`LAYOUT_JOBS` (planner off); each answer
+    a dict with dp, tp, pp (micro_batch, recompute, zero_stage optional) that the planner finds feasible and at
+    most :data:`LAYOUT_SLACK` times slower than :func:`best_layout`. Returns the worst ratio."""
+    from mgpu_utils.costs.planner import evaluate
+
+    worst = 0.0
+    for name, model, cluster, batch in LAYOUT_JOBS:
+        with _planner_off(fn) as planner_used:
+            try:
+                got = fn(model, cluster, batch)
+            except planner_used as e:
+                return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "planner", "name": str(e)})
+        keys = {"dp", "tp", "pp"}
+        if not isinstance(got, dict) or not keys <= set(got) or set(got) - keys - set(LAYOUT_OPTIONS) or not all(
+                isinstance(got[k], numbers.Integral) and got[k] > 0 for k in keys):
+            return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "form", "job": name,
+                                   "got": repr(got)[:120]})
+        got = {k: int(v) if isinstance(v, numbers.Integral) else v for k, v in got.items()}   # numpy ints too
+        options = {"micro_batch": 1, "recompute": "none", "zero_stage": 0, **{k: got[k] for k in LAYOUT_OPTIONS
+                                                                            if k in got}}
+        layout = f"dp={got['dp']} tp={got['tp']} pp={got['pp']}" + "".join(
+            f" {k}={v!r}" for k, v in options.items() if k in got)
+        try:
+            lay = evaluate(model, cluster, got["dp"], got["tp"], got["pp"], global_batch=batch, **options)
+        except ValueError as e:
+            return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "invalid", "job": name,
+                                   "layout": layout, "detail": str(e)})
+        if not lay.feasible:
+            return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "infeasible", "job": name,
+                                   "layout": layout, "detail": "; ".join(lay.problems), "gb": cluster.memory_bytes / 1e9,
+                                   "memory": "memory" in " ".join(lay.problems) or "GB per GPU" in lay.problems[0],
+                                   "node": "node" in lay.problems[0]})
+        best = best_layout(model, cluster, batch)
+        ratio = lay.step_s / best.step_s
+        worst = max(worst, ratio)
+        if ratio > LAYOUT_SLACK:
+            return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "slow", "job": name, "layout": layout,
+                                   "step": lay.step_s, "ratio": ratio, "best_step": best.step_s,
+                                   "best": f"dp={best.dp} tp={best.tp} pp={best.pp} micro_batch="
+                                           f"{best.options['micro_batch']} recompute={best.options['recompute']!r} "
+                                           f"zero_stage={best.options['zero_stage']}",
+                                   "mine": _where_time_goes(lay), "theirs": _where_time_goes(best),
+                                   "slack": LAYOUT_SLACK})
+    return {"jobs": len(LAYOUT_JOBS), "worst": worst}
+
+
+def _layout_lines(info: dict, world: int) -> list[str]:
+    """06.4's success lines: the jobs and the slowest answer against the best layout."""
+    return [f"{info['jobs']} jobs; your slowest layout is {info['worst']:.2f}x the planner's best (at most "
+            f"{LAYOUT_SLACK}x passes)"] if info else []
+
+
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
@@ -273,6 +414,28 @@ HINTS: dict[str, list[tuple]] = {
          "there (backward adds to p.grad): set p.grad = None after the update"),
         (always, "rank {rank} (mesh {layout}, dp x tp): step 1 was right, but at step {step} {param} differs from one "
                  "process's by {max_diff:.3g}: does something carry over from one step to the next?")],
+    "layout": [
+        (lambda p, W: p["what"] == "planner",
+         "06.4 asks you to choose: planner.{name} is switched off while choose_layout runs (it would choose for you; "
+         "the grader scores your answer with it afterwards). Estimate each degree's cost yourself; "
+         "mgpu_utils.costs.memory_model.memory_per_gpu may be used"),
+        (lambda p, W: p["what"] == "form",
+         "for {job} choose_layout returned {got}: return a dict with positive ints dp, tp and pp (dp * tp * pp = the "
+         "GPUs), and if you like micro_batch, recompute and zero_stage, nothing else: {{\"dp\": 8, \"tp\": 2, "
+         "\"pp\": 1}}"),
+        (lambda p, W: p["what"] == "invalid",
+         "for {job} the layout {layout} cannot be run: {detail}"),
+        (lambda p, W: p["what"] == "infeasible" and p["node"],
+         "for {job} the layout {layout} is not feasible: {detail}. Tensor parallelism all-reduces activations "
+         "four times per layer: keep tp inside one node (a divisor of its GPUs) and split further with pp"),
+        (lambda p, W: p["what"] == "infeasible" and p["memory"],
+         "for {job} the layout {layout} does not fit: {detail}. Shard the model more (tp inside a node, then pp "
+         "across nodes), or shard the optimizer's state (zero_stage) or recompute activations"),
+        (lambda p, W: p["what"] == "infeasible",
+         "for {job} the layout {layout} is not feasible: {detail}"),
+        (always, "for {job} the layout {layout} takes {step:.2f} s per step by the planner, {ratio:.2f}x the best "
+                 "layout's {best_step:.2f} s ({best}); at most {slack}x passes. Where your step goes: {mine}. The "
+                 "best's: {theirs}")],
 }
 
 
@@ -283,4 +446,9 @@ EXERCISES = [
         check=check_two_d, hints=HINTS,
         what="two SGD steps equal one process's at every dp x tp mesh of 2 and 4 ranks, with all-reduce only "
              "(g in the forward, f in the backward, the mean over dp_group)"),
+    CodingExercise(
+        id="06.4", template="06_choose_layout.py", entry="choose_layout", world_sizes=(1,),
+        check=check_layout, hints=HINTS, on_success=_layout_lines,
+        what=f"a feasible layout for each of the {len(LAYOUT_JOBS)} jobs, at most {LAYOUT_SLACK}x slower than the "
+             "planner's best, chosen without the planner"),
 ]
