@@ -176,6 +176,6 @@ def test_the_hang_fixed_other_ways(name, tmp_path, starts_processes):
         assert not passed and re.search(want[0], hint), hint
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"04.4": (len(RIGHT_044), len(WRONG_044)), "04.5": (len(RIGHT_045), len(WRONG_045)),
           "04.6": (len(RIGHT_046), len(WRONG_046))}

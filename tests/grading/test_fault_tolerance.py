@@ -92,5 +92,5 @@ def test_the_audit_hook_counts_opens_for_writing_only(tmp_path, mode, flags, cou
     assert seen["saves"] == int(counted)
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"12.5": (len(RIGHT), len(WRONG))}

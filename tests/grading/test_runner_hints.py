@@ -52,5 +52,5 @@ def test_an_endless_loop_is_not_called_a_hang_in_a_collective(tmp_path, monkeypa
     assert solution("03.4").is_file()
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"03.4": (0, 3), "03.7": (0, 1), "04.4": (0, 0)}

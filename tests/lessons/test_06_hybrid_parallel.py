@@ -251,7 +251,7 @@ def test_3d_run_puts_every_tensor_on_the_ranks_device():
     from pathlib import Path
 
     factories = {"arange", "zeros", "ones", "full", "empty", "tensor", "randn", "rand", "randint", "eye"}
-    tree = ast.parse(Path(__file__).parent.parent.joinpath("launch_scripts", "hybrid_3d.py").read_text())
+    tree = ast.parse(Path(__file__).parents[2].joinpath("launch_scripts", "hybrid_3d.py").read_text())
     moved = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Attribute) and n.func.attr == "to"}
     bare = [f"line {n.lineno}: torch.{n.func.attr}(...)" for n in ast.walk(tree)

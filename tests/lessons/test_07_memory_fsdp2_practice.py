@@ -45,7 +45,7 @@ def test_an_optimizer_built_before_fully_shard_is_caught(starts_processes):
     """The common mistake: torch.optim.X(model.parameters()) and then fully_shard. torch raises nothing and the
     model never moves (here 0.03 from one process after 3 Adam steps); mgpu_utils.checks.check_optimizer_matches,
     which the course's FSDP2 scripts call before training, names the fix. The right order passes and trains."""
-    r = launch(str(Path(__file__).parent / "scripts" / "fsdp2_optimizer_order.py"), nproc=2, backend="gloo",
+    r = launch(str(Path(__file__).parents[1] / "scripts" / "fsdp2_optimizer_order.py"), nproc=2, backend="gloo",
                show="none", timeout_s=120)
     wrong = r["wrong"]
     assert wrong["moved"] == 0.0 and wrong["max_diff_vs_one_process"] > 1e-3    # silent in torch

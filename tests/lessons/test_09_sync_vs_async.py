@@ -295,7 +295,7 @@ def test_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd(tmp_path, starts_pr
 
 def test_topk_pairs_are_added_rank_by_rank_without_repeated_indices(monkeypatch):
     """Review M5. On CUDA, index_add_ adds repeated indices with atomics in no fixed order, so two runs of one
-    GPU job could differ in the last bits (tests/test_warm.py compares results exactly). The ranks' top-k
+    GPU job could differ in the last bits (tests/package/test_launch_warm.py compares results exactly). The ranks' top-k
     sets overlap; each rank's own indices are distinct, so adding rank by rank repeats none within a call.
     Simulated: 2 ranks whose pairs share every index (rank 1 sends twice rank 0's values)."""
     import types

@@ -129,7 +129,7 @@ def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypat
 
     import mgpu_utils.env as env
 
-    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "10_case_studies.ipynb").read_text())["cells"]
+    cells = json.loads((Path(__file__).parents[2] / "notebooks" / "10_case_studies.ipynb").read_text())["cells"]
     setup = next("".join(c["source"]) for c in cells if "RN = cpu_ranks(" in "".join(c["source"]))
     monkeypatch.setattr(env, "default_nproc", lambda: nproc)
     monkeypatch.setattr(env, "usable_gpus", lambda: gpus)
@@ -161,7 +161,7 @@ def test_batch_size_sweep_reports_a_fit_it_cannot_make(starts_processes):
     """One batch size: no fit is possible; the table still comes, and the fit says why. (An earlier version
     forced a fit error with batch 8 at rate 0.8, at the edge of divergence: on one machine's CPU that run
     never reached the target and the script stopped. The fit's other errors are unit-tested in
-    test_benchmarking.py.)"""
+    test_11_benchmarking.py.)"""
     r = launch("batch_size_sweep.py", nproc=2, show="none", threads_per_rank=1,
                args=["--global-batches", 64, "--lrs", 0.4, "--seeds", 2, "--target", 0.8])
     assert len(r["rows"]) == 1 and r["rows"][0]["steps"] > 1

@@ -17,7 +17,7 @@ from mgpu_utils.launch.launcher import launch
 from mgpu_utils.models import byte_gpt2
 from mgpu_utils.measure.profiling import breakdown, load_spans, trace_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- scaling laws (pure) ---

@@ -105,7 +105,7 @@ def test_a_subgroup_collective_a_rank_never_joins_fails_within_the_course_timeou
     fails after 3 s. Without it, it waited until its peer exited (measured: the peer's 20 s sleep)."""
     from pathlib import Path
 
-    script = Path(__file__).parent / "scripts" / "subgroup_hang.py"
+    script = Path(__file__).parents[1] / "scripts" / "subgroup_hang.py"
     with pytest.raises(LaunchError) as info:
         run_torchrun(str(script), nproc, ["--kind", kind, "--sleep", 20], show="none",
                      env={"MGPU_COLLECTIVE_TIMEOUT_S": 3}, timeout_s=120)

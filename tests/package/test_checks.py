@@ -93,7 +93,7 @@ def test_max_abs_diff_walks_nested_states():
 
 
 def test_an_optimizer_of_other_tensors_is_refused_and_a_partial_one_passes():
-    """In one process: the same rule fully_shard breaks (tests/test_fsdp2_practice.py runs the FSDP2 case)."""
+    """In one process: the same rule fully_shard breaks (tests/lessons/test_07_memory_fsdp2_practice.py runs the FSDP2 case)."""
     model = make_mlp(8, 1)
     check_optimizer_matches(model, torch.optim.SGD(model.parameters(), lr=0.1))
     check_optimizer_matches(model, torch.optim.SGD(model[0].parameters(), lr=0.1))     # only the first layer

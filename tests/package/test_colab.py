@@ -12,7 +12,7 @@ import pytest
 
 from mgpu_utils import colab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 RUNNER = """
 import os, sys, types

@@ -241,7 +241,7 @@ def test_every_subgroup_and_mesh_gets_the_course_timeout():
     minutes on gloo): they go through mgpu_utils.dist.new_group / device_mesh (or pass the timeout)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     assert untimed_group_calls("g = dist.new_group([0, 1])\nm = init_device_mesh('cpu', (2, 2))\n") == [
         "line 1: new_group(...) without the course's timeout: use mgpu_utils.dist.new_group",
         "line 2: init_device_mesh(...) without the course's timeout: use mgpu_utils.dist.device_mesh"]

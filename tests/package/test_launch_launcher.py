@@ -14,7 +14,7 @@ import pytest
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, launch, run_torchrun
 from helpers import alive, rank_pids
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MISBEHAVE = str(ROOT / "tests" / "scripts" / "misbehave.py")
 
 
@@ -225,7 +225,7 @@ NCCL_WATCHDOG_STDERR = (
 def test_a_hang_on_nccl_is_reported_as_the_collective_timeout_it_is():
     """Issue 31, item 2: on NCCL a rank waiting for a peer that never joins is ended by the watchdog
     (SIGABRT, no Python traceback). It is named as a collective timeout, not as a native crash, both
-    when the job fails and in a restarted attempt's line (lesson 12's hang, tests/test_fault.py)."""
+    when the job fails and in a restarted attempt's line (lesson 12's hang, tests/lessons/test_12_fault_tolerance.py)."""
     from mgpu_utils.launch import logs
 
     ranks = {0: {"stdout": "", "stderr": "", "stdout_mtime": 1.0, "stderr_mtime": 1.0},

@@ -18,7 +18,7 @@ import pytest
 from mgpu_utils.launch import warm
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, choose_via, run_torchrun
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from exit_stress import CASES, args_for  # noqa: E402
 from helpers import alive, rank_pids

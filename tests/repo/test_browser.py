@@ -17,7 +17,7 @@ Screenshots go to build/browser/. The browser is Debian's Chromium (/usr/bin/chr
 without it, or without the playwright package, the test says SKIPPED and how to install them, and nbval runs
 the notebooks instead (lab_server.browser_missing decides for both).
 
-Run alone: .venv/bin/python -m pytest tests/test_browser.py (about 7 minutes on 2 cores);
+Run alone: .venv/bin/python -m pytest tests/repo/test_browser.py (about 7 minutes on 2 cores);
 MGPU_BROWSER_NOTEBOOKS=00,04 runs only those lessons (in a full `make test`, nbval runs the others).
 """
 import difflib
@@ -46,7 +46,7 @@ RUN_ALL_TIMEOUT_S = 420
 # caught per notebook by RUN_ALL_TIMEOUT_S; this limit only has to sit above the slowest honest total.
 BROWSER_TEST_TIMEOUT_S = RUN_ALL_TIMEOUT_S + 150 * len(NOTEBOOKS)
 # a 1280-pixel window with the file browser open: the width the line and figure conventions are made for
-# (tests/test_notebook_views.py); every figure must be shown at 0.75x its size or larger
+# (tests/repo/test_notebook_views.py); every figure must be shown at 0.75x its size or larger
 VIEW_WIDTH, MIN_FIGURE_SCALE = 1280, 0.75
 
 # JavaScript run in the page: one record per cell of the open notebook
@@ -303,7 +303,7 @@ def _run_all_notebooks(context, base, token, patterns, report):
         cells = page.locator(f"{PANEL} .jp-Cell")
         before = page.evaluate(CELLS_JS)
         assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
-        # the deeper sections open collapsed (tests/test_lesson_shape.py): their cells hidden, the rest shown
+        # the deeper sections open collapsed (tests/repo/test_lesson_shape.py): their cells hidden, the rest shown
         expect_hidden = hidden_on_opening(committed)
         deadline = time.monotonic() + 15            # JupyterLab collapses a heading once it has rendered it
         while (hidden := [i for i, h in enumerate(page.evaluate(HIDDEN_JS)) if h]) != expect_hidden:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "launch_scripts").glob("*.py"))
 WAITS = re.compile(r"\b(synced_clock|synchronize|sync)\(|\.(cpu|item|tolist)\(\)")
 

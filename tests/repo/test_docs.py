@@ -11,7 +11,7 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
@@ -165,7 +165,7 @@ def missing_paths(markdown: str) -> list[str]:
 
 
 def unclosed_tables(markdown: str) -> list[int]:
-    """Lines where a table runs into a line of prose (the same rule as tests/test_notebook_views.py)."""
+    """Lines where a table runs into a line of prose (the same rule as tests/repo/test_notebook_views.py)."""
     lines = _prose(markdown).splitlines()
     return [n + 1 for n, (line, nxt) in enumerate(zip(lines, lines[1:]), 1)
             if line.lstrip().startswith("|") and nxt.strip() and not nxt.lstrip().startswith("|")]

@@ -15,7 +15,7 @@ from mgpu_utils.env import cpu_vector_extensions
 from mgpu_utils.costs.hardware import GPUS, LINKS, match_gpu
 from mgpu_utils.timing import matmul_flops, matmul_intensity, time_fn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name,key", [("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
@@ -241,7 +241,7 @@ def test_gpu_checks_pytest_steps_run_where_pytest_has_no_plugins(starts_processe
     steps = [s for s in smoke.plan(2, "X") if s.argv[1:3] == ["-m", "pytest"]]
     assert len(steps) == 2
     for opts in {tuple(s.argv[:next(i for i, a in enumerate(s.argv) if a.startswith("tests/"))]) for s in steps}:
-        p = subprocess.run([*opts, "tests/test_hardware.py::test_gpu_check_verdicts"], cwd=ROOT, timeout=120,
+        p = subprocess.run([*opts, "tests/repo/test_gpu_check.py::test_gpu_check_verdicts"], cwd=ROOT, timeout=120,
                            env=without_plugins(), capture_output=True, text=True)
         assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ProcessStarted
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "mgpu_utils"
 MODULES = sorted(PKG.rglob("*.py"))
 

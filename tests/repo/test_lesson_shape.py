@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import HEADING, core_and_deeper, heading_level, hidden_on_opening
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 REWORKED = {p.name[:2] for p in NOTEBOOKS}            # every lesson now
 MAX_CORE_CELLS, MAX_CORE_WORDS, MAX_CODE_LINES, MAX_MD_WORDS, MAX_SUMMARY_BULLETS = 35, 2500, 40, 300, 5

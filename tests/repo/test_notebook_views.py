@@ -9,7 +9,7 @@ import pytest
 
 from mgpu_utils.figures.widget_view import RUN_LINE, WIDGET_VIEW, strip_live_views, with_static_view
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WIDGET_REPR = re.compile(r"\b(interactive|[HV]Box|Output|IntSlider)\(children=|\bIntSlider\(value=")
 # the calls in the course that build a widget; each one's cell must store a static view
@@ -127,7 +127,7 @@ def test_markdown_tables_end_with_a_blank_line():
 
 
 # ---- readable at the displayed width ------------------------------------------------------------------
-# Measured in JupyterLab 4.6 (tests/test_browser.py's page): in a 1280-pixel-wide window with the file
+# Measured in JupyterLab 4.6 (tests/repo/test_browser.py's page): in a 1280-pixel-wide window with the file
 # browser open, the output area is 848 px wide and holds 108 monospace characters. So: code and output
 # lines at most 100 characters; figures at most 11 inches at 100 dpi (1,100 px, shown at 0.77x or more);
 # text in figures at least 8 pt (11 px at 100 dpi, 8.5 px or more as shown).

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SCRIPTS = sorted((ROOT / "launch_scripts").glob("*.py"))
 
@@ -200,7 +200,7 @@ def test_no_symbolic_link_is_tracked(starts_processes):
     import shutil
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("SKIPPED: not a git checkout (an sdist or a copy): nothing tracked to check")
     staged = subprocess.run(["git", "ls-files", "-s"], cwd=root, capture_output=True, text=True, check=True).stdout

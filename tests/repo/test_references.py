@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBERS = [nb.name[:2] for nb in NOTEBOOKS]
 
@@ -38,7 +38,7 @@ def texts():
     for path in paths:
         name = path.relative_to(ROOT).as_posix()
         if path.suffix not in (".md", ".py", ".ipynb", ".sh", ".sbatch", ".toml", ".yml", ".cfg", "") \
-                or not path.is_file() or name.startswith("tests/test_references"):
+                or not path.is_file() or name.startswith("tests/repo/test_references"):
             continue
         try:
             text = path.read_text()

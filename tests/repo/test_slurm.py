@@ -22,7 +22,7 @@ from mgpu_utils.dist import get_dist_env
 from mgpu_utils.launch.launcher import LaunchError, launch, run_torchrun
 from mgpu_utils.launch.slurm import INSTALL, LocalSlurm, job_results, missing_programs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "cluster" / "slurm" / "job.sbatch"
 
 

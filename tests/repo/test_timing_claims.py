@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIME_NAMES = re.compile(r"_s\b|_s[\"']|seconds|speedup|samples_per_s|GBps|\btogether\b|more_messages|"
                         r"med_naive|first_reach|\bslept\b|perf_counter|monotonic")
 WHY = re.compile(r"#.*\b(by construction|margin)\b", re.IGNORECASE)
@@ -29,9 +29,9 @@ def _sources():
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
             if cell["cell_type"] == "code":
                 yield f"{path.name} cell {i}", "".join(cell["source"])
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         if path.name != Path(__file__).name:
-            yield path.name, path.read_text()
+            yield path.relative_to(ROOT / "tests").as_posix(), path.read_text()
 
 
 def _bounds_a_time(source: str, test: ast.expr) -> bool:
