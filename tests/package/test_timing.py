@@ -1,6 +1,7 @@
-"""mgpu_utils.timing.LoadWatch: the quiet-machine precondition of the lessons' timing claims (issue 29).
+"""mgpu_utils.timing: LoadWatch, the quiet-machine precondition of the lessons' timing claims (issue 29); the
+matmul arithmetic and time_fn of lesson 01.
 
-Real processes, not only patched numbers: a busy loop that is not this process's descendant is "other load",
+LoadWatch with real processes, not only patched numbers: a busy loop that is not this process's descendant is "other load",
 a busy child is this job's own work; the core count is patched to simulate `taskset -c 0`.
 """
 import subprocess
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from mgpu_utils import timing
-from mgpu_utils.timing import LoadWatch
+from mgpu_utils.timing import LoadWatch, matmul_flops, matmul_intensity, time_fn
 
 SPIN = [sys.executable, "-c", "import time\nt = time.time() + {s}\nwhile time.time() < t: pass"]
 
@@ -163,3 +164,17 @@ def test_conv_autotune_times_restores_the_flag_and_times_both_settings():
     with pytest.raises(RuntimeError):
         conv_autotune_times("cpu", iters=1, shape=(2, 4, 1, 0))       # a width of 0 fails inside the conv
     assert torch.backends.cudnn.benchmark == before
+
+
+def test_intensity_and_flops_by_hand():
+    assert matmul_flops(10) == 2000
+    assert matmul_intensity(1024, 4) == pytest.approx(2 * 1024 / 12)     # 2n / (3 b)
+    assert matmul_intensity(3072, 2) == 1024
+
+
+def test_time_fn_measures_and_refuses_bad_input():
+    import torch
+    out = time_fn(lambda: torch.randn(64, 64) @ torch.randn(64, 64), "cpu", iters=3)
+    assert 0 < out["best_s"] <= out["median_s"] and len(out["all_s"]) == 3
+    with pytest.raises(ValueError):
+        time_fn(lambda: None, iters=0)
