@@ -4,6 +4,8 @@ forward prefetching in the per-rank timeline, FSDP + tensor parallel on a (dp, t
 each against one process (the script trains the reference on every rank); CPU offload reported as needing CUDA.
 Each run is held to the facts of the tier it reports (its "device"): a GPU machine's 1-rank launch is NCCL on
 cuda:0, with DTensor's random tracker, offload run and inductor."""
+import sys
+
 import pytest
 
 from mgpu_utils.launch.launcher import LaunchError, launch
@@ -82,7 +84,7 @@ def one_gpu_run():
 def test_a_gpu_run_is_held_to_the_gpu_tier(monkeypatch):
     """`make test` on a GPU machine: the 1-rank launch runs on cuda:0. The test reads the tier from the result
     and holds it to that tier's facts; and a CPU result with a GPU's facts is still refused."""
-    import test_fsdp2_scale as here
+    here = sys.modules[__name__]                  # this file, under whatever name pytest imported it
 
     monkeypatch.setattr(here, "launch", lambda *a, **kw: one_gpu_run())
     here.test_fsdp2_meta_init_prefetch_tp_compile_equal_one_process(1, None)
