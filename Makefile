@@ -66,7 +66,8 @@ FLOOR_TORCH       ?= 2.10.0
 FLOOR_TORCHVISION ?= 0.25.0
 FLOOR_VENV        := .venv-floor
 FLOOR_SKIP        := torch torchvision jupyterlab playwright
-FLOOR_LAUNCHES    := tests/test_compat.py tests/test_collectives.py tests/test_ddp.py tests/test_model_parallel.py
+FLOOR_LAUNCHES    := tests/package/test_compat.py tests/lessons/test_04_collectives.py tests/lessons/test_03_ddp.py \
+                     tests/lessons/test_05_model_parallel.py
 # PyPI's torch 2.10 is a CUDA build: about 6 GB in .venv-floor, downloaded without keeping a second copy in pip's
 # cache (--no-cache-dir). FLOOR_NEED_GB is checked first, so a full disk says so instead of pip's "Errno 28".
 FLOOR_NEED_GB     ?= 9
@@ -79,7 +80,7 @@ test-floor:
 	  deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
 	  print(' '.join(d for d in deps if d.split('==')[0] not in '$(FLOOR_SKIP)'.split()))")
 	PYTHONPATH=$(CURDIR) $(FLOOR_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra --timeout 600" \
-	  tests -m "not launches" --ignore tests/test_browser.py --ignore tests/test_packaging.py
+	  tests -m "not launches" --ignore tests/repo/test_browser.py --ignore tests/repo/test_packaging.py
 	PYTHONPATH=$(CURDIR) $(FLOOR_VENV)/bin/python -m pytest -p no:cacheprovider -o addopts="-ra --timeout 600" \
 	  $(FLOOR_LAUNCHES) -m launches
 

@@ -136,10 +136,11 @@ def plan(ngpu: int, scratch: str) -> list[Step]:
                           timeout_s=300, env={"MGPU_NPROC": "4"}))
     steps += [
         Step("mixed tier, 4 ranks on the GPUs there are: DDP, hooks, sync/async",
-             pytest_argv("tests/test_ddp.py", "tests/test_sync_async.py", "tests/test_checks.py"),
+             pytest_argv("tests/lessons/test_03_ddp.py", "tests/lessons/test_09_sync_vs_async.py",
+                         "tests/package/test_checks.py"),
              needs=("pytest",), timeout_s=300, env={"MGPU_NPROC": "4"}),
         Step("warm launches on the GPU, against torchrun",
-             pytest_argv("tests/test_warm.py", "-k", "gpu_ranks or environment"), needs=("pytest",)),
+             pytest_argv("tests/package/test_launch_warm.py", "-k", "gpu_ranks or environment"), needs=("pytest",)),
         Step(f"NCCL collectives bench on {n} GPUs", torchrun(n, "collectives_bench.py", "--max-mib", 256), gpus=2,
              timeout_s=180),
         Step("SyncBatchNorm on 2 GPUs against the whole batch", snippet(SYNC_BN), gpus=2, needs=("torchvision",)),

@@ -3,8 +3,9 @@ lesson (00-12), all made from one setting (README, "Colab").
 
 The address is ``[project.urls] Repository`` in ``pyproject.toml``. ``python -m mgpu_utils.colab`` writes
 it into the first cell of every notebook (which clones the course when it runs on Colab without it) and
-into the Colab column of the README's lesson table; ``--check`` only compares, and ``tests/test_colab.py`` runs that check, so
-a changed address fails the tests until the copies are regenerated.
+into the Colab column of the README's lesson table; ``--check`` only compares, and
+``tests/package/test_colab.py`` runs that check, so a changed address fails the tests until the copies are
+regenerated.
 
 Usage::
 

@@ -12,7 +12,7 @@ helpers call these wrappers instead of the newest names, so the same code runs o
 The course runs on 2.10 and newer: the whole test suite and every notebook pass on 2.10.0 through these
 wrappers (measured 2026-12-04, docs/testing.md). On 2.9.1 the library's pipeline schedules abort in gloo (a
 message size mismatch), DTensor prints a partial placement as ``P`` and ``CommDebugMode`` also counts
-plain ``dist.all_reduce`` calls (6 launches of tests/test_model_parallel.py fail). So
+plain ``dist.all_reduce`` calls (6 launches of tests/lessons/test_05_model_parallel.py fail). So
 :func:`mgpu_utils.launch.launcher.launch` refuses a torch older than :data:`OLDEST_TORCH` with the fix; the
 wrappers still let the collective scripts run on an older release when started by hand with torchrun.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mgpu_utils.env import REPO_ROOT, SCRIPTS_DIR
 
-WIDTH = 100          # characters a lesson's code and output lines keep to (tests/test_notebook_views.py)
+WIDTH = 100          # characters a lesson's code and output lines keep to (tests/repo/test_notebook_views.py)
 _REGION = re.compile(r"^\s*# region (?P<name>[\w-]+)\s*$")
 _END = re.compile(r"^\s*# endregion\b")
 

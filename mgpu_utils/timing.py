@@ -177,7 +177,7 @@ class LoadWatch:
     Other load = machine busy time (``/proc/stat``, all cores, steal included) minus the CPU time of this
     process and its descendants, divided by the wall time: in cores, on average. Used by lessons 03, 04,
     05, 09, 10, 11 and 12 (``with LoadWatch(cores=2) as machine: ...`` around the runs, then
-    ``machine.claim(ok, "what")``), and by tests/test_benchmarking.py.
+    ``machine.claim(ok, "what")``), and by tests/lessons/test_11_benchmarking.py.
 
     Args:
         cores: cores the claim needs to itself (e.g. 2 for a 2-rank speed-up on one thread per rank).

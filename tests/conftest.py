@@ -4,7 +4,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "launch_scripts"):
+# The test files live one folder down (tests/lessons/, package/, grading/, repo/: docs/testing.md); what they
+# share stays here and is imported by name (`from helpers import ...`, `from lab_server import ...`) from any
+# of them, whatever pytest's import mode.
+for p in (ROOT, ROOT / "launch_scripts", ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -49,7 +52,7 @@ class NotebooksRunOnce:
     def pytest_report_collectionfinish(self, config, start_path, items):
         if self.deselected:
             names = ", ".join(n[:2] for n in sorted(self.deselected))
-            return [f"notebooks {names}: run once, in the browser (tests/test_browser.py), so their "
+            return [f"notebooks {names}: run once, in the browser (tests/repo/test_browser.py), so their "
                     f"{sum(self.deselected.values())} nbval cells are deselected"]
 
 

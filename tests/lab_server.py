@@ -4,7 +4,7 @@ Only a free port, a token and ``--no-browser`` are added (through ``LAB_ARGS``),
 caller passes (a runtime folder, user settings). The server is shut down through its API, then by signal,
 even when the test fails.
 
-Also the one place that decides whether tests/test_browser.py can drive a browser here and which notebooks it
+Also the one place that decides whether tests/repo/test_browser.py can drive a browser here and which notebooks it
 runs: tests/conftest.py asks the same functions, so that each notebook is executed once per `make test`, in the
 browser when there is one (or when CI requires one), else under nbval.
 """
@@ -28,7 +28,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 def browser_missing() -> str | None:
-    """Why tests/test_browser.py cannot drive a browser on this machine (its SKIPPED line, with the fix), or
+    """Why tests/repo/test_browser.py cannot drive a browser on this machine (its SKIPPED line, with the fix), or
     None when it can: the playwright package imports and Chromium is at ``CHROMIUM``."""
     try:
         from playwright import sync_api  # noqa: F401

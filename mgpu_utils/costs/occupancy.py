@@ -10,9 +10,10 @@ warps over the SM's maximum. Higher is not always faster (a kernel that reuses r
 The limits are NVIDIA's "Technical Specifications per Compute Capability" (CUDA C++ Programming Guide);
 the allocation rules are those of NVIDIA's CUDA Occupancy Calculator: registers are given to a warp in
 units of 256, warps in groups of 4, shared memory in units of 256 bytes before compute capability 8.0
-and of 128 bytes from 8.0 on, when the runtime also starts to reserve 1 KB of shared memory per block. Checked in ``tests/test_occupancy.py`` against
-the CUDA C++ Best Practices Guide's example (compute capability 7.0, 37 registers per thread: 75% with
-128-thread blocks, four resident blocks of 320 threads).
+and of 128 bytes from 8.0 on, when the runtime also starts to reserve 1 KB of shared memory per block.
+Checked in ``tests/package/test_costs_occupancy.py`` against the CUDA C++ Best Practices Guide's example
+(compute capability 7.0, 37 registers per thread: 75% with 128-thread blocks, four resident blocks of 320
+threads).
 """
 
 from __future__ import annotations

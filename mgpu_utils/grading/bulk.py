@@ -29,7 +29,7 @@ from pathlib import Path
 #: Seconds one (student, exercise) may take in all, at every world size, before it is stopped.
 DEFAULT_TIMEOUT_S = 300.0
 #: Seconds one graded file takes per world size, for the estimate printed before a class is graded: a right 04.4 at
-#: world size 2 took about 8 s on a 2-core CPU machine (tests/test_bulk_grading.py); the running estimate after each
+#: world size 2 took about 8 s on a 2-core CPU machine (tests/grading/test_bulk.py); the running estimate after each
 #: row uses the rows' own times.
 SECONDS_PER_WORLD_SIZE = 8.0
 FIELDS = ("student", "exercise", "passed", "hint", "seconds")

@@ -1,4 +1,4 @@
-"""A real Slurm cluster of one host, run as this process's own children (lesson 12, tests/test_slurm.py).
+"""A real Slurm cluster of one host, run as this process's own children (lesson 12, tests/repo/test_slurm.py).
 
 Debian's packages (``apt-get install slurm-wlm munge``) hold the real daemons: ``munged`` (authentication),
 ``slurmctld`` (the controller, which schedules) and ``slurmd`` (the node daemon, which starts job steps).

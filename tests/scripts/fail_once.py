@@ -1,4 +1,4 @@
-"""Test helper: a rank that fails on the first attempt only, and a long result line (tests/test_slurm.py, issue 57).
+"""Test helper: a rank that fails on the first attempt only, and a long result line (tests/repo/test_slurm.py, issue 57).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc-per-node 2 --max-restarts 1 \
         tests/scripts/fail_once.py --rank 1 --result-chars 3000

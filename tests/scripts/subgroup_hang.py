@@ -1,4 +1,4 @@
-"""Test helper: a collective on a subgroup that one rank never joins (tests/test_dist.py, issue 57).
+"""Test helper: a collective on a subgroup that one rank never joins (tests/package/test_dist.py, issue 57).
 
     MGPU_COLLECTIVE_TIMEOUT_S=3 torchrun --standalone --nproc-per-node 2 tests/scripts/subgroup_hang.py --kind group
 
