@@ -24,6 +24,7 @@ TEMPLATE_HINTS = {
     "10.5": r"neither G nor D changed in 2 steps",
     "08.3": r"returned out1 and lse1 unchanged",
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
+    "06.4": r"for GPT-3 175B on 1024 A100, batch 1536 the layout dp=1024 tp=1 pp=1 is not feasible",
     "12.5": r"those of a snapshot without the optimizer's state, the scheduler's and every rank's random state",
     "11.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in 3 steps",
@@ -53,6 +54,9 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "08.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
              r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
     "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
+    "06.4": ("            if memory.total > cluster.memory_bytes:\n                continue\n", "",
+             r"for an unnamed job: 13B on one node of 8 A100, batch 256 the layout dp=8 tp=1 pp=1 .* does not fit: "
+             r"needs [0-9.]+ GB per GPU > 80 GB"),
     "12.5": (['"optimizer": opt.state_dict(), ', '    opt.load_state_dict(state["optimizer"])\n'], ["", ""],
              r"those of a snapshot without the optimizer's state\."),
     "11.5": ([SYNC_START, SYNC_END], ["", ""], r"ms per step, less than the 50 ms of work each step queues"),
