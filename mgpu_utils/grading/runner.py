@@ -188,6 +188,11 @@ def _grade_once(exercise_id: str, g: CodingExercise, path: Path, world: int) -> 
     return g.judge(res, world, seed), []
 
 
+def _sizes_note(sizes) -> str:
+    """" (world sizes 2, 3)" after a pass; nothing for an exercise graded in one process (06.4, a design)."""
+    return "" if tuple(sizes) == (1,) else f" (world sizes {', '.join(map(str, sizes))})"
+
+
 def grade(exercise_id: str, path: str | Path, *, world_sizes: tuple[int, ...] | None = None) -> tuple[bool, str]:
     """Grade one file, print nothing: (True, what was checked) when it passes at every world size, else (False,
     the hint of the first world size where it fails). Used by :func:`check_script` and the class grader
@@ -205,7 +210,7 @@ def grade(exercise_id: str, path: str | Path, *, world_sizes: tuple[int, ...] | 
         hint, _ = _grade_once(exercise_id, g, path.resolve(), world)
         if hint:
             return False, hint
-    return True, f"{g.what} (world sizes {', '.join(map(str, sizes))})"
+    return True, g.what + _sizes_note(sizes)
 
 
 def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: bool = False,
@@ -245,7 +250,7 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
                 print(wrap_text(f"[{exercise_id}] not yet: {hint}"))
             return False
     if not quiet:
-        print(wrap_text(f"[{exercise_id}] correct: {g.what} (world sizes {', '.join(map(str, sizes))})"))
+        print(wrap_text(f"[{exercise_id}] correct: {g.what}{_sizes_note(sizes)}"))
         for line in measured:
             print(wrap_text(f"    {line}"))
     return True

@@ -241,6 +241,22 @@ def _right_layout_texts():
     return [RULES, numpy_ints]
 
 
+def test_the_template_names_the_graders_first_six_jobs():
+    """06.4's template lists the jobs the grader names (named_jobs()), as the grader has them: a student tries
+    the same ones."""
+    import importlib.util
+
+    from mgpu_utils.env import REPO_ROOT
+    from mgpu_utils.grading.coding.hybrid import LAYOUT_JOBS
+
+    spec = importlib.util.spec_from_file_location("template_06_4", REPO_ROOT / "exercises" / "06_choose_layout.py")
+    template = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(template)
+    assert template.named_jobs() == list(LAYOUT_JOBS[:6])
+    assert all(not name.startswith("an unnamed") for name, *_ in LAYOUT_JOBS[:6])
+    assert all(name.startswith("an unnamed job: ") for name, *_ in LAYOUT_JOBS[6:])
+
+
 def test_right_layouts_pass(tmp_path, starts_processes):
     hints = grade_many(_layout_cases(tmp_path, _right_layout_texts()), 1)
     assert hints == [None] * len(LAYOUT_RIGHT), dict(zip(LAYOUT_RIGHT, hints))

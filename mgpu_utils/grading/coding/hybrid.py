@@ -330,9 +330,6 @@ def check_layout(fn, ctx, problems):
         if ratio > LAYOUT_SLACK:
             return note(problems, {"rank": ctx.rank, "kind": "layout", "what": "slow", "job": name, "layout": layout,
                                    "step": lay.step_s, "ratio": ratio, "best_step": best.step_s,
-                                   "best": f"dp={best.dp} tp={best.tp} pp={best.pp} micro_batch="
-                                           f"{best.options['micro_batch']} recompute={best.options['recompute']!r} "
-                                           f"zero_stage={best.options['zero_stage']}",
                                    "mine": _where_time_goes(lay), "theirs": _where_time_goes(best),
                                    "slack": LAYOUT_SLACK})
     return {"jobs": len(LAYOUT_JOBS), "worst": worst}
@@ -434,8 +431,8 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "infeasible",
          "for {job} the layout {layout} is not feasible: {detail}"),
         (always, "for {job} the layout {layout} takes {step:.2f} s per step by the planner, {ratio:.2f}x the best "
-                 "layout's {best_step:.2f} s ({best}); at most {slack}x passes. Where your step goes: {mine}. The "
-                 "best's: {theirs}")],
+                 "layout's {best_step:.2f} s; at most {slack}x passes. Where your step goes: {mine}. The best "
+                 "layout's: {theirs}")],
 }
 
 
