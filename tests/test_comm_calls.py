@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mgpu_utils.compat import reduce_scatter_single
 from mgpu_utils.measure import comm_calls
 from mgpu_utils.measure.comm_calls import (add_content, built, carries, content_of, counted_all_reduce,
                                            counted_collectives, point_to_point_only)
@@ -115,12 +116,25 @@ def test_point_to_point_only_refuses_every_route(world_of_one, below_route):
 
 
 def test_nested_blocks_each_count_once(world_of_one, below_route):
-    outer, inner = [], []
-    with counted_collectives(outer):
-        with counted_collectives(inner):
+    outer, inner, outer_content, inner_content = [], [], [], []
+    with counted_collectives(outer, content=outer_content):
+        with counted_collectives(inner, content=inner_content):
             world_of_one.allreduce([torch.ones(2)]).wait()
-            dist.all_reduce(torch.ones(2))
+            dist.all_reduce(torch.full((3,), 2.0))
     assert outer == inner == ["all_reduce", "all_reduce"]
+    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0), ("all_reduce", 3, 6.0, 12.0, 6.0)]
+
+
+def test_what_each_dist_collective_puts_in(world_of_one):
+    """The input of each form (keyword or positional): the tensor reduced, the one gathered, the list scattered."""
+    x, content = torch.arange(1.0, 5.0), []
+    with counted_collectives([], content=content):
+        dist.all_gather([torch.empty(4)], tensor=x)
+        reduce_scatter_single(torch.empty(4), x)          # dist's name of this torch (compat)
+        dist.all_to_all_single(torch.empty(4), input=x)
+        dist.scatter(torch.empty(4), [x], src=0)
+        dist.gather(x, [torch.empty(4)], dst=0)
+    assert [c.elements for c in content] == [4] * 5 and {c.total for c in content} == {10.0}
 
 
 def test_carries_allows_layout_padding_and_division():

@@ -204,14 +204,19 @@ def namespaces_of(obj) -> list[dict]:
     return [funcs[0].__globals__] if funcs else []
 
 
-def dist_inputs(name: str, original, args, kwargs) -> list:
-    """The tensors this rank puts into ``original(*args, **kwargs)``, torch.distributed's collective ``name``."""
-    key = DIST_INPUTS.get(name)
-    if key is None:
+#: The signatures of torch.distributed's collectives, read before any block replaces them (a wrapper's own
+#: signature, ``(*args, **kwargs)``, names nothing).
+_SIGNATURES = {name: inspect.signature(getattr(dist, name)) for name in DIST_INPUTS if hasattr(dist, name)}
+
+
+def dist_inputs(name: str, args, kwargs) -> list:
+    """The tensors this rank puts into torch.distributed's collective ``name`` called with ``args``, ``kwargs``."""
+    key, signature = DIST_INPUTS.get(name), _SIGNATURES.get(name)
+    if key is None or signature is None:
         return []
     try:
-        bound = inspect.signature(original).bind_partial(*args, **kwargs).arguments
-    except (TypeError, ValueError):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
         return []
     return _tensors(bound.get(key))
 
@@ -359,7 +364,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
             try:
                 group.register_pre_hook(hook_id, pre)
                 hooked.append(group)
-            except RuntimeError:
+            except Exception:                           # a group of another kind (a fake one, a wrapper)
                 pass
         for group in list(c10d._world.pg_map):
             hook_on(group)
@@ -382,7 +387,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
         for group in hooked:
             try:
                 group.unregister_pre_hook(hook_id)
-            except RuntimeError:
+            except Exception:                           # destroyed inside the block
                 pass
         for space, key, value in reversed(saved):
             if isinstance(space, dict):
@@ -427,7 +432,7 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
             if carried is not None:
                 carried.append((name, first_elements(args, kwargs)))
             if content is not None:
-                content.append(content_of(dist_inputs(name, original, args, kwargs), name))
+                content.append(content_of(dist_inputs(name, args, kwargs), name))
             return original(*args, **kwargs)
         return call
 

@@ -160,11 +160,11 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
                                     "carried": sum(c["elements"] for c in calls),
                                     "total": sum(p.numel() for p in mine.parameters()),
                                     **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
-            if carried:                                   # the right gradients, but not through these calls
-                note(problems, {"rank": rank, **carried})
             bad = check_calls(calls, list(ready))
             if bad:
                 note(problems, {"rank": rank, **bad})
+            if carried:                                   # the right gradients and calls, but not through them
+                note(problems, {"rank": rank, **carried})
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                        # every rank stops together once any rank found one:
             if found.item():                              # a wrong solution may not survive more steps
