@@ -1,7 +1,7 @@
 """mgpu_utils.measure.comm_calls in one process (gloo, world size 1): a collective counts once however it is
 reached (torch.distributed's functions, a process group's or its backend's own methods, a group of new_group,
 torch's functional collectives, torch.distributed.nn, DDP's reducer), with what this rank put in; the process
-groups' hooks (torch 2.14 and newer) and the dispatch mode used without them both; point_to_point_only refuses
+groups' hooks (torch 2.14 has them) and the dispatch mode used without them both; point_to_point_only refuses
 every route; built() sees torch's DDP constructed."""
 import warnings
 
@@ -29,7 +29,7 @@ def world_of_one():
 def below_route(request, monkeypatch):
     """Both ways of seeing the C++ collectives: the groups' hooks (where torch has them) and the dispatch mode."""
     if request.param == "hooks" and not comm_calls.USE_GROUP_HOOKS:
-        pytest.skip("this torch has no process-group hooks (torch 2.14 and newer)")
+        pytest.skip("this torch has no process-group hooks (torch 2.14 has them)")
     monkeypatch.setattr(comm_calls, "USE_GROUP_HOOKS", request.param == "hooks")
     return request.param
 

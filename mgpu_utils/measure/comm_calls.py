@@ -7,7 +7,7 @@ Every collective of torch.distributed (:data:`COLLECTIVES`) is replaced for the 
 are seen too (:class:`LowCall`): a method of a process group or of its backend (``group.allreduce([t])``,
 ``dist.new_group(...)._allgather_base(...)``), and the C++ operators that torch's functional collectives
 (``torch.distributed._functional_collectives``, DTensor) and DistributedDataParallel's reducer call, through the
-process groups' pre-collective hooks (torch 2.14 and newer) or, before, a dispatch mode. A call counts once,
+process groups' pre-collective hooks where torch has them (2.14 does), else a dispatch mode. A call counts once,
 where the code made it: ``dist.all_reduce`` calls ``group.allreduce``, which calls the C++ operator, and only the
 first is seen.
 
@@ -82,7 +82,7 @@ HOOK_NAMES = {"ALLREDUCE": ("all_reduce", "all_reduce"), "ALLGATHER": ("all_gath
               "ALLTOALL": ("all_to_all", "all_to_all_single"), "BROADCAST": ("broadcast", "broadcast"),
               "REDUCE": ("reduce", "reduce"), "GATHER": ("gather", "gather"), "SCATTER": ("scatter", "scatter")}
 
-#: The process groups' pre-collective hooks (torch 2.14 and newer) see every collective issued through a group,
+#: The process groups' pre-collective hooks (torch 2.14 has them) see every collective issued through a group,
 #: from Python or C++ (DDP's reducer, the functional collectives), in any thread; without them a dispatch mode
 #: sees the C++ operators called in the block's thread. A test switches this off to try the dispatch mode.
 USE_GROUP_HOOKS = hasattr(torch._C._distributed_c10d.ProcessGroup, "register_pre_hook")

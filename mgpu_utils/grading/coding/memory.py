@@ -4,9 +4,10 @@
 Each check trains on this rank's rows against the optimizer in one process on the whole batch, and measures
 what the student's optimizer or wrapper holds (:func:`~mgpu_utils.grading.common.held_bytes`) and counts what
 the collectives of each step carry (however they are reached: a process group's own methods and torch's
-functional collectives too), and checks what they carry: the reducing ones this rank's own gradients, 07.6's
-all-gathers this rank's shards (:func:`_reduced_right`), not zeros sent for show while the work happens
-elsewhere; torch's own ZeroRedundancyOptimizer or FSDP built by the student's code is refused. 07.6 also reads
+functional collectives too), and checks what they carry: the reducing ones this rank's own gradients
+(:func:`_reduced_right`; 07.6: :func:`_fsdp_carried`, its all-gathers this rank's shards too), not zeros sent
+for show while the work happens elsewhere; torch's own ZeroRedundancyOptimizer or FSDP built by the student's
+code is refused. 07.6 also reads
 the dtype the Linear layers compute in (:class:`LinearDtypes`).
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 """
@@ -98,8 +99,8 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
 
 
-#: The collectives that reduce: each carries this rank's gradients (or its slices) to be summed. With a local sum
-#: after it, an all-to-all, a scatter or a gather moves them too (:data:`SCATTERS`).
+#: The collectives that reduce (07.4, 07.5): each carries this rank's gradients (or slices of them) to be summed;
+#: and those that move them to be summed locally after (MOVES: an all-to-all, a scatter, a gather).
 REDUCES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
 MOVES = ("all_to_all", "all_to_all_single", "scatter", "gather")
 
