@@ -14,7 +14,9 @@ MyDDP(module, bucket_bytes), a torch.nn.Module that
 
 The grader trains three SGD steps on an MLP and on a model whose middle layer is applied twice, with bucket
 sizes of 2 KiB and 1 MiB, from ranks whose weights start apart, against DistributedDataParallel; it counts
-your all-reduce calls (one per bucket) and checks that each was waited for. Grade it from a notebook cell:
+your all-reduce calls (one per bucket, however made: a process group's own allreduce counts too), checks that
+each was waited for and that together they carry this rank's gradients, and refuses torch's own
+DistributedDataParallel inside your class. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("03.7")
 """

@@ -30,8 +30,10 @@ The grader trains an MLP and a model whose two middle layers share one weight (T
 three SGD steps with momentum, at 2 and 3 ranks, in float32 and with compute_dtype=torch.bfloat16, then a model
 with a frozen parameter and a layer used in every other step only, in two parameter groups, and compares
 each rank's output and full_parameters() with one process's; it counts the collectives of each step (all-gather and reduce-scatter;
-an all-reduce of whole gradients is ZeRO-2's at best), the elements in parameters(), the dtype the layers saw,
-and the bytes your wrapper holds between steps.
+an all-reduce of whole gradients is ZeRO-2's at best; a process group's own methods and torch's functional
+collectives count too) and checks what they carry (the all-gathers this rank's shards, the reduce-scatters its
+gradients), the elements in parameters(), the dtype the layers saw, and the bytes your wrapper holds between
+steps; torch's fully_shard or FSDP inside your class is refused.
 Useful: torch.func.functional_call(module, {name: tensor}, (x,)) runs a module with other tensors in place of
 its parameters (a tied one given once is used in both places); an autograd.Function whose forward all-gathers
 and whose backward reduce-scatters; all_gather_single and reduce_scatter_single from mgpu_utils.compat;

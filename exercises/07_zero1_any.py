@@ -20,7 +20,9 @@ The grader trains a small MLP three steps with SGD (momentum 0.9), Adam and Adam
 3 ranks, compares the parameters with one process, and measures the state your optimizer holds: every tensor
 it can reach, except the parameters that an optimizer inside it updates and their gradients. Then, with SGD
 and AdamW, a model with a frozen parameter and a parameter used in every other step only, in two parameter
-groups with different lr and weight_decay. It counts the elements each collective of step() carries.
+groups with different lr and weight_decay. It counts the elements each collective of step() carries (however
+it is made: a process group's own methods and torch's functional collectives count too), checks that the
+reduce-scatters carry this rank's gradients, and refuses torch's ZeroRedundancyOptimizer.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.5")

@@ -3,21 +3,196 @@ lesson 05's ``launch_scripts/vocab_parallel.py``).
 
 Every collective of torch.distributed (:data:`COLLECTIVES`) is replaced for the length of a ``with`` block: in
 ``torch.distributed``, in ``torch.distributed.distributed_c10d``, and in the module of a given function or class
-(where ``from torch.distributed import all_reduce`` put the name). :func:`patched_collectives` is the general
-tool; :func:`point_to_point_only` makes every collective raise (04.4, 04.5), :func:`counted_collectives` records
-each call's name, and :func:`counted_all_reduce` records each all-reduce and whether its handle was waited for
-(03.4 to 03.7).
+(where ``from torch.distributed import all_reduce`` put the name). The collectives reached below those functions
+are seen too (:class:`LowCall`): a method of a process group or of its backend (``group.allreduce([t])``,
+``dist.new_group(...)._allgather_base(...)``), and the C++ operators that torch's functional collectives
+(``torch.distributed._functional_collectives``, DTensor) and DistributedDataParallel's reducer call, through the
+process groups' pre-collective hooks where torch has them (2.14 does), else a dispatch mode. A call counts once,
+where the code made it: ``dist.all_reduce`` calls ``group.allreduce``, which calls the C++ operator, and only the
+first is seen.
+
+:func:`patched_collectives` is the general tool; :func:`point_to_point_only` makes every collective raise (04.4,
+04.5), :func:`counted_collectives` records each call's name, the elements it carries and what this rank put in
+(:func:`content_of`: the float64 sum, sum of squares and sum of absolute values of its input tensors, taken
+before the call runs), and :func:`counted_all_reduce` records each all-reduce and whether its handle was waited
+for (03.4 to 03.7). :func:`carries` compares what a step's calls put in with what they should have (the rank's
+own gradients, 03.4 to 07.6); :func:`built` records the use of torch's own DDP, ZeRO or FSDP in the student's
+code (03.4 to 07.6).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import itertools
+import math
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
+import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
                "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
+
+#: The argument of each collective of torch.distributed that holds what this rank puts in (broadcast: what the
+#: source sends; scatter: the source's list, None elsewhere).
+DIST_INPUTS = {"all_reduce": "tensor", "all_gather": "tensor", "all_gather_into_tensor": "input_tensor",
+               "all_gather_single": "input_tensor", "reduce_scatter": "input_list", "reduce_scatter_tensor": "input",
+               "reduce_scatter_single": "input", "broadcast": "tensor", "all_to_all": "input_tensor_list",
+               "all_to_all_single": "input", "gather": "tensor", "scatter": "scatter_list", "reduce": "tensor"}
+
+#: The collectives among the methods of a process group and of its backend (``ProcessGroup``, ``Backend``),
+#: named as torch.distributed's functions are; those of the first set take (tensors, ...), the others
+#: (outputs, inputs, ...).
+GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "broadcast": "broadcast",
+                 "reduce": "reduce"}
+GROUP_METHODS_OUT_FIRST = {
+    "allgather": "all_gather", "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+    "all_gather_single_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_single": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+    "reduce_scatter_single_coalesced": "reduce_scatter_tensor", "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single", "gather": "gather",
+    "gather_single": "gather", "gather_into_tensor": "gather", "scatter": "scatter"}
+
+#: The C++ operators (namespaces c10d, _c10d_functional, _c10d_functional_autograd; a trailing ``_`` and ``_out``
+#: dropped) that are collectives, named as torch.distributed's functions are (send, recv, barrier, wait_tensor:
+#: not collectives here).
+OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "all_reduce": "all_reduce",
+       "all_reduce_coalesced": "all_reduce", "allgather": "all_gather", "allgather_coalesced": "all_gather",
+       "_allgather_base": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+       "all_gather_into_tensor": "all_gather_into_tensor",
+       "all_gather_into_tensor_coalesced": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter",
+       "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
+       "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor", "alltoall": "all_to_all",
+       "alltoall_base": "all_to_all_single", "all_to_all_single": "all_to_all_single", "broadcast": "broadcast",
+       "reduce": "reduce", "gather": "gather", "gather_into_tensor": "gather", "scatter": "scatter"}
+_OP_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+
+#: What each name of a process group's pre-collective hook (``HookOpName``) is among torch.distributed's
+#: functions; (list form, tensor form) where a call of one tensor is the tensor form.
+HOOK_NAMES = {"ALLREDUCE": ("all_reduce", "all_reduce"), "ALLGATHER": ("all_gather", "all_gather_into_tensor"),
+              "REDUCE_SCATTER": ("reduce_scatter", "reduce_scatter_tensor"),
+              "ALLTOALL": ("all_to_all", "all_to_all_single"), "BROADCAST": ("broadcast", "broadcast"),
+              "REDUCE": ("reduce", "reduce"), "GATHER": ("gather", "gather"), "SCATTER": ("scatter", "scatter")}
+
+#: The process groups' pre-collective hooks (torch 2.14 has them) see every collective issued through a group,
+#: from Python or C++ (DDP's reducer, the functional collectives), in any thread; without them a dispatch mode
+#: sees the C++ operators called in the block's thread. A test switches this off to try the dispatch mode.
+USE_GROUP_HOOKS = hasattr(torch._C._distributed_c10d.ProcessGroup, "register_pre_hook")
+
+
+def _tensors(x) -> list:
+    """The tensors in ``x``: a tensor, or lists of them nested (None and anything else: none)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+class Content(NamedTuple):
+    """What one collective call carried from this rank: its name, ``elements`` (the element count of its input
+    tensors, what this rank puts in: the all-reduced tensor, the all-gathered or reduce-scattered input) and their
+    float64 ``total``, ``squares`` (sum of squares) and ``absolute`` (sum of |x|), taken before the call ran."""
+    name: str
+    elements: int
+    total: float
+    squares: float
+    absolute: float
+
+
+def content_of(tensors, name: str = "") -> Content:
+    """:class:`Content` of ``tensors`` (a tensor or a list, nested; only floating-point ones count)."""
+    n, s, q, a = 0, 0.0, 0.0, 0.0
+    for t in _tensors(tensors):
+        if not t.is_floating_point() or t.numel() == 0:
+            continue
+        d = t.detach().to(torch.float64)
+        n += t.numel()
+        s += d.sum().item()
+        q += (d * d).sum().item()
+        a += d.abs().sum().item()
+    return Content(name, n, s, q, a)
+
+
+def add_content(parts, name: str = "") -> Content:
+    """The :class:`Content` of several calls (or tensors' contents) together."""
+    parts = list(parts)
+    return Content(name, sum(p.elements for p in parts), math.fsum(p.total for p in parts),
+                   math.fsum(p.squares for p in parts), math.fsum(p.absolute for p in parts))
+
+
+def carries(got: Content, want: Content, world: int, rtol: float = 1e-4) -> bool:
+    """Whether ``got`` (what a step's collectives carried from this rank, :func:`add_content`) is ``want`` (this
+    rank's own gradients, say), in any layout, order or bucketing and padded with zeros, as it is or divided by
+    the world size beforehand: the sums of |x|, of x and of x**2 agree to ``rtol`` (of the sum of |x|, for the
+    sum)."""
+    for f in (1.0, 1.0 / world):
+        a, q = f * want.absolute, f * f * want.squares
+        if (abs(got.absolute - a) <= rtol * a + 1e-30 and abs(got.squares - q) <= 2 * rtol * q + 1e-30
+                and abs(got.total - f * want.total) <= rtol * a + 1e-30):
+            return True
+    return False
+
+
+def carries_some(got: Content, pieces: list, required: list, rtol: float = 1e-4, most: int = 2,
+                 limit: int = 4096) -> bool:
+    """Whether ``got`` is the sum of ``pieces`` (:class:`Content` each, e.g. this rank's parameter shards), each
+    carried 0 to ``most`` times, at least once where ``required`` (a bool per piece) says so (07.6: every shard
+    used in the step all-gathered, once or again for the backward). More than ``limit`` combinations: every piece
+    the same number of times, 1 to ``most``."""
+    ranges = [range(1 if r else 0, most + 1) for r in required]
+    combos = (itertools.product(*ranges) if math.prod(len(r) for r in ranges) <= limit
+              else ((k,) * len(pieces) for k in range(1, most + 1)))
+    for counts in combos:
+        want = add_content([Content("", c * p.elements, c * p.total, c * p.squares, c * p.absolute)
+                            for c, p in zip(counts, pieces)])
+        if carries(got, want, 1, rtol):
+            return True
+    return False
+
+
+def named_content(got: Content, world: int, rtol: float = 1e-4, **candidates) -> str:
+    """What ``got`` is, to say in a hint: "zeros" (nothing but zeros, or nothing), the name of the first of
+    ``candidates`` (name: :class:`Content`, e.g. ``weights=``) that it :func:`carries`, or "other"."""
+    if got.absolute == 0:
+        return "zeros"
+    return next((name for name, c in candidates.items() if c.absolute and carries(got, c, world, rtol)), "other")
+
+
+@dataclass
+class LowCall:
+    """A collective reached below torch.distributed's functions: ``name`` as theirs (:data:`COLLECTIVES`),
+    ``inputs`` (the tensors this rank puts in) and ``outputs``, ``group`` (the ProcessGroup, or None: a backend,
+    or an operator whose group is not known), ``what`` (how it was reached, said in a message), ``async_op``;
+    ``first``: the tensor torch.distributed's function would name first (all_reduce: the tensor reduced; the
+    others: the output; several: one flattened copy of them all)."""
+    name: str
+    inputs: list
+    outputs: list
+    group: Any
+    what: str
+    async_op: bool = True
+    first: Any = field(default=None)
+
+    def __post_init__(self):
+        if self.first is None:                 # the tensor torch.distributed's function names first
+            tensors = self.outputs if self.name != "all_reduce" and self.outputs else self.inputs
+            self.first = (tensors[0] if len(tensors) == 1 else
+                          torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.empty(0))
+
+    @property
+    def elements(self) -> int:
+        """The element count of the tensor(s) the function would name first (all_reduce: the tensor reduced;
+        the others: the output), as :func:`counted_collectives` counts a call of torch.distributed's."""
+        return self.first.numel()
 
 
 def namespaces_of(obj) -> list[dict]:
@@ -29,12 +204,123 @@ def namespaces_of(obj) -> list[dict]:
     return [funcs[0].__globals__] if funcs else []
 
 
+#: The signatures of torch.distributed's collectives, read before any block replaces them (a wrapper's own
+#: signature, ``(*args, **kwargs)``, names nothing).
+_SIGNATURES = {name: inspect.signature(getattr(dist, name)) for name in DIST_INPUTS if hasattr(dist, name)}
+
+
+def dist_inputs(name: str, args, kwargs) -> list:
+    """The tensors this rank puts into torch.distributed's collective ``name`` called with ``args``, ``kwargs``."""
+    key, signature = DIST_INPUTS.get(name), _SIGNATURES.get(name)
+    if key is None or signature is None:
+        return []
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        return []
+    return _tensors(bound.get(key))
+
+
+def _group_call(name: str, method: str, obj, args, kwargs) -> LowCall:
+    """A process group's (or its backend's) collective method ``method`` called with ``args``, ``kwargs``."""
+    named = list(kwargs.values())
+    if method in GROUP_METHODS_OUT_FIRST:
+        outputs = args[0] if args else next((v for k, v in kwargs.items() if k.startswith("output")), None)
+        inputs = args[1] if len(args) > 1 else next((v for k, v in kwargs.items() if k.startswith("input")), None)
+    else:
+        outputs, inputs = None, args[0] if args else (named[0] if named else None)
+    group = obj if isinstance(obj, dist.ProcessGroup) else None
+    return LowCall(name, _tensors(inputs), _tensors(outputs), group, f"{type(obj).__name__}.{method}")
+
+
+def _op_call(func, args, kwargs) -> LowCall | None:
+    """A collective C++ operator (``torch.ops.c10d.allreduce_``, ``torch.ops._c10d_functional.all_reduce``), or
+    None for anything else."""
+    schema = func._schema
+    namespace, _, op = schema.name.partition("::")
+    if namespace not in _OP_NAMESPACES:
+        return None
+    base = op[:-1] if op.endswith("_") else op
+    base = base[:-4] if base.endswith("_out") else base
+    name = OPS.get(base)
+    if name is None:
+        return None
+    values = {a.name: v for a, v in zip(schema.arguments, args)}
+    values.update(kwargs)
+    inputs = next((values[k] for k in ("input_tensors", "input_tensor", "input", "inputs", "input_list")
+                   if k in values), values.get("tensors", values.get("tensor")))
+    outputs = next((values[k] for k in ("output_tensors", "output_tensor", "output", "outputs", "output_lists",
+                                        "out") if k in values), None)
+    return LowCall(name, _tensors(inputs), _tensors(outputs), None, f"torch.ops.{namespace}.{op}")
+
+
+class _Depth(threading.local):
+    """Per block and per thread: how many of the block's wrappers are running (only the outermost records)."""
+    n = 0
+
+
+class _BelowMode(TorchDispatchMode):
+    """Sees the collective C++ operators called in this thread (torch without the groups' hooks)."""
+
+    def __init__(self, seen: Callable, depth: _Depth):
+        super().__init__()
+        self.seen, self.depth = seen, depth
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        call = _op_call(func, args, kwargs) if self.depth.n == 0 else None
+        if call is None:
+            return func(*args, **kwargs)
+        self.depth.n += 1
+        try:
+            self.seen(call)
+            return func(*args, **kwargs)
+        finally:
+            self.depth.n -= 1
+
+
+def _hook_call(pre, group) -> LowCall | None:
+    """A process group's pre-collective hook's arguments ``pre`` as a :class:`LowCall` (None: not a collective)."""
+    names = HOOK_NAMES.get(pre.name.name)
+    if names is None:
+        return None
+    inputs, outputs = list(pre.input_tensors), list(pre.output_tensors)
+    single = len(inputs) <= 1 and len(outputs) <= 1
+    return LowCall(names[single], inputs, outputs, group, f"a collective of the process group ({names[single]})",
+                   async_op=pre.async_op)
+
+
+_hook_ids = itertools.count(1 << 40)
+
+
 @contextlib.contextmanager
-def patched_collectives(replace, fn=None):
+def patched_collectives(replace, fn=None, below: Callable | None = None):
     """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
     student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
-    the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``)."""
+    the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``). A collective
+    reached below those functions (a process group's or its backend's method, torch's functional collectives, DDP's
+    reducer: :class:`LowCall`) goes to ``below(call)`` before it runs (which may raise); without ``below``, to
+    ``replace(name, a no-op)`` called with the tensor torch.distributed's function would name first and
+    ``group=``. Each call is seen once, by the outermost of these ways (a thread-local depth per block)."""
     import torch.distributed.distributed_c10d as c10d
+
+    depth = _Depth()
+
+    def outermost(record, original):
+        def call(*args, **kwargs):
+            if depth.n:
+                return original(*args, **kwargs)
+            depth.n += 1
+            try:
+                return record(*args, **kwargs)
+            finally:
+                depth.n -= 1
+        return call
+
+    if below is None:
+        def below(call: LowCall):
+            replace(call.name, lambda *a, **k: None)(call.first, group=call.group)
+    seen = below
 
     originals = {}
     for module in (dist, c10d):
@@ -46,31 +332,92 @@ def patched_collectives(replace, fn=None):
         for key, value in list(space.items()):
             if callable(value) and id(value) in originals:
                 saved.append((space, key, value))
-                space[key] = replace(originals[id(value)], value)
+                space[key] = outermost(replace(originals[id(value)], value), value)
+
+    classes = [torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend]
+    for cls in classes:
+        for method, name in {**GROUP_METHODS, **GROUP_METHODS_OUT_FIRST}.items():
+            original = cls.__dict__.get(method)
+            if original is None:
+                continue
+
+            def record(obj, *args, _m=method, _n=name, _o=original, **kwargs):
+                seen(_group_call(_n, _m, obj, args, kwargs))
+                return _o(obj, *args, **kwargs)
+            saved.append((cls, method, original))
+            setattr(cls, method, outermost(record, original))
+
+    hooked, hook_id = [], next(_hook_ids)
+    mode = None
+    if USE_GROUP_HOOKS:
+        def hook_on(group):
+            def pre(args, group=group):
+                if depth.n:
+                    return
+                call = _hook_call(args, group)
+                if call is not None:
+                    depth.n += 1
+                    try:
+                        seen(call)
+                    finally:
+                        depth.n -= 1
+            try:
+                group.register_pre_hook(hook_id, pre)
+                hooked.append(group)
+            except Exception:                           # a group of another kind (a fake one, a wrapper)
+                pass
+        for group in list(c10d._world.pg_map):
+            hook_on(group)
+        register = vars(c10d).get("_register_process_group")
+        if register is not None:                        # a group made inside the block is hooked too
+            def registered(name, pg, _register=register):
+                _register(name, pg)
+                hook_on(pg)
+            saved.append((vars(c10d), "_register_process_group", register))
+            vars(c10d)["_register_process_group"] = registered
+    else:
+        mode = _BelowMode(seen, depth)
     try:
-        yield
+        if mode is not None:
+            with mode:
+                yield
+        else:
+            yield
     finally:
+        for group in hooked:
+            try:
+                group.unregister_pre_hook(hook_id)
+            except Exception:                           # destroyed inside the block
+                pass
         for space, key, value in reversed(saved):
-            space[key] = value
+            if isinstance(space, dict):
+                space[key] = value
+            else:
+                setattr(space, key, value)
 
 
 def point_to_point_only(exercise, fn=None):
     """Within the block every collective raises, naming itself (send/recv still work), however it is reached
-    (:func:`patched_collectives`)."""
+    (:func:`patched_collectives`: a process group's own method and torch's functional collectives too)."""
     def forbidden(name, original):
         def call(*args, **kwargs):
             raise RuntimeError(f"exercise {exercise} allows point-to-point only, and dist.{name} was called")
         return call
-    return patched_collectives(forbidden, fn)
+
+    def below(call: LowCall):
+        raise RuntimeError(f"exercise {exercise} allows point-to-point only, and {call.what} was called "
+                           f"(dist.{call.name})")
+    return patched_collectives(forbidden, fn, below)
 
 
-def counted_collectives(calls: list, fn=None, carried: list | None = None):
+def counted_collectives(calls: list, fn=None, carried: list | None = None, content: list | None = None):
     """Within the block every collective still runs, and its name is appended to ``calls``; with ``carried``,
     ``(name, elements)`` too, ``elements`` the element count of its first tensor argument (all_reduce: the
     tensor reduced; the ``*_single`` and ``*_tensor`` forms: the output), so that a check sees what a call
-    carries, not only that it was made (07.5: an all-reduce of the whole gradient)."""
-    import torch
-
+    carries, not only that it was made (07.5: an all-reduce of the whole gradient); with ``content``, the
+    :class:`Content` of what this rank put in, taken before the call ran (07.4 to 07.6: the gradients, or zeros
+    sent for show while the work happens elsewhere). Collectives reached below torch.distributed's functions
+    count too (:func:`patched_collectives`)."""
     def first_elements(args, kwargs) -> int:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor):
@@ -84,9 +431,18 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None):
             calls.append(name)
             if carried is not None:
                 carried.append((name, first_elements(args, kwargs)))
+            if content is not None:
+                content.append(content_of(dist_inputs(name, args, kwargs), name))
             return original(*args, **kwargs)
         return call
-    return patched_collectives(counting, fn)
+
+    def below(call: LowCall):
+        calls.append(call.name)
+        if carried is not None:
+            carried.append((call.name, call.elements))
+        if content is not None:
+            content.append(content_of(call.inputs, call.name))
+    return patched_collectives(counting, fn, below)
 
 
 class _Handle:
@@ -129,12 +485,14 @@ class _Handle:
 @contextlib.contextmanager
 def counted_all_reduce(state: dict, fn=None):
     """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
-    module: :func:`patched_collectives`): whether async, whether ``state["backward"]`` was set (the check sets
-    it while ``loss.backward()`` runs), the tensor's storage (``storage``, its data pointer: the weights
-    all-reduced instead of the gradient?) and ``elements``, and for an async call whether its handle was waited
-    for and whether the tensor was written before the result was delivered (``touched``: divided before
-    wait()); an async call's result reaches its tensor at wait() (or when its future completes), as promised,
-    not before."""
+    module, or one reached below torch.distributed's functions: :func:`patched_collectives`): whether async,
+    whether ``state["backward"]`` was set (the check sets it while ``loss.backward()`` runs), the tensor's
+    storage (``storage``, its data pointer: the weights all-reduced instead of the gradient?), ``elements`` and
+    ``content`` (:func:`content_of` the tensor before the call: the gradients, or zeros sent for show?), and for
+    an async call whether its handle was waited for and whether the tensor was written before the result was
+    delivered (``touched``: divided before wait()); an async call's result reaches its tensor at wait() (or when
+    its future completes), as promised, not before. A call reached below (``below``: True; a process group's
+    ``allreduce``, DDP's reducer) counts as asynchronous and waited for."""
     calls = []
 
     def replace(name, real):
@@ -143,7 +501,8 @@ def counted_all_reduce(state: dict, fn=None):
 
         def counting(tensor, *args, **kwargs):
             call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False,
-                    "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel()}
+                    "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel(),
+                    "content": content_of(tensor, name)}
             calls.append(call)
             if not call["async"]:
                 return real(tensor, *args, **kwargs)
@@ -151,5 +510,57 @@ def counted_all_reduce(state: dict, fn=None):
             copy = tensor.detach().clone()                 # the result lands in ``tensor`` at wait(), not before
             return _Handle(real(copy, *args, **kwargs), call, into=tensor, copy=copy)
         return counting
-    with patched_collectives(replace, fn):
+
+    def below(call: LowCall):
+        if call.name == "all_reduce":
+            first = call.inputs[0] if call.inputs else None
+            calls.append({"async": True, "in_backward": state["backward"], "waited": True, "below": True,
+                          "storage": first.untyped_storage().data_ptr() if first is not None else 0,
+                          "elements": call.elements, "content": content_of(call.inputs, call.name)})
+    with patched_collectives(replace, fn, below):
         yield calls
+
+
+#: torch's own parallel wrappers an exercise asks the student to write (module, class, what the hint calls it):
+#: DistributedDataParallel (03.4 to 03.7), ZeroRedundancyOptimizer (07.4, 07.5), FSDP and fully_shard (07.6).
+TORCH_DDP = (("torch.nn.parallel.distributed", "DistributedDataParallel", "torch's DistributedDataParallel"),)
+TORCH_ZERO = (("torch.distributed.optim.zero_redundancy_optimizer", "ZeroRedundancyOptimizer",
+               "torch's ZeroRedundancyOptimizer"),)
+TORCH_FSDP = (("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel",
+               "torch's FullyShardedDataParallel"),
+              ("torch.distributed.fsdp._fully_shard._fsdp_state", "FSDPState", "torch's fully_shard"))
+
+
+@contextlib.contextmanager
+def built(wrappers):
+    """Within the block, the name (the third field) of each of ``wrappers`` (:data:`TORCH_DDP`, ...) whose class
+    is constructed goes to the list the block yields. Only modules already imported are watched (importing
+    torch.distributed.optim costs 2 s); a module first imported inside the block is searched instead, at the
+    end, for instances that are alive (gc)."""
+    used, saved, watched = [], [], set()
+    for module, cls_name, label in wrappers:
+        cls = getattr(sys.modules.get(module), cls_name, None)
+        if cls is None:
+            continue
+        watched.add(module)
+        original = cls.__dict__["__init__"]
+
+        def init(self, *args, _o=original, _label=label, **kwargs):
+            if _label not in used:
+                used.append(_label)
+            return _o(self, *args, **kwargs)
+        saved.append((cls, original))
+        cls.__init__ = init
+    try:
+        yield used
+    finally:
+        for cls, original in saved:
+            cls.__init__ = original
+        late = [(getattr(sys.modules.get(m), c, None), label) for m, c, label in wrappers if m not in watched]
+        late = [(cls, label) for cls, label in late if cls is not None]
+        if late:
+            import gc
+            for obj in gc.get_objects():
+                for cls, label in late:
+                    if isinstance(obj, cls) and label not in used:
+                        used.append(label)

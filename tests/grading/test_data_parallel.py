@@ -233,6 +233,78 @@ RIGHT_037 = {
         "                p.grad = flat[offset:offset + p.numel()].view_as(p)\n"),
 }
 
+SEND_037 = "        self.pending.append((self.bucket, flat, dist.all_reduce(flat, async_op=True)))\n"
+FINISH_037 = ("        for params, flat, work in self.pending:\n" + WAIT_037 + "            offset = 0\n"
+              "            for p in params:\n                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+              "                offset += p.numel()\n        self.pending.clear()\n")
+ZEROS_037 = "        self.pending.append((self.bucket, flat, dist.all_reduce(torch.zeros_like(flat), async_op=True)))\n"
+GROUP = "dist.distributed_c10d._get_default_group()"
+#: The whole gradient averaged in finish() once the buckets' all-reduces (for show) were waited for: ``{reduce}``
+#: all-reduces ``flat`` (the mean, divided by the world, then copied back).
+WHOLE_037 = ("        for params, flat, work in self.pending:\n            work.wait()\n        self.pending.clear()\n"
+             "        grads = [p.grad for p in self.module.parameters() if p.grad is not None]\n"
+             "        flat = torch.cat([g.reshape(-1) for g in grads])\n{reduce}"
+             "        offset = 0\n        for g in grads:\n"
+             "            g.copy_(flat[offset:offset + g.numel()].view_as(g))\n            offset += g.numel()\n")
+#: Every rank's bucket sent to every other rank and summed in rank order: an all-reduce out of send and recv,
+#: which no all-reduce count sees.
+P2P = '''
+
+def p2p_sum(t):
+    """The sum over the ranks of t, by point-to-point."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    parts = [t if r == rank else torch.empty_like(t) for r in range(world)]
+    works = [dist.isend(t.contiguous(), dst=r) for r in range(world) if r != rank]
+    for r in range(world):
+        if r != rank:
+            dist.recv(parts[r], src=r)
+    for w in works:
+        w.wait()
+    return sum(parts)
+'''
+P2P_037 = ("        for params, flat, work in self.pending:\n            work.wait()\n"
+           "            flat = p2p_sum(flat) / self.world\n            offset = 0\n"
+           "            for p in params:\n                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+           "                offset += p.numel()\n        self.pending.clear()\n")
+TORCH_DDP_037 = '''import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class MyDDP(torch.nn.Module):
+    """torch's DDP does the work; one all-reduce of zeros per bucket, started in the hook, for the count."""
+
+    def __init__(self, module, bucket_bytes):
+        super().__init__()
+        self.ddp, self.bucket_bytes, self.bucket, self.pending = DistributedDataParallel(module), bucket_bytes, [], []
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(self.ready)
+
+    def forward(self, *args, **kwargs):
+        return self.ddp(*args, **kwargs)
+
+    def ready(self, p):
+        self.bucket.append(p)
+        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:
+            self.send()
+
+    def send(self):
+        self.pending.append(dist.all_reduce(torch.zeros(1), async_op=True))
+        self.bucket = []
+
+    def finish(self):
+        if self.bucket:
+            self.send()
+        for work in self.pending:
+            work.wait()
+        self.pending.clear()
+'''
+
+RIGHT_037.update({
+    "each bucket all-reduced through the process group object (group.allreduce, a Work to wait for)": (
+        SEND_037, f"        self.pending.append((self.bucket, flat, {GROUP}.allreduce([flat])))\n"),
+})
+
 WRONG_037 = {
     "buffers broadcast, the parameters averaged": (
         BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
@@ -242,6 +314,44 @@ WRONG_037 = {
     "buckets counted in elements": (
         "q.grad.numel() * q.grad.element_size() for", "q.grad.numel() for",
         r"1 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+    # collectives through the process group object, or torch's functional collectives, count as all-reduces
+    "zeros per bucket, the whole gradient all-reduced in finish() by the process group object": (
+        [SEND_037, FINISH_037],
+        [ZEROS_037, WHOLE_037.format(reduce=f"        {GROUP}.allreduce([flat]).wait()\n        flat /= self.world\n")],
+        r"rank \d: 3 all-reduce call\(s\), 2 of them carrying nothing but zeros; the rule gives 2"),
+    "zeros per bucket, the whole gradient all-reduced in finish() by torch's functional collectives": (
+        [SEND_037, FINISH_037],
+        [ZEROS_037, WHOLE_037.format(
+            reduce="        import torch.distributed._functional_collectives as funcol\n"
+                   "        flat = funcol.all_reduce(flat, 'sum', dist.group.WORLD) / self.world\n")],
+        r"rank \d: 3 all-reduce call\(s\), 2 of them carrying nothing but zeros; the rule gives 2"),
+    "every bucket all-reduced in finish() by the process group's backend, none during backward": (
+        [SEND_037, WAIT_037],
+        ["        self.pending.append((self.bucket, flat, None))\n",
+         f"            {GROUP}._get_backend(torch.device('cpu')).allreduce([flat]).wait()\n"
+         "            flat /= self.world\n"],
+        r"rank \d: 2 bucket\(s\) of 2048 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
+    # the all-reduces counted carry something else while the gradients travel another way
+    "torch's DistributedDataParallel inside, an all-reduce of one zero per bucket": (
+        None, TORCH_DDP_037, r"rank \d: your code built torch's DistributedDataParallel \(world size 3\)"),
+    "the gradients averaged by send and recv, zeros all-reduced per bucket": (
+        ["import torch.distributed as dist\n", SEND_037, FINISH_037],
+        ["import torch.distributed as dist\n" + P2P, ZEROS_037, P2P_037],
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\), 3,466 elements\) carried "
+        r"zeros, not rank \d's gradients \(world size 3\)"),
+    "the gradients averaged by send and recv, one zero all-reduced per bucket": (
+        ["import torch.distributed as dist\n", SEND_037, FINISH_037],
+        ["import torch.distributed as dist\n" + P2P,
+         "        self.pending.append((self.bucket, flat, dist.all_reduce(torch.zeros(1), async_op=True)))\n",
+         P2P_037],
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\), 2 elements\) carried zeros"),
+    "the gradients averaged by send and recv, the weights all-reduced per bucket": (
+        ["import torch.distributed as dist\n", SEND_037, FINISH_037],
+        ["import torch.distributed as dist\n" + P2P,
+         "        weights = torch.cat([p.detach().reshape(-1) for p in self.bucket]) / self.world\n"
+         "        self.pending.append((self.bucket, flat, dist.all_reduce(weights, async_op=True)))\n", P2P_037],
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\)\) carried the weights, not "
+        r"rank \d's gradients"),
 }
 
 

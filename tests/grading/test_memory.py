@@ -7,6 +7,7 @@ import re
 import pytest
 
 from helpers import solution, wrong
+from mgpu_utils.grading.catalog import EXERCISES
 from mgpu_utils.grading.runner import grade_many
 
 SKIP_NONE = ("            if p.grad is None:                             # frozen, or unused in this step: torch "
@@ -130,6 +131,47 @@ class ShardedOptimizer:
         self.shard.grad = None
 '''
 
+GROUP = "dist.distributed_c10d._get_default_group()"
+IMPORT = "import torch.distributed as dist\n"
+#: Every rank's tensor sent to every other rank, summed in rank order (sum) or concatenated (cat): an all-reduce or
+#: all-gather out of send and recv, which no count of collectives sees.
+P2P = '''
+
+def p2p_parts(t):
+    """Every rank's t, by point-to-point, in rank order."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    parts = [t if r == rank else torch.empty_like(t) for r in range(world)]
+    works = [dist.isend(t.contiguous(), dst=r) for r in range(world) if r != rank]
+    for r in range(world):
+        if r != rank:
+            dist.recv(parts[r], src=r)
+    for w in works:
+        w.wait()
+    return parts
+'''
+ZERO_OPTIMIZER = '''import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+class ShardedOptimizer:
+    """torch's ZeRO-1 does the sharding; the gradients averaged first."""
+
+    def __init__(self, params, optimizer_class, **defaults):
+        self.inner = ZeroRedundancyOptimizer(params, optimizer_class, **defaults)
+        self.params = [p for group in self.inner.param_groups for p in group["params"]]
+
+    def step(self):
+        for p in self.params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= dist.get_world_size()
+        self.inner.step()
+
+    def zero_grad(self):
+        self.inner.zero_grad(set_to_none=True)
+'''
+
 RIGHT_075 = {   # name: (text of the solution, replaced by)
     "an all-gather into a list of chunks": (
         AG, "            dist.all_gather(list(full.chunk(self.world)), shard.detach())\n"),
@@ -140,6 +182,8 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
     "frozen parameters left out of the inner optimizer": (
         "                mine.append(shard)\n", "                if p.requires_grad:\n                    "
                                              "mine.append(shard)\n"),
+    "a reduce-scatter through the process group object (_reduce_scatter_base)": (
+        RS, f"            {GROUP}._reduce_scatter_base(g, flat).wait()\n"),
 }
 
 WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -163,6 +207,37 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, FLOOR, r"with SGD with momentum, 1 element\(s\) that one process updates never moved .* Round up"),
     "the whole optimizer kept in a module-level registry": (
         None, REGISTRY, r"with SGD with momentum, 7,240 bytes of tensors appeared in this process outside"),
+    # collectives through the process group object, or torch's functional collectives, count as all-reduces
+    "the whole gradient all-reduced by the process group object": (
+        RS, f"            {GROUP}.allreduce([flat]).wait()\n"
+            "            g = flat[self.rank * size:(self.rank + 1) * size]\n",
+        r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
+    "the whole gradient all-reduced by torch's functional collectives": (
+        RS, "            import torch.distributed._functional_collectives as funcol\n"
+            "            g = funcol.all_reduce(flat, 'sum', dist.group.WORLD)\n"
+            "            g = g[self.rank * size:(self.rank + 1) * size]\n",
+        r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
+    "the whole gradient all-reduced by a group of dist.new_group": (
+        ["        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n", RS],
+        ["        self.world, self.rank = dist.get_world_size(), dist.get_rank()\n"
+         "        self.group = dist.new_group()\n",
+         "            self.group.allreduce([flat]).wait()\n"
+         "            g = flat[self.rank * size:(self.rank + 1) * size]\n"],
+        r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
+    # the collectives counted carry something else while the gradients travel another way
+    "torch's ZeroRedundancyOptimizer inside": (
+        None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),
+    "the gradients summed by send and recv, zeros reduce-scattered": (
+        [IMPORT, RS], [IMPORT + P2P, "            reduce_scatter_single(g, torch.zeros_like(flat))\n"
+                                     "            g = sum(p2p_parts(flat))[self.rank * size:(self.rank + 1) * size]\n"],
+        r"with SGD with momentum, the result is right, but in step 1 your reduce-scatters \(4 call\(s\), 1,\d{3} "
+        r"elements\) carried zeros, not rank \d's gradients"),
+    "the gradients summed by send and recv, the parameters reduce-scattered": (
+        [IMPORT, RS], [IMPORT + P2P, "            reduce_scatter_single(g, torch.cat([p.detach().reshape(-1), "
+                                     "p.new_zeros(size * self.world - p.numel())]))\n"
+                                     "            g = sum(p2p_parts(flat))[self.rank * size:(self.rank + 1) * size]\n"],
+        r"with SGD with momentum, the result is right, but in step 1 your reduce-scatters \(4 call\(s\)\) carried "
+        r"the parameters, not rank \d's gradients"),
 }
 
 
@@ -174,7 +249,7 @@ def _cases(tmp_path, exercise_id, table):
         if old is not None:
             out.append((exercise_id, wrong(folder, exercise_id, old, new)))
             continue
-        path = folder / "07_zero1_any.py"
+        path = folder / EXERCISES[exercise_id].template
         solution(exercise_id)                             # SKIPPED in a class copy, as the others
         path.write_text(OLD_FLAT if new is None else new)
         out.append((exercise_id, path))
@@ -239,6 +314,26 @@ FULL = ("        return {n: GatherShard.apply(s, shape, torch.float32).clone()\n
 FROZEN = "            shards[-1].requires_grad_(p.requires_grad)        # a frozen parameter's shard stays frozen\n"
 FORWARD = "        dtype = self.compute_dtype or torch.float32\n"
 
+AG_076 = "        all_gather_single(full, shard.detach().to(dtype))\n"
+RS_076 = "        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks\n"
+FULLY_SHARD = '''import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+class MyFSDP(torch.nn.Module):
+    """torch's FSDP2 does the sharding."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module = fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=compute_dtype))
+
+    def forward(self, x):
+        return self.module(x)
+
+    def full_parameters(self):
+        return {n: p.full_tensor() for n, p in self.module.named_parameters()}
+'''
+
 RIGHT_076 = {   # name: (text of the solution, replaced by)
     "the gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
@@ -256,6 +351,9 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
         "        self.shards = torch.nn.ParameterList(shards)\n",
         "        for i, shard in enumerate(shards):\n            self.register_parameter(f'shard{i}', shard)\n"
         "        self.shards = shards\n"),
+    "all-gather and reduce-scatter through the process group object (_allgather_base, _reduce_scatter_base)": (
+        [AG_076, RS_076], [f"        {GROUP}._allgather_base(full, shard.detach().to(dtype)).wait()\n",
+                           f"        {GROUP}._reduce_scatter_base(out, flat).wait()\n"]),
 }
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -277,6 +375,35 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
               "        return out\n",
         r"\(MLP, float32\): full_parameters\(\) returned \(\d+,\) float32 for '0.weight', whose parameter is "
         r"\(24, 64\) float32"),
+    # collectives through the process group object, or torch's functional collectives, count as all-reduces
+    "the gradient all-reduced by the process group object": (
+        RS_076, f"        {GROUP}.allreduce([flat]).wait()\n"
+                "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()\n",
+        r"\(MLP, float32\): step 1 all-reduced \(\d+ call\(s\)\); ZeRO-3 reduce-scatters"),
+    "the gradient all-reduced by torch's functional collectives": (
+        RS_076, "        import torch.distributed._functional_collectives as funcol\n"
+                "        out = funcol.all_reduce(flat, 'sum', dist.group.WORLD).view(ctx.world, -1)[dist.get_rank()]"
+                ".clone()\n",
+        r"\(MLP, float32\): step 1 all-reduced \(\d+ call\(s\)\); ZeRO-3 reduce-scatters"),
+    "the gradient all-reduced by a group of dist.new_group": (
+        ["        world, rank = dist.get_world_size(), dist.get_rank()\n", RS_076],
+        ["        world, rank = dist.get_world_size(), dist.get_rank()\n        global GROUP\n"
+         "        GROUP = dist.new_group()\n",
+         "        GROUP.allreduce([flat]).wait()\n        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()\n"],
+        r"\(MLP, float32\): step 1 all-reduced \(\d+ call\(s\)\); ZeRO-3 reduce-scatters"),
+    # the collectives counted carry something else while the parameters or gradients travel another way
+    "torch's fully_shard inside": (
+        None, FULLY_SHARD, r"\(MLP\): your wrapper built torch's fully_shard \(world size 3\)"),
+    "the parameters gathered by send and recv, zeros all-gathered": (
+        [IMPORT, AG_076], [IMPORT + P2P, "        all_gather_single(full, torch.zeros_like(shard, dtype=dtype))\n"
+                                         "        full = torch.cat(p2p_parts(shard.detach().to(dtype)))\n"],
+        r"\(MLP, float32\): in step 1 your all-gathers \([\d,]+ elements\) carried zeros, not rank \d's shards"),
+    "the gradients summed by send and recv, zeros reduce-scattered": (
+        [IMPORT, RS_076], [IMPORT + P2P, "        reduce_scatter_single(out, torch.zeros_like(flat))\n"
+                                         "        out = sum(p2p_parts(flat)).view(ctx.world, -1)[dist.get_rank()]"
+                                         ".clone()\n"],
+        r"\(MLP, float32\): in step 1 your reduce-scatters \([\d,]+ elements\) carried zeros, not rank \d's "
+        r"gradients"),
     "full_parameters in the compute dtype": (
         FULL, "        return {n: GatherShard.apply(s, shape, self.compute_dtype or torch.float32).clone()\n"
               "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
@@ -285,20 +412,12 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
 
 
 def test_076_right_variants_pass(tmp_path, starts_processes):
-    cases = []
-    for k, (name, (old, new)) in enumerate(RIGHT_076.items()):
-        (tmp_path / str(k)).mkdir()
-        cases.append(("07.6", wrong(tmp_path / str(k), "07.6", old, new)))
-    hints = grade_many(cases, 3)
+    hints = grade_many(_cases(tmp_path, "07.6", RIGHT_076), 3)
     assert hints == [None] * len(RIGHT_076), dict(zip(RIGHT_076, hints))
 
 
 def test_076_wrong_variants_get_their_hints(tmp_path, starts_processes):
-    cases = []
-    for k, (name, (old, new, _)) in enumerate(WRONG_076.items()):
-        (tmp_path / str(k)).mkdir()
-        cases.append(("07.6", wrong(tmp_path / str(k), "07.6", old, new)))
-    hints = grade_many(cases, 3)
+    hints = grade_many(_cases(tmp_path, "07.6", WRONG_076), 3)
     for (name, (*_, want)), hint in zip(WRONG_076.items(), hints):
         assert hint and re.search(want, hint), (name, hint)
 

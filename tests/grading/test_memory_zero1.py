@@ -66,6 +66,45 @@ RIGHT = {   # name: (text of the solution, replaced by)
          "        torch.nn.utils.vector_to_parameters(full[:self.n], self.params)\n"]),
 }
 
+GROUP = "dist.distributed_c10d._get_default_group()"
+IMPORT = "import torch.distributed as dist\n"
+#: Every rank's gradients sent to every other rank and summed in rank order: an all-reduce out of send and recv.
+P2P = '''
+
+def p2p_sum(t):
+    """The sum over the ranks of t, by point-to-point."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    parts = [t if r == rank else torch.empty_like(t) for r in range(world)]
+    works = [dist.isend(t.contiguous(), dst=r) for r in range(world) if r != rank]
+    for r in range(world):
+        if r != rank:
+            dist.recv(parts[r], src=r)
+    for w in works:
+        w.wait()
+    return sum(parts)
+'''
+ZERO_ADAM = '''import torch
+import torch.distributed as dist
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+
+class ShardedAdam:
+    """torch's ZeRO-1 shards Adam's moments; the gradients averaged first."""
+
+    def __init__(self, params, lr=1e-3):
+        self.params = list(params)
+        self.inner = ZeroRedundancyOptimizer(self.params, torch.optim.Adam, lr=lr, foreach=False)
+
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+        self.inner.step()
+
+    def zero_grad(self):
+        self.inner.zero_grad(set_to_none=True)
+'''
+
 WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
     "every rank all-reduces the whole gradient": (
         RS, "        dist.all_reduce(grads)\n"
@@ -82,6 +121,18 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         RS, "        reduce_scatter_single(g, grads)\n",
         r"the parameters are those of Adam on the sum of the ranks' gradients, 3 times their "
         r"mean: divide"),
+    "every rank all-reduces the whole gradient by the process group object": (
+        RS, f"        {GROUP}.allreduce([grads]).wait()\n"
+            "        g = grads[self.rank * self.size:(self.rank + 1) * self.size] / self.world\n",
+        r"the result is right, but step 1 all-reduced 1,812 elements, and the model has 1,810"),
+    "torch's ZeroRedundancyOptimizer inside": (
+        None, ZERO_ADAM, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),
+    "the gradients summed by send and recv, zeros reduce-scattered": (
+        [IMPORT, RS], [IMPORT + P2P, "        reduce_scatter_single(g, torch.zeros_like(grads))\n"
+                                     "        g = p2p_sum(grads)[self.rank * self.size:(self.rank + 1) * self.size]"
+                                     " / self.world\n"],
+        r"the result is right, but in step 1 your reduce-scatters \(1 call\(s\), 1,812 elements\) carried zeros, not "
+        r"rank \d's gradients"),
     "whole moments kept in a module-level dict": (
         None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
         r"optimizer \(in a module-level dict"),

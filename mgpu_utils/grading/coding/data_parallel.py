@@ -3,9 +3,11 @@ gradients, 03.5 overlap, 03.6 buckets, 03.7 all of DDP in one class.
 
 Each check runs the student's code for three SGD steps on this rank's shard against DistributedDataParallel on
 the same shards (:func:`against_ddp`), counts the all-reduce calls
-(:func:`~mgpu_utils.measure.comm_calls.counted_all_reduce`) against the exercise's rule (one per parameter
-inside backward, or one per bucket: :func:`bucket_calls_ok`), and names a wrong gradient
-(:func:`what_the_gradient_is`). The hints of the problems they report, the exercises' records and the step
+(:func:`~mgpu_utils.measure.comm_calls.counted_all_reduce`, however they are reached: a process group's own
+``allreduce`` too) against the exercise's rule (one per parameter inside backward, or one per bucket:
+:func:`bucket_calls_ok`), checks that they carry this rank's own gradients (not zeros sent for show while the
+gradients travel some other way), refuses torch's own DDP built inside the student's code, and names a wrong
+gradient (:func:`what_the_gradient_is`). The hints of the problems they report, the exercises' records and the step
 times said on success are here too.
 """
 
@@ -22,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note
-from mgpu_utils.measure.comm_calls import counted_all_reduce
+from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
+                                           named_content)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -71,7 +74,11 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
     (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
     broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``). ``fn``:
-    the student's class, whose module's ``all_reduce`` (imported by name) is counted too."""
+    the student's class, whose module's ``all_reduce`` (imported by name) is counted too. Every step, the
+    all-reduces together must carry this rank's own gradients (:func:`~mgpu_utils.measure.comm_calls.carries`:
+    in any bucketing, divided by the world size first or not; recorded by the hooks that also record the ready
+    order, before the student's run); and torch's own DistributedDataParallel built by the student's code is a
+    problem of its own (``torch_ddp``)."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = model_fn() if model_fn else make_mlp(32, 2)
@@ -80,9 +87,21 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
         with torch.no_grad():
             for q in list(mine.parameters()) + [b for b in mine.buffers() if b.is_floating_point()]:
                 q.add_(0.01 * rank)
-    ready, state = [], {"backward": False}
-    for q in mine.parameters():                           # registered first: fires first, records the order
-        q.register_post_accumulate_grad_hook(lambda q: ready.append(q.grad.numel() * q.grad.element_size()))
+    ready, own, state = [], [], {"backward": False}
+
+    def accumulated(q):                                   # registered first: fires first, records the order
+        ready.append(q.grad.numel() * q.grad.element_size())
+        own.append(content_of(q.grad))                    # this rank's own gradient, before the student's hooks
+    for q in mine.parameters():
+        q.register_post_accumulate_grad_hook(accumulated)
+    with built(TORCH_DDP) as torch_built:                 # torch's DDP built by the student's code (ours is built)
+        return _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready, own, state,
+                      torch_built)
+
+
+def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready, own, state, torch_built):
+    """against_ddp's three steps, the wrapper built first (see there)."""
+    world, rank = ctx.world_size, ctx.rank
     sync = make_sync(mine)
     if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
         pairs = list(zip(mine.parameters(), ddp.module.parameters())) + list(zip(mine.buffers(),
@@ -99,11 +118,13 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times, held = {"yours_ms": [], "ddp_ms": []}, []
+    times, held, later = {"yours_ms": [], "ddp_ms": []}, [], None
     for step in range(3):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         ready.clear()
+        own.clear()
+        before = content_of(list(mine.parameters()))     # the weights: all-reduced instead of the gradients?
         t0 = time.perf_counter()
         with counted_all_reduce(state, fn) as calls:
             state["backward"] = True
@@ -116,7 +137,12 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
+        carried = _carried(calls, own, before, world, step)
+        if carried and later is None:
+            later = {"rank": rank, **carried}
         if step == 0:
+            if torch_built:                               # its reducer's all-reduces may leave nothing else wrong
+                note(problems, {"rank": rank, "kind": "torch_ddp", "what": torch_built[0]})
             unwaited = sum(c["async"] and not c["waited"] for c in calls)
             if unwaited:                                  # first: unwaited work can also leave a gradient wrong
                 note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
@@ -137,6 +163,8 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
             bad = check_calls(calls, list(ready))
             if bad:
                 note(problems, {"rank": rank, **bad})
+            if carried:                                   # the right gradients and calls, but not through them
+                note(problems, {"rank": rank, **carried})
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                        # every rank stops together once any rank found one:
             if found.item():                              # a wrong solution may not survive more steps
@@ -148,7 +176,25 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
         note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
     elif len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024:
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
+    elif later is not None:                               # a later step's all-reduces carried something else
+        note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | None:
+    """A problem dict when the all-reduces of a step (``calls``, each with its ``content``) did not carry this
+    rank's own gradients (``own``: each gradient's :func:`~mgpu_utils.measure.comm_calls.content_of` as it was
+    accumulated), in any bucketing and divided by the world size first or not; None when they did, or when no
+    all-reduce ran (a rule of calls, or the gradients, tell that). ``weights``: the parameters' content, to name
+    an all-reduce of the weights."""
+    if not calls:
+        return None
+    got, want = add_content(c["content"] for c in calls), add_content(own)
+    if carries(got, want, world):
+        return None
+    return {"kind": "carried", "step": step + 1, "calls": len(calls), "elements": got.elements,
+            "what": named_content(got, world, weights=weights), "got": got.squares, "want": want.squares,
+            "zero_calls": sum(c["content"].absolute == 0 for c in calls)}
 
 
 def check_overlap(cls, ctx, problems):
@@ -178,7 +224,8 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
     want = expected_buckets(ready, bucket_bytes)
     if len(calls) != want or not all(c["async"] for c in calls):
         return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
-                "ready_bytes": ready, "all_async": all(c["async"] for c in calls)}
+                "ready_bytes": ready, "all_async": all(c["async"] for c in calls),
+                "zero_calls": sum(c["content"].absolute == 0 for c in calls if "content" in c)}
     full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
     inside = sum(c["in_backward"] for c in calls)
     if inside < full:
@@ -284,12 +331,31 @@ HINTS: dict[str, list[tuple]] = {
                          "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                          "finish()")],
     "buckets": [
+        (lambda p, W: p.get("zero_calls"),
+         "rank {rank}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
+         "{want} for gradients of {ready_bytes} bytes in ready order and buckets of {bucket_bytes} bytes: all-reduce "
+         "each bucket's gradients once, and nothing for show"),
         (lambda p, W: p["all_async"],
          "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
          "ready order and buckets of {bucket_bytes} bytes"),
         (always, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
                  "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
                  "(async_op=True)")],
+    "torch_ddp": [(always, "rank {rank}: your code built {what} (world size {W}): its reducer all-reduces the "
+                           "gradients for you, and the exercise is to write that yourself; average the gradients "
+                           "with your own all-reduces, without DDP")],
+    "carried": [
+        (lambda p, W: p["what"] == "zeros",
+         "rank {rank}: the gradients are right, but in step {step} your all-reduces ({calls} call(s), {elements:,} "
+         "elements) carried zeros, not rank {rank}'s gradients (world size {W}): the gradients reached the other "
+         "ranks some other way (send/recv?). All-reduce the gradients themselves, the calls the exercise counts"),
+        (lambda p, W: p["what"] == "weights",
+         "rank {rank}: the gradients are right, but in step {step} your all-reduces ({calls} call(s)) carried the "
+         "weights, not rank {rank}'s gradients (world size {W}): all-reduce the gradients themselves"),
+        (always, "rank {rank}: the gradients are right, but in step {step} your all-reduces ({calls} call(s), "
+                 "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
+                 "the gradients' {want:.4g} (world size {W}). Each all-reduce must carry gradients (divided by the "
+                 "world size or not), every gradient once, and nothing else")],
     "late_buckets": [(always, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
                               "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
                               "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "

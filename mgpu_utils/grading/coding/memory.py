@@ -3,7 +3,12 @@
 
 Each check trains on this rank's rows against the optimizer in one process on the whole batch, and measures
 what the student's optimizer or wrapper holds (:func:`~mgpu_utils.grading.common.held_bytes`) and counts what
-the collectives of each step carry; 07.6 also reads the dtype the Linear layers compute in (:class:`LinearDtypes`).
+the collectives of each step carry (however they are reached: a process group's own methods and torch's
+functional collectives too), and checks what they carry: the reducing ones this rank's own gradients
+(:func:`_reduced_right`; 07.6: :func:`_fsdp_carried`, its all-gathers this rank's shards too), not zeros sent
+for show while the work happens elsewhere; torch's own ZeroRedundancyOptimizer or FSDP built by the student's
+code is refused. 07.6 also reads
+the dtype the Linear layers compute in (:class:`LinearDtypes`).
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 """
 
@@ -19,7 +24,8 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (CodingExercise, always, diff, held_bytes, inner_parameters, live_storages, note,
                                       reachable_storages)
-from mgpu_utils.measure.comm_calls import counted_collectives
+from mgpu_utils.measure.comm_calls import (TORCH_FSDP, TORCH_ZERO, add_content, built, carries, carries_some,
+                                           content_of, counted_collectives, named_content)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -30,7 +36,8 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     tells a sum from the mean by 1e-3 and more, where at scale 1 a sum stayed within 1e-5 at 2 ranks), the tensor
     bytes the optimizer holds and those that appeared in the process outside it (a module-level dict), and a step whose
     collectives carry whole gradients (an all-reduce, or an all-gather or broadcast of every rank's gradient):
-    each rank needs its slice's gradient only."""
+    each rank needs its slice's gradient only; and reducing collectives that do not carry this rank's gradients
+    (:func:`_reduced_right`), and torch's ZeroRedundancyOptimizer built, each a problem of its own."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = make_mlp(24, 1)
@@ -40,17 +47,23 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     n = sum(p.numel() for p in mine.parameters())
     size = -(-n // world)
     existing = set(live_storages(collect=False))            # alive before the student's optimizer
-    opt = cls(mine.parameters(), lr=1e-2)
+    with built(TORCH_ZERO) as torch_built:                  # torch's ZeroRedundancyOptimizer, in __init__ or step()
+        opt = cls(mine.parameters(), lr=1e-2)
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, foreach=False)
     sum_opt = torch.optim.Adam(ref_sum.parameters(), lr=1e-2, foreach=False)
     start = [p.detach().clone() for p in mine.parameters()]
-    comm = None
+    comm = wrong_carried = None
     for s in range(steps):
         opt.zero_grad()
         (F.cross_entropy(mine(x[rank::world]), y[rank::world]) * scale).backward()   # this rank's share of the batch
-        calls, carried = [], []
-        with counted_collectives(calls, cls, carried):
+        calls, carried, content = [], [], []
+        grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
+        weights = content_of(list(mine.parameters()))
+        with counted_collectives(calls, cls, carried, content), built(TORCH_ZERO) as used:
             opt.step()
+        torch_built += used
+        wrong_carried = wrong_carried or _reduced_right(content, grads, world, weights,
+                                                        {"rank": rank, "kind": "adam_carried", "step": s + 1})
         for model, o, times in ((ref, ref_opt, 1), (ref_sum, sum_opt, world)):
             o.zero_grad()
             (F.cross_entropy(model(x), y) * scale * times).backward()      # one process, the whole batch
@@ -69,6 +82,8 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
                                           start)
     limit = 8 * size * 1.05 + 256
     outside = _outside_bytes(known, limit)
+    if torch_built:
+        note(problems, {"rank": rank, "kind": "torch_zero", "what": torch_built[0]})
     if diff(got, want) > 1e-5:
         should = want != first                             # what Adam in one process moved (not the pixels always 0)
         note(problems, {"rank": rank, "kind": "adam", "max_diff": diff(got, want), "summed": diff(got, summed) < 1e-5,
@@ -79,7 +94,31 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
         note(problems, {"rank": rank, "kind": "adam_memory", "what": "outside", "bytes": outside, "full": 8 * n})
     elif comm is not None:
         note(problems, comm)
+    elif wrong_carried is not None:
+        note(problems, wrong_carried)
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
+
+
+#: The collectives that reduce (07.4, 07.5): each carries this rank's gradients (or slices of them) to be summed;
+#: and those that move them to be summed locally after (MOVES: an all-to-all, a scatter, a gather).
+REDUCES = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+MOVES = ("all_to_all", "all_to_all_single", "scatter", "gather")
+
+
+def _reduced_right(content: list, grads, world: int, weights, problem: dict, rtol: float = 1e-4) -> dict | None:
+    """``problem`` completed (``what``: "zeros", "weights" or "other"; ``calls``, ``elements``, ``got`` and
+    ``want``, sums of squares) when a step's reducing collectives (``content``, each call's
+    :class:`~mgpu_utils.measure.comm_calls.Content`) did not carry ``grads`` (the content of this rank's own
+    gradients), in any layout, padded with zeros, divided by the world size first or not: the reduce-scatters
+    (reduces, all-reduces) alone, or with the all-to-alls, scatters and gathers that move gradients to be summed;
+    None when they did, or when none ran (the result, or a rule of calls, tells that)."""
+    reducing = [c for c in content if c.name in REDUCES]
+    moving = reducing + [c for c in content if c.name in MOVES]
+    if not moving or any(carries(add_content(part), grads, world, rtol) for part in (reducing, moving) if part):
+        return None
+    got = add_content(reducing or moving)
+    return {**problem, "what": named_content(got, world, rtol, weights=weights), "calls": len(reducing or moving),
+            "elements": got.elements, "got": got.squares, "want": grads.squares}
 
 
 def _outside_bytes(known: set, limit: float, tries: int = 5) -> int:
@@ -152,8 +191,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     base = {"rank": rank, "optimizer": name, "round": "groups" if frozen_round else "plain"}
     existing = set(live_storages(collect=False)) if outside_too else set()   # alive before the student's optimizer
     try:
-        opt = cls(frozen_unused_groups(mine, kwargs["lr"]) if frozen_round else mine.parameters(), opt_class,
-                  **kwargs)
+        with built(TORCH_ZERO) as torch_built:             # torch's ZeroRedundancyOptimizer, in __init__ or step()
+            opt = cls(frozen_unused_groups(mine, kwargs["lr"]) if frozen_round else mine.parameters(), opt_class,
+                      **kwargs)
         error = ""
     except Exception as e:                                 # every rank builds the same: every rank fails alike
         error = f"{type(e).__name__}: {e}"[:160]
@@ -163,16 +203,25 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
-    start, comm = _flat(mine.parameters()), None
+    start, comm, wrong_carried = _flat(mine.parameters()), None, None
+    if torch_built:
+        note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
         use = not frozen_round or s % 2 == 0               # the extra head: used in steps 1, 3, ... only
         mine.use_extra = ref.use_extra = use
         before = mine.extra.weight.detach().clone() if frozen_round else None
         opt.zero_grad()
         F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
-        calls, carried = [], []
-        with counted_collectives(calls, cls, carried):
+        calls, carried, content = [], [], []
+        grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
+        weights = content_of(list(mine.parameters()))
+        with counted_collectives(calls, cls, carried, content), built(TORCH_ZERO) as used:
             opt.step()
+        if used and not torch_built:
+            torch_built += used
+            note(problems, {**base, "kind": "torch_zero", "what": used[0]})
+        wrong_carried = wrong_carried or _reduced_right(content, grads, world, weights,
+                                                        {**base, "kind": "any_carried", "step": s + 1})
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
         ref_opt.step()
@@ -209,6 +258,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, {**base, "kind": "any_memory", "what": "outside", "bytes": outside, "full": full})
     elif comm is not None:
         note(problems, comm)
+    elif wrong_carried is not None:
+        note(problems, wrong_carried)
 
 
 def check_sharded_any(cls, ctx, problems, steps=3):
@@ -218,7 +269,9 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
     model or more (the elements each collective carries), a frozen or unused parameter that moved, the second
     group's options ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the
-    model's parameters and its inner optimizers' parameters) against the reference's state over the world."""
+    model's parameters and its inner optimizers' parameters) against the reference's state over the world; and
+    reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
+    and torch's ZeroRedundancyOptimizer built, each a problem of its own."""
     rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
@@ -263,7 +316,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     """07.6: ``cls(model, compute_dtype)`` for three SGD steps (momentum 0.9) on this rank's rows, on an MLP and
     on :class:`TiedMLP`, in float32 and bfloat16, against one process on the whole batch (and, to name a wrong
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
-    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps."""
+    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
+    what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
+    reduce-scatters its own gradients), and torch's FSDP or fully_shard built, each a problem of its own."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -287,7 +342,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             seen = set()
             names = [n for n, _ in model.named_parameters()]
             shapes = {n: p.shape for n, p in model.named_parameters()}
-            wrapper = cls(model) if dtype is None else cls(model, dtype)
+            with built(TORCH_FSDP) as torch_built:          # torch's FSDP or fully_shard, in __init__ or forward
+                wrapper = cls(model) if dtype is None else cls(model, dtype)
+            if torch_built:
+                note(problems, {**base, "what": "torch_fsdp", "used": torch_built[0]})
             shards = list(wrapper.parameters())
             mine = sum(p.numel() for p in shards)
             grouped = model_name == "FrozenUnusedNet"       # two groups: the last layer with half the lr
@@ -310,17 +368,26 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                         {"params": [p for p, x in zip(params, last) if x], "lr": lr / 2, "weight_decay": 0.05}]
             opt = torch.optim.SGD(groups(shards), lr=lr, momentum=0.9)
             ref_opts = {v: torch.optim.SGD(groups(m.parameters()), lr=lr, momentum=0.9) for v, m in refs.items()}
-            extra = None
+            extra = wrong_carried = None
             for s in range(steps):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
-                calls = []
-                with counted_collectives(calls, cls):
+                calls, content = [], []
+                mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
+                with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used:
                     with LinearDtypes(seen):
                         out = wrapper(x[rank::world])
                     F.cross_entropy(out.float(), y[rank::world]).backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)
+                if used and not torch_built:
+                    torch_built += used
+                    note(problems, {**base, "what": "torch_fsdp", "used": used[0]})
+                used_now = [not (grouped and n.startswith("extra.") and s % 2) for n in names]
+                wrong_carried = wrong_carried or _fsdp_carried(
+                    content, mine_now, used_now if len(used_now) == len(mine_now) else [True] * len(mine_now),
+                    _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
+                    {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
                 for v, m in refs.items():
                     rows = slice(rank, None, world) if v == "own" else slice(None)
                     loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
@@ -361,6 +428,35 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 if params is not None and not close(params[name].float(), want.detach()):
                     note(problems, {**base, "what": "full_params", "steps": steps, "name": name,
                                     "max_diff": diff(params[name].float(), want.detach())})
+            if wrong_carried is not None:                        # told last: the results and the memory first
+                note(problems, wrong_carried)
+
+
+def _own_gradients(model, x, y, dtype):
+    """The content of this rank's own gradients (rows ``x``, ``y``) of a copy of ``model`` (one process's model,
+    with the weights the student's should have), computing in ``dtype`` as :func:`_fsdp_reference` does."""
+    probe = copy.deepcopy(model)
+    F.cross_entropy(_fsdp_reference(probe, x, dtype).float(), y).backward()
+    return content_of([p.grad for p in probe.parameters() if p.grad is not None])
+
+
+def _fsdp_carried(content: list, shards: list, required: list, grads, world: int, problem: dict,
+                  rtol: float) -> dict | None:
+    """07.6: ``problem`` completed (``carried``: "gathers" or "gradients"; ``content``: "zeros" or "other";
+    ``elements``) when a step's all-gathers did not carry this rank's shards (``shards``, each one's content, in
+    the dtype they are kept: each 0 to 2 times, at least once where ``required``: gathered again for the
+    backward, or not at all when unused) or its reduce-scatters (all-to-alls, scatters) not this rank's own
+    gradients ``grads`` (divided by the world size first or not); ``rtol``: 5e-2 in bfloat16, whose gradients
+    come from weights that differ a little from one process's after a step. None when both did."""
+    gathered = add_content(c for c in content if c.name in GATHERS)
+    if gathered.elements and not carries_some(gathered, shards, required, rtol):
+        return {**problem, "carried": "gathers", "content": named_content(gathered, world, rtol),
+                "elements": gathered.elements}
+    reduced = add_content(c for c in content if c.name in SCATTERS + ("reduce",))
+    if reduced.elements and not carries(reduced, grads, world, rtol):
+        return {**problem, "carried": "gradients", "content": named_content(reduced, world, rtol),
+                "elements": reduced.elements}
+    return None
 
 
 def _full_parameters(wrapper, names, base, problems, shapes=None) -> dict | None:
@@ -415,6 +511,36 @@ HINTS: dict[str, list[tuple]] = {
                  "the model has {full:,}: every rank received every rank's whole gradient, though it updates its "
                  "slice only. ZeRO-1 reduce-scatters the gradients (each rank receives its slice's sum: "
                  "reduce_scatter_single) and gathers the updated slices only ({slices:,} elements)")],
+    "adam_carried": [
+        (lambda p, W: p["what"] == "zeros",
+         "rank {rank}: the result is right, but in step {step} your reduce-scatters ({calls} call(s), {elements:,} "
+         "elements) carried zeros, not rank {rank}'s gradients (world size {W}): the gradients reached the other "
+         "ranks some other way (send/recv?). Reduce-scatter the gradients themselves: each rank receives its "
+         "slice's sum"),
+        (lambda p, W: p["what"] == "weights",
+         "rank {rank}: the result is right, but in step {step} your reduce-scatters ({calls} call(s)) carried the "
+         "parameters, not rank {rank}'s gradients (world size {W}): reduce-scatter the gradients themselves"),
+        (always, "rank {rank}: the result is right, but in step {step} your reduce-scatters ({calls} call(s), "
+                 "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
+                 "the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient once, padded with "
+                 "zeros if need be, and nothing else")],
+    "torch_zero": [(always, "rank {rank}: your optimizer built {what} (world size {W}): the exercise is to write "
+                            "ZeRO-1 yourself; shard the optimizer's state with your own reduce-scatter and "
+                            "all-gather, without torch.distributed.optim")],
+    "any_carried": [
+        (lambda p, W: p["what"] == "zeros",
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
+         "call(s), {elements:,} elements) carried zeros, not rank {rank}'s gradients (world size {W}): the "
+         "gradients reached the other ranks some other way (send/recv?). Reduce-scatter the gradients "
+         "themselves: each rank receives its slices' sums"),
+        (lambda p, W: p["what"] == "weights",
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
+         "call(s)) carried the parameters, not rank {rank}'s gradients (world size {W}): reduce-scatter the "
+         "gradients themselves"),
+        (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters "
+                 "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
+                 "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
+                 "once (those that are not None), padded with zeros if need be, and nothing else")],
     "any_opt": [
         (lambda p, W: p["moved_share"] == 0,
          "rank {rank}: with {optimizer}, no parameter moved in {steps} steps (world size {W}): step() must update "
@@ -461,6 +587,26 @@ HINTS: dict[str, list[tuple]] = {
                             "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                             "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
     "fsdp": [
+        (lambda p, W: p["what"] == "torch_fsdp",
+         "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
+         "yourself; shard the parameters, all-gather them for the forward and reduce-scatter their gradients "
+         "with your own collectives, without torch.distributed.fsdp"),
+        (lambda p, W: p["what"] == "carried" and p["carried"] == "gathers" and p["content"] == "zeros",
+         "rank {rank} ({model}, {dtype}): in step {step} your all-gathers ({elements:,} elements) carried zeros, "
+         "not rank {rank}'s shards of the parameters: the parameters reached the ranks some other way "
+         "(send/recv?). All-gather each rank's own shard"),
+        (lambda p, W: p["what"] == "carried" and p["carried"] == "gathers",
+         "rank {rank} ({model}, {dtype}): in step {step} your all-gathers ({elements:,} elements) did not carry "
+         "rank {rank}'s shards of the parameters (the tensors parameters() lists, each once, or again for the "
+         "backward): all-gather each rank's own shard, cast to the compute dtype or not, and nothing else"),
+        (lambda p, W: p["what"] == "carried" and p["content"] == "zeros",
+         "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters ({elements:,} elements) carried "
+         "zeros, not rank {rank}'s gradients: the gradients reached the ranks some other way (send/recv?). "
+         "Reduce-scatter the gradient of each gathered parameter"),
+        (lambda p, W: p["what"] == "carried",
+         "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters ({elements:,} elements) did not carry "
+         "rank {rank}'s gradients (of the loss on its own rows, with respect to the gathered parameters): "
+         "reduce-scatter each parameter's gradient once, padded with zeros if need be, and nothing else"),
         (lambda p, W: p["what"] == "params",
          "rank {rank} ({model}): your wrapper's parameters() hold {got:,} elements, the whole model {full:,}: keep "
          "only this rank's shard of each parameter, at most {bound:,} elements at world size {W} (a tied weight "

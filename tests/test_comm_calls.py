@@ -1,0 +1,148 @@
+"""mgpu_utils.measure.comm_calls in one process (gloo, world size 1): a collective counts once however it is
+reached (torch.distributed's functions, a process group's or its backend's own methods, a group of new_group,
+torch's functional collectives, torch.distributed.nn, DDP's reducer), with what this rank put in; the process
+groups' hooks (torch 2.14 has them) and the dispatch mode used without them both; point_to_point_only refuses
+every route; built() sees torch's DDP constructed."""
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import reduce_scatter_single
+from mgpu_utils.measure import comm_calls
+from mgpu_utils.measure.comm_calls import (add_content, built, carries, content_of, counted_all_reduce,
+                                           counted_collectives, point_to_point_only)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    own = not dist.is_initialized()
+    if own:                                              # an in-memory store: no port, no environment
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.distributed_c10d._get_default_group()
+    if own:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(params=["hooks", "dispatch mode"])
+def below_route(request, monkeypatch):
+    """Both ways of seeing the C++ collectives: the groups' hooks (where torch has them) and the dispatch mode."""
+    if request.param == "hooks" and not comm_calls.USE_GROUP_HOOKS:
+        pytest.skip("this torch has no process-group hooks (torch 2.14 has them)")
+    monkeypatch.setattr(comm_calls, "USE_GROUP_HOOKS", request.param == "hooks")
+    return request.param
+
+
+def _routes(group):
+    """(name, a function making one all-reduce of a 4-element tensor of 1, 2, 3, 4 by that route)."""
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.nn.functional as dist_nn
+
+    t = lambda: torch.arange(1.0, 5.0)                  # noqa: E731
+    return [
+        ("dist.all_reduce", lambda: dist.all_reduce(t())),
+        ("group.allreduce", lambda: group.allreduce([t()]).wait()),
+        ("a new group's allreduce", lambda: dist.new_group([0]).allreduce([t()]).wait()),
+        ("the backend's allreduce", lambda: group._get_backend(torch.device("cpu")).allreduce([t()]).wait()),
+        ("functional all_reduce", lambda: funcol.all_reduce(t(), "sum", group).wait()),
+        ("torch.distributed.nn all_reduce", lambda: _quietly(dist_nn.all_reduce, t())),
+    ]
+
+
+def _quietly(f, *args):
+    """f(*args) without its FutureWarning (torch.distributed.nn.functional and funcol's *_tensor names are deprecated
+    in torch 2.14)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return f(*args)
+
+
+def test_an_all_reduce_counts_once_by_every_route(world_of_one, below_route):
+    for name, run in _routes(world_of_one):
+        calls, carried, content = [], [], []
+        with counted_collectives(calls, carried=carried, content=content):
+            run()
+        assert calls == ["all_reduce"], (name, calls)
+        assert carried == [("all_reduce", 4)], (name, carried)
+        assert content == [("all_reduce", 4, 10.0, 30.0, 10.0)], (name, content)
+
+
+def test_group_methods_and_functional_collectives_are_named_as_dist_names_them(world_of_one, below_route):
+    import torch.distributed._functional_collectives as funcol
+
+    g, x = world_of_one, torch.ones(4)
+    calls = []
+    with counted_collectives(calls):
+        g.allgather([[torch.empty(4)]], [x]).wait()
+        g._allgather_base(torch.empty(4), x).wait()
+        g.reduce_scatter([torch.empty(4)], [[x]]).wait()
+        g._reduce_scatter_base(torch.empty(4), x).wait()
+        g.broadcast([x]).wait()
+        g.alltoall_base(torch.empty(4), x, [], []).wait()
+        _quietly(funcol.all_gather_tensor, x, 0, g).wait()       # all_gather_single from torch 2.14
+        _quietly(funcol.reduce_scatter_tensor, x, "sum", 0, g).wait()
+    assert calls == ["all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+                     "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor"]
+
+
+def test_ddp_reducer_counts_and_ddp_is_seen_built(world_of_one, below_route):
+    model = torch.nn.Linear(4, 2)
+    with built(comm_calls.TORCH_DDP) as used:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+    assert used == ["torch's DistributedDataParallel"]
+    state = {"backward": True}
+    with counted_all_reduce(state) as calls:
+        ddp(torch.ones(3, 4)).sum().backward()
+    assert [c["elements"] for c in calls] == [10] and calls[0]["below"]
+    grads = content_of([p.grad for p in model.parameters()])
+    assert carries(calls[0]["content"], grads, world=1)     # the reducer's bucket carried the gradients
+
+
+def test_counted_all_reduce_keeps_its_wait_semantics(world_of_one):
+    x = torch.ones(3)
+    with counted_all_reduce({"backward": False}) as calls:
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+    assert calls[0]["async"] and calls[0]["waited"] and "below" not in calls[0]
+    assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0)
+
+
+def test_point_to_point_only_refuses_every_route(world_of_one, below_route):
+    for name, run in _routes(world_of_one):
+        with point_to_point_only("04.4"), pytest.raises(RuntimeError, match="allows point-to-point only"):
+            run()
+    dist.all_reduce(torch.ones(2))                       # after the block: allowed again
+
+
+def test_nested_blocks_each_count_once(world_of_one, below_route):
+    outer, inner, outer_content, inner_content = [], [], [], []
+    with counted_collectives(outer, content=outer_content):
+        with counted_collectives(inner, content=inner_content):
+            world_of_one.allreduce([torch.ones(2)]).wait()
+            dist.all_reduce(torch.full((3,), 2.0))
+    assert outer == inner == ["all_reduce", "all_reduce"]
+    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0), ("all_reduce", 3, 6.0, 12.0, 6.0)]
+
+
+def test_what_each_dist_collective_puts_in(world_of_one):
+    """The input of each form (keyword or positional): the tensor reduced, the one gathered, the list scattered."""
+    x, content = torch.arange(1.0, 5.0), []
+    with counted_collectives([], content=content):
+        dist.all_gather([torch.empty(4)], tensor=x)
+        reduce_scatter_single(torch.empty(4), x)          # dist's name of this torch (compat)
+        dist.all_to_all_single(torch.empty(4), input=x)
+        dist.scatter(torch.empty(4), [x], src=0)
+        dist.gather(x, [torch.empty(4)], dst=0)
+    assert [c.elements for c in content] == [4] * 5 and {c.total for c in content} == {10.0}
+
+
+def test_carries_allows_layout_padding_and_division():
+    g = [torch.randn(5, 3), torch.randn(7)]
+    want = content_of(g)
+    flat = torch.cat([t.reshape(-1) for t in g] + [torch.zeros(2)])
+    assert carries(content_of(flat), want, world=3)
+    assert carries(add_content([content_of(flat[:10] / 3), content_of(flat[10:] / 3)]), want, world=3)
+    assert not carries(content_of(torch.zeros(24)), want, world=3)
+    assert not carries(content_of(flat * 2), want, world=3)
+    assert not carries(content_of(flat[:20]), want, world=3)
