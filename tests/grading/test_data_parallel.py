@@ -392,6 +392,6 @@ def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
     assert not failed, failed
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"03.4": (len(RIGHT_034), len(WRONG_034)), "03.5": (len(RIGHT_035), len(WRONG_035)),
           "03.6": (len(RIGHT_036), len(WRONG_036)), "03.7": (len(RIGHT_037), len(WRONG_037))}

@@ -422,5 +422,5 @@ def test_076_wrong_variants_get_their_hints(tmp_path, starts_processes):
         assert hint and re.search(want, hint), (name, hint)
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"07.5": (len(RIGHT_075), len(WRONG_075)), "07.6": (len(RIGHT_076), len(WRONG_076))}

@@ -164,5 +164,5 @@ def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
         assert hint and re.search(want, hint), (name, hint)
 
 
-#: Right and wrong variants per exercise in this file (test_graded.py counts them against issue 55's bar).
+#: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"07.4": (len(RIGHT), len(WRONG))}
