@@ -376,7 +376,7 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
 KEEP = "class GatherShard("
 FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
                "given\n")
-WIDE_OUT = r"\(MLP of 1024 hidden units\): after 3 steps, [\d,]+ bytes stayed in this process outside your wrapper"
+WIDE_OUT = r"\(MLP of 1024 hidden units\): after 2 steps, [\d,]+ bytes stayed in this process outside your wrapper"
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
     "a frozen parameter's shard trains": (

@@ -395,12 +395,13 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "full_params", "steps": steps, "name": name,
                                     "max_diff": diff(params[name].float(), want.detach())})
     if not _stop_together(problems):
-        _fsdp_outside(cls, ctx, problems, steps, lr)
+        _fsdp_outside(cls, ctx, problems, lr=lr)
 
 
-def _fsdp_outside(cls, ctx, problems, steps=3, lr=0.05):
+def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
     """07.6's last round: :func:`make_mlp` of :data:`WIDE` hidden units in float32 for ``steps`` SGD steps
-    (momentum 0.9) on this rank's rows; then the files written, and what the process keeps besides the module,
+    (momentum 0.9) on this rank's rows (two by default: the measure is taken between steps, and every step's
+    collectives cost time); then the files written, and what the process keeps besides the module,
     the shards, the optimizer and the grader's own tensors (:class:`~mgpu_utils.grading.common.OutsideState`:
     tensors and storages, Python objects), with what the wrapper holds besides its shards, against a shard's
     worth and :data:`PYTHON_SLACK`; and the output against one process's."""
