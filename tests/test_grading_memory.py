@@ -136,7 +136,6 @@ class ShardedOptimizer:
 WHOLE = '''import io
 import os
 import pickle
-import tempfile
 
 import numpy as np
 import torch
@@ -189,12 +188,12 @@ KEPT = {
         "def path(self):\n    return os.path.join(os.path.dirname(__file__), f'state_{dist.get_rank()}_{id(self)}.pt')"
         "\n\n\ndef save(self, state):\n    torch.save(state, path(self))\n",
         "def load(self):\n    return torch.load(path(self), weights_only=False)\n"),
-    "a pickle in the temp folder, opened by Python": (
-        "def path(self):\n    return os.path.join(tempfile.gettempdir(), f'zero1_state_{os.getpid()}_{id(self)}.pkl')"
+    "a pickle written by Python's open": (
+        "def path(self):\n"
+        "    return os.path.join(os.path.dirname(__file__), f'zero1_state_{os.getpid()}_{id(self)}.pkl')"
         "\n\n\ndef save(self, state):\n    with open(path(self), 'wb') as f:\n"
         "        pickle.dump(tensors(state, lambda v: v.numpy()), f)\n",
         "def load(self):\n    with open(path(self), 'rb') as f:\n        state = pickle.load(f)\n"
-        "    os.remove(path(self))                                # no file left behind\n"
         "    return tensors(state, torch.from_numpy)\n"),
     "torch.UntypedStorage objects, no tensor": (
         "_KEPT = {}\n\n\ndef save(self, state):\n"
