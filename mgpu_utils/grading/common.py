@@ -8,13 +8,23 @@ exercise, and the helpers that compare, report and count.
   condition of a kind's last hint).
 * :func:`held_bytes` (every tensor an object can reach, each storage once: the state a student's optimizer or
   wrapper holds, 07.4 to 07.6) and :func:`inner_parameters` (the parameters handed to an optimizer inside it).
-* :func:`live_storages` and :func:`reachable_storages` (every tensor alive in the process, and those an object
-  reaches: state kept outside the graded object, in a module-level dict or a registry, 07.4 and 07.5).
+* :func:`live_storages` and :func:`reachable_storages` (every tensor or storage alive in the process, and those
+  an object reaches: state kept outside the graded object, in a module-level dict or a registry, 07.4), and
+  :class:`OutsideState` (what appeared in the process while a block ran, tensors, storages and Python objects
+  such as bytes, BytesIO or numpy arrays, and the files written: 07.5, 07.6).
+* :func:`watching_opens`: every file path Python opens while a block runs, from one audit hook per process
+  (07.5 and 07.6: state kept in a file; 12.5: which rank writes its snapshot, and how).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import itertools
+import os
+import sys
+import threading
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,10 +75,10 @@ def note(problems: list, problem: dict) -> None:
 def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
     inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a closure's cells), each
-    storage counted once; the tensors in ``exclude`` (the model's parameters) and their gradients are not
-    counted. An optimizer wrapped in another object, a Module or a closure, or moments kept in a list or dict,
-    are found. ``grads``: count the ``.grad`` of every tensor reached too (a full gradient left on a module's
-    freed parameter, 07.6)."""
+    storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too; the tensors in ``exclude``
+    (the model's parameters) and their gradients are not counted. An optimizer wrapped in another object, a
+    Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
+    tensor reached too (a full gradient left on a module's freed parameter, 07.6)."""
     seen_objects, storages = set(), {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
@@ -79,6 +89,11 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
                 storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
             if grads and o.grad is not None:
                 walk(o.grad, d)
+            return
+        storage = _bare_storage(o)
+        if storage is not None:
+            if storage.data_ptr() not in skip:
+                storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
             return
         if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
             return
@@ -121,27 +136,44 @@ def inner_parameters(obj, depth=8) -> list:
     return found
 
 
+def _bare_storage(o):
+    """The ``torch.UntypedStorage`` of a storage object (an UntypedStorage, or a TypedStorage's), else None."""
+    if isinstance(o, torch.UntypedStorage):
+        return o
+    if isinstance(o, torch.TypedStorage):
+        return o._untyped_storage
+    return None
+
+
 def live_storages(collect: bool = True) -> dict[int, int]:
-    """{storage address: bytes} of every tensor alive in this process that the garbage collector tracks (a
-    tensor kept in a module-level dict, a registry, a closure: state a student's object keeps outside itself,
-    07.5). Tensors that live in C++ only (autograd's saved tensors) are not seen. ``collect``: run the garbage
-    collector first (0.1 s; without it, tensors in unreachable cycles count as alive)."""
+    """{storage address: bytes} of every tensor and every storage object (``torch.UntypedStorage``,
+    ``TypedStorage``) alive in this process that the garbage collector tracks (a tensor kept in a module-level
+    dict, a registry, a closure: state a student's object keeps outside itself, 07.4). Tensors that live
+    in C++ only (autograd's saved tensors) are not seen. ``collect``: run the garbage collector first (0.1 s;
+    without it, tensors in unreachable cycles count as alive)."""
     if collect:
         gc.collect()
-    out = {}
+    out, kinds = {}, {}                                    # kinds: type -> 1 tensor, 2 storage, 0 neither
     for o in gc.get_objects():
-        if issubclass(type(o), torch.Tensor) and o.device.type != "meta":
-            try:
-                storage = o.untyped_storage()
-            except (RuntimeError, NotImplementedError):    # a tensor without storage (a functional wrapper)
+        kind = kinds.get(type(o))
+        if kind is None:
+            kind = kinds[type(o)] = (1 if issubclass(type(o), torch.Tensor) else
+                                     2 if issubclass(type(o), (torch.UntypedStorage, torch.TypedStorage)) else 0)
+        if not kind:
+            continue
+        try:
+            storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+            if storage.device.type == "meta":
                 continue
-            out[storage.data_ptr()] = max(out.get(storage.data_ptr(), 0), storage.nbytes())
+        except (RuntimeError, NotImplementedError):    # a tensor without storage (a functional wrapper)
+            continue
+        out[storage.data_ptr()] = max(out.get(storage.data_ptr(), 0), storage.nbytes())
     return out
 
 
 def reachable_storages(*objs, depth=8) -> set[int]:
-    """The storage addresses of every tensor reachable from ``objs`` (walked as :func:`held_bytes` walks),
-    their gradients included."""
+    """The storage addresses of every tensor and storage object reachable from ``objs`` (walked as
+    :func:`held_bytes` walks), their gradients included."""
     found, seen = set(), set()
 
     def walk(x, d):
@@ -149,6 +181,9 @@ def reachable_storages(*objs, depth=8) -> set[int]:
             found.add(x.untyped_storage().data_ptr())
             if x.grad is not None:
                 found.add(x.grad.untyped_storage().data_ptr())
+            return
+        if _bare_storage(x) is not None:
+            found.add(_bare_storage(x).data_ptr())
             return
         if d < 0 or id(x) in seen or isinstance(x, (str, bytes, int, float, bool, type(None), type)):
             return
@@ -170,3 +205,303 @@ def reachable_storages(*objs, depth=8) -> set[int]:
     for o in objs:
         walk(o, depth)
     return found
+
+
+#: The callbacks of :func:`watching_opens` now watching (the audit hook calls each, in order).
+_OPEN_WATCHERS: list[Callable[[str, bool], None]] = []
+_AUDIT_HOOKED = False
+_IN_WATCHER = threading.local()                            # a watcher's own opens (realpath, stat) are not reported
+
+
+def opened_path(args: tuple) -> tuple[str, bool] | None:
+    """``(path, writes)`` of an "open" audit event's arguments ``(path, mode, flags)``: ``writes`` when the mode
+    has w, a, x or + (builtins.open, io.open) or the flags ask to write, create, truncate or append (os.open);
+    None when a file descriptor is opened, not a path."""
+    path, mode, flags = (tuple(args) + (None, None, None))[:3]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return None
+    writes = (any(c in mode for c in "wax+") if isinstance(mode, str)
+              else bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)))
+    return os.fsdecode(path), writes
+
+
+def _audit(event: str, args: tuple) -> None:
+    """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
+    watchers of :func:`watching_opens`."""
+    if event != "open" or not _OPEN_WATCHERS or getattr(_IN_WATCHER, "on", False):
+        return
+    found = opened_path(args)
+    if found is None:
+        return
+    _IN_WATCHER.on = True
+    try:
+        for watcher in list(_OPEN_WATCHERS):
+            watcher(*found)
+    finally:
+        _IN_WATCHER.on = False
+
+
+@contextlib.contextmanager
+def watching_opens(callback: Callable[[str, bool], None]):
+    """Within the block, ``callback(path, writes)`` for every file path that Python opens, in any thread
+    (builtins.open, io.open, pathlib, os.open, tempfile, shutil, pickle or numpy.save to a path, torch.load):
+    Python's audit hooks see them all. A file that C++ opens (torch.save to a path: its zip writer) is not seen."""
+    global _AUDIT_HOOKED
+    if not _AUDIT_HOOKED:
+        sys.addaudithook(_audit)
+        _AUDIT_HOOKED = True
+    _OPEN_WATCHERS.append(callback)
+    try:
+        yield
+    finally:
+        _OPEN_WATCHERS.remove(callback)
+
+
+def _storage_of(o, kind: int):
+    """(address, bytes) of a tensor's (``kind`` 1) or a storage object's (2) storage; None on the meta device
+    or without a storage."""
+    try:
+        storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+        if storage.device.type == "meta":
+            return None
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):            # a tensor without storage (a functional wrapper)
+        return None
+
+
+def _tensors_and_storages(objects) -> list:
+    """``[(object, kind), ...]`` of the tensors (kind 1) and storage objects (2) among ``objects`` (each type
+    sorted out once, the objects filtered at C speed)."""
+    types_of = list(map(type, objects))
+    kinds = {t: 1 if issubclass(t, torch.Tensor) else 2 if issubclass(t, (torch.UntypedStorage, torch.TypedStorage))
+             else 0 for t in set(types_of)}
+    picked = list(itertools.compress(objects, map(kinds.__getitem__, types_of)))
+    return [(o, kinds[type(o)]) for o in picked]
+
+
+def _module_space(owner) -> dict:
+    """The globals of the module that defines ``owner`` (a function, or a class with a method)."""
+    if hasattr(owner, "__globals__"):
+        return owner.__globals__
+    funcs = [v for v in vars(owner).values() if hasattr(v, "__globals__")] if isinstance(owner, type) else []
+    return funcs[0].__globals__ if funcs else {}
+
+
+class OutsideState:
+    """State a student's object keeps outside what :func:`held_bytes` reaches, from the block's start to
+    :meth:`count` (07.5, 07.6), in three places:
+
+    * tensors and storage objects (``torch.UntypedStorage``, ``TypedStorage``) made within the block that no
+      object handed to :meth:`count` reaches (a module-level dict, a registry, a closure, a default argument,
+      another module's attribute), and those the student's module reaches that changed within the block (a
+      buffer made at import, then written);
+    * Python objects made within the block and still alive, with what they hold (:meth:`_python_bytes`: bytes
+      or BytesIO of a torch.save, numpy arrays, lists of floats, strings; inside the object or not), and the
+      buffers the student's module reaches that were made or changed within the block (bytes, bytearray,
+      BytesIO, numpy arrays). The Python objects of the student's object and of the grader's are counted too,
+      10 to 20 kB: the limits allow for them. Not seen: a buffer made within the block and hung directly on an
+      object older than it that the student's module does not reach (``builtins.x = some_bytes``);
+    * files: every path opened for writing (``files``: ``("wrote", path)``: :func:`watching_opens`, and
+      torch.save to a path, whose zip writer ``torch._C.PyTorchFileWriter`` is watched within the block), and
+      every path read that was modified since the block began (``("read", path)``: written by C++ that neither
+      sees). Python's own .py and .pyc files, /proc, /sys and /dev (but /dev/shm) are not counted.
+
+    ``owner``: the student's class or function (its module is walked). The objects alive at the start are
+    frozen (``gc.freeze``) until :meth:`count`, so that the garbage collector lists and collects the block's
+    objects only: a few ms at each end, where two scans of every object (:func:`live_storages`) took 0.4 s on a
+    rank's 390,000 objects. No tracemalloc: on Python before 3.12.9, tracemalloc.stop() while gloo's worker
+    thread makes a thread state (it lets go of a finished collective's Python objects) crashes the process.
+    The block should hold nothing but the student's object, the steps and the grader's own objects, and open
+    no file of the grader's."""
+
+    def __init__(self, owner=None):
+        self.files: list[tuple[str, str]] = []
+        self.space = _module_space(owner) if owner is not None else {}
+        self._watch = None
+
+    def __enter__(self):
+        return self.begin()
+
+    def begin(self) -> "OutsideState":
+        """Start watching (what :meth:`__enter__` does): from here on, what appears counts."""
+        self.start = time.time() - 0.05                      # a file's mtime is the kernel's coarse clock
+        self.reached = {}                                    # id -> (object, kind, its content now)
+        for o, kind in self._module_reach():
+            try:
+                self.reached[id(o)] = (o, kind, self._content(o, kind))
+            except (TypeError, ValueError, RuntimeError, BufferError):
+                pass
+        gc.freeze()                                          # from now on gc.get_objects() lists new objects only
+        self._watch = watching_opens(self._opened)
+        self._watch.__enter__()
+        self._writer = getattr(torch._C, "PyTorchFileWriter", None)   # torch.save to a path: C++ opens the file
+        if isinstance(self._writer, type):
+            files, real = self.files, self._writer
+
+            class Writer(real):
+                def __init__(self, f, *args, **kwargs):
+                    if isinstance(f, (str, bytes, os.PathLike)):
+                        files.append(("wrote", os.fsdecode(f)))
+                    super().__init__(f, *args, **kwargs)
+            torch._C.PyTorchFileWriter = Writer
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        """Stop watching (again: nothing happens): the objects are unfrozen, the files no longer watched."""
+        if self._watch is None:
+            return
+        self._watch.__exit__(None, None, None)
+        self._watch = None
+        if isinstance(self._writer, type):
+            torch._C.PyTorchFileWriter = self._writer
+        gc.unfreeze()
+        self.reached = {}
+
+    def _opened(self, path: str, writes: bool) -> None:
+        """:func:`watching_opens`'s callback: note a path written, or read after a change within the block."""
+        if (path.endswith((".pyc", ".py")) or "__pycache__" in path or path.startswith(("/proc/", "/sys/"))
+                or path.startswith("/dev/") and not path.startswith("/dev/shm/")):
+            return
+        if writes:
+            self.files.append(("wrote", path))
+            return
+        try:
+            if os.stat(path).st_mtime >= self.start:
+                self.files.append(("read", path))
+        except OSError:
+            pass
+
+    def _module_reach(self, depth: int = 8) -> list:
+        """``[(object, kind), ...]``: the tensors (kind 1), storage objects (2) and Python buffers (3: bytes,
+        bytearray, memoryview, BytesIO, numpy arrays) that the student's module reaches: its globals, its classes'
+        attributes, its functions' defaults and closures, and what they hold (``depth`` levels down)."""
+        name, found, seen = self.space.get("__name__"), [], set()
+
+        def walk(o, d):
+            if id(o) in seen or d < 0 or isinstance(o, (str, int, float, bool, type(None), types.ModuleType)):
+                return
+            seen.add(id(o))
+            if isinstance(o, torch.Tensor):
+                found.append((o, 1))
+                if o.grad is not None:
+                    found.append((o.grad, 1))
+                return
+            if _bare_storage(o) is not None:
+                found.append((o, 2))
+                return
+            if isinstance(o, (bytes, bytearray, memoryview)) or hasattr(type(o), "__array_interface__") or \
+                    callable(getattr(type(o), "getbuffer", None)):
+                found.append((o, 3))
+                return
+            if isinstance(o, dict):
+                items = list(o.values())
+            elif isinstance(o, (list, tuple, set, frozenset)):
+                items = list(o)
+            elif isinstance(o, type):                          # a class of the student's module: its attributes
+                items = list(vars(o).values()) if o.__module__ == name else []
+            elif isinstance(o, types.MethodType):
+                items = [o.__self__, o.__func__]
+            elif isinstance(o, types.FunctionType):            # the student's: defaults and closure cells
+                items = (list(o.__defaults__ or ()) + list((o.__kwdefaults__ or {}).values()) +
+                         [c.cell_contents for c in (o.__closure__ or ()) if c.cell_contents is not None]
+                         if o.__module__ == name else [])
+            else:
+                items = list(getattr(o, "__dict__", {}).values())
+            for item in items:
+                walk(item, d - 1)
+        for key, value in list(self.space.items()):
+            if not key.startswith("__"):
+                walk(value, depth)
+        return found
+
+    @staticmethod
+    def _content(o, kind: int):
+        """A copy of what a tensor's or storage's storage (as bytes, a uint8 tensor) or a Python buffer holds."""
+        if kind == 3:
+            if callable(getattr(type(o), "getbuffer", None)):
+                with o.getbuffer() as view:
+                    return bytes(view)
+            return o.tobytes() if hasattr(o, "tobytes") else bytes(o)
+        storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).clone()
+
+    @staticmethod
+    def _same(a, b) -> bool:
+        """Two contents of :meth:`_content` are equal."""
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+
+    def _python_bytes(self, young: list, counted: set) -> int:
+        """Bytes of the Python objects in ``young`` (the objects the garbage collector tracks that were made within
+        the block) and of the objects they hold that it does not track (bytes, str, numpy arrays, floats), each
+        once (ids go to ``counted``); tensors and storages are counted apart."""
+        total = 0
+
+        def add(o):
+            nonlocal total
+            if id(o) in counted or isinstance(o, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+                return
+            counted.add(id(o))
+            try:
+                total += sys.getsizeof(o)                    # a BytesIO, a list or a numpy array with its buffer
+            except (TypeError, ValueError):
+                return
+            inner = (o.obj if isinstance(o, memoryview) else           # what a view looks at: numpy's base
+                     o.base if hasattr(type(o), "__array_interface__") else None)
+            if inner is not None:
+                add(inner)
+        for o in young:
+            add(o)
+        for o in gc.get_referents(*young):
+            if not gc.is_tracked(o):
+                add(o)
+        return total
+
+    def count(self, *known, limit: float, tries: int = 5) -> dict:
+        """{"tensors": bytes of the tensors and storages of the kinds above that no object of ``known`` reaches
+        (the grader's own and the student's object: what it holds is counted apart, by :func:`held_bytes`),
+        "python": bytes of the Python objects of the kinds above, "files": the files seen, "optimizers": the
+        torch.optim optimizers made within the block, wherever they are kept}, after the garbage collector. Ends
+        the watch. A total over ``limit`` has its tensors counted again after a pause, up to ``tries`` times, and
+        the smallest count is kept: a collective's tensors can outlive the call by a moment (gloo's worker thread
+        lets go of them after the caller has returned: 07.4's all-to-all output, 7,248 bytes, on one rank of
+        three in one launch of three)."""
+        counts = []
+        try:
+            gc.collect()                                     # the block's objects only: the others are frozen
+            counted: set = set()
+            young = gc.get_objects()
+            python = self._python_bytes(young, counted)
+            optimizers = [o for o in young if isinstance(o, torch.optim.Optimizer)]
+            del young
+            knew = reachable_storages(*known)
+            reach = []                                       # what the module holds, made or changed within
+            for o, kind in self._module_reach():
+                was = self.reached.get(id(o))
+                try:
+                    if was is not None and was[0] is o and self._same(was[2], self._content(o, kind)):
+                        continue
+                except (TypeError, ValueError, RuntimeError, BufferError):
+                    continue
+                if kind != 3:
+                    reach.append((o, kind))
+                elif id(o) not in counted:
+                    counted.add(id(o))
+                    python += sys.getsizeof(o)
+            for k in range(tries):
+                if k:
+                    gc.collect()
+                outside = {}
+                for o, kind in _tensors_and_storages(gc.get_objects()) + reach:   # made within the block
+                    key = _storage_of(o, kind)
+                    if key is not None and key[0] not in knew:
+                        outside[key[0]] = max(outside.get(key[0], 0), key[1])
+                counts.append(sum(outside.values()))
+                if counts[-1] + python <= limit or python > limit:
+                    break
+                time.sleep(0.05 * (k + 1))
+        finally:
+            self.stop()
+        return {"tensors": min(counts), "python": python, "files": list(self.files), "optimizers": optimizers}

@@ -1,7 +1,8 @@
 """Exercises 07.5 and 07.6's graders (mgpu_utils.grading.coding.memory), round 2 of issue 55: parameter groups,
 frozen and unused parameters as torch.optim treats them, what each collective carries, state kept outside the
-graded object. Right variants pass; wrong ones get the hint that names them. Each list is graded in one launch
-at 3 ranks."""
+graded object (tensors, storages, Python objects such as bytes, BytesIO or numpy arrays, files, a buffer made at
+import), and what a right solution may keep there (a temporary whole gradient, a registry of its own slices).
+Right variants pass; wrong ones get the hint that names them. Each list is graded in one launch at 3 ranks."""
 import re
 
 import pytest
@@ -171,6 +172,83 @@ class ShardedOptimizer:
     def zero_grad(self):
         self.inner.zero_grad(set_to_none=True)
 '''
+#: A whole optimizer, rebuilt in every step from state that ``save(self, state_dict)`` keeps and ``load(self)``
+#: gives back (each trick below defines them): right results, nothing in a tensor between steps.
+WHOLE = '''import io
+import os
+import pickle
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        groups = list(params)
+        self.groups = groups if groups and isinstance(groups[0], dict) else [{"params": groups}]
+        self.params = [p for g in self.groups for p in g["params"]]
+        self.make = lambda: optimizer_class(self.groups, **defaults)
+        save(self, self.make().state_dict())
+
+    def step(self):
+        w = dist.get_world_size()
+        for p in self.params:
+            if p.grad is not None:                                # every rank's gradient: all-gathered, summed
+                parts = [torch.empty_like(p.grad) for _ in range(w)]
+                dist.all_gather(parts, p.grad)
+                p.grad = sum(parts) / w
+        opt = self.make()
+        opt.load_state_dict(load(self))
+        opt.step()
+        save(self, opt.state_dict())
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+
+def tensors(state, fn):
+    return {"param_groups": state["param_groups"],
+            "state": {k: {n: fn(v) for n, v in s.items()} for k, s in state["state"].items()}}
+'''
+#: Where each trick keeps the whole state between steps: (save, load) in the module.
+KEPT = {
+    "torch.save bytes in a module-level dict": (
+        "_KEPT = {}\n\n\ndef save(self, state):\n    buf = io.BytesIO()\n    torch.save(state, buf)\n"
+        "    _KEPT[id(self)] = buf.getvalue()\n",
+        "def load(self):\n    return torch.load(io.BytesIO(_KEPT[id(self)]), weights_only=False)\n"),
+    "a module-level io.BytesIO": (
+        "_BUF = io.BytesIO()\n\n\ndef save(self, state):\n    _BUF.seek(0)\n    _BUF.truncate()\n"
+        "    torch.save(state, _BUF)\n",
+        "def load(self):\n    _BUF.seek(0)\n    return torch.load(_BUF, weights_only=False)\n"),
+    "numpy arrays": (
+        "_KEPT = {}\n\n\ndef save(self, state):\n    _KEPT[id(self)] = tensors(state, lambda v: v.numpy().copy())\n",
+        "def load(self):\n    return tensors(_KEPT[id(self)], lambda a: torch.from_numpy(a.copy()))\n"),
+    "torch.save to a file, torch.load back": (
+        "def path(self):\n    return os.path.join(os.path.dirname(__file__), f'state_{dist.get_rank()}_{id(self)}.pt')"
+        "\n\n\ndef save(self, state):\n    torch.save(state, path(self))\n",
+        "def load(self):\n    return torch.load(path(self), weights_only=False)\n"),
+    "a pickle written by Python's open": (
+        "def path(self):\n"
+        "    return os.path.join(os.path.dirname(__file__), f'zero1_state_{os.getpid()}_{id(self)}.pkl')"
+        "\n\n\ndef save(self, state):\n    with open(path(self), 'wb') as f:\n"
+        "        pickle.dump(tensors(state, lambda v: v.numpy()), f)\n",
+        "def load(self):\n    with open(path(self), 'rb') as f:\n        state = pickle.load(f)\n"
+        "    return tensors(state, torch.from_numpy)\n"),
+    "torch.UntypedStorage objects, no tensor": (
+        "_KEPT = {}\n\n\ndef save(self, state):\n"
+        "    _KEPT[id(self)] = tensors(state, lambda v: (v.untyped_storage(), v.dtype, v.shape))\n",
+        "def load(self):\n    return tensors(_KEPT[id(self)], lambda k: torch.empty(0, dtype=k[1]).set_(k[0], 0, k[2])"
+        ".clone())\n"),
+    "a buffer made at import, written in every step": (
+        "_BUF = torch.empty(10**6)\n_WHERE = {}\n\n\ndef save(self, state):\n    at = [0]\n\n    def put(v):\n"
+        "        _BUF[at[0]:at[0] + v.numel()] = v.reshape(-1)\n        at[0] += v.numel()\n"
+        "        return at[0] - v.numel(), v.shape, v.dtype\n    _WHERE[id(self)] = tensors(state, put)\n",
+        "def load(self):\n    return tensors(_WHERE[id(self)], lambda k: _BUF[k[0]:k[0] + k[1].numel()].view(k[1])"
+        ".to(k[2]).clone())\n"),
+}
+OUT = r"with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds \(0\): "
 
 RIGHT_075 = {   # name: (text of the solution, replaced by)
     "an all-gather into a list of chunks": (
@@ -184,6 +262,17 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
                                              "mine.append(shard)\n"),
     "a reduce-scatter through the process group object (_reduce_scatter_base)": (
         RS, f"            {GROUP}._reduce_scatter_base(g, flat).wait()\n"),
+    "a whole flat gradient kept while the step runs, dropped at its end": (
+        ["    def step(self):\n", "            p.copy_(full[:p.numel()].view_as(p))\n"],
+        ["    def step(self):\n        self.flat = torch.cat([p.grad.reshape(-1) for p, _, _ in self.shards "
+         "if p.grad is not None])\n",
+         "            p.copy_(full[:p.numel()].view_as(p))\n        self.flat = None\n"]),
+    "the inner optimizer in a module-level registry, every one ever made": (
+        ["class ShardedOptimizer:", "        self.inner = optimizer_class(inner_groups, **defaults)\n",
+         "        self.inner.step()\n"],
+        ["_INNER = {}\n\n\nclass ShardedOptimizer:",
+         "        _INNER[id(self)] = optimizer_class(inner_groups, **defaults)   # its state: this rank's chunks\n",
+         "        _INNER[id(self)].step()\n"]),
 }
 
 WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -206,7 +295,7 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "slices of n // world elements (floor)": (
         None, FLOOR, r"with SGD with momentum, 1 element\(s\) that one process updates never moved .* Round up"),
     "the whole optimizer kept in a module-level registry": (
-        None, REGISTRY, r"with SGD with momentum, 7,240 bytes of tensors appeared in this process outside"),
+        None, REGISTRY, OUT + r"307,240 in tensors or storages it does not hold"),
     # collectives through the process group object, or torch's functional collectives, count as all-reduces
     "the whole gradient all-reduced by the process group object": (
         RS, f"            {GROUP}.allreduce([flat]).wait()\n"
@@ -238,6 +327,17 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
                                      "            g = sum(p2p_parts(flat))[self.rank * size:(self.rank + 1) * size]\n"],
         r"with SGD with momentum, the result is right, but in step 1 your reduce-scatters \(4 call\(s\)\) carried "
         r"the parameters, not rank \d's gradients"),
+    **{f"the whole state as {name}": (None, WHOLE + "\n\n" + save + "\n\n" + load, want) for name, (save, load), want in
+       zip(KEPT, KEPT.values(), [
+           OUT + r"[\d,]+ in tensors or storages .*, 3\d\d,\d{3} in Python objects",
+           OUT + r"[\d,]+ in tensors or storages .*, 3\d\d,\d{3} in Python objects",
+           OUT + r"[\d,]+ in tensors or storages .*, 3\d\d,\d{3} in Python objects",
+           r"with SGD with momentum, the sharded state must live in this process's memory: your code wrote \S+"
+           r"/state_0_\d+\.pt while the optimizer ran",
+           r"with SGD with momentum, the sharded state must live in this process's memory: your code wrote \S+"
+           r"/zero1_state_\d+_\d+\.pkl while the optimizer ran",
+           OUT + r"307,240 in tensors or storages it does not hold",
+           OUT + r"4,000,000 in tensors or storages it does not hold"])},
 }
 
 
@@ -354,7 +454,25 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
     "all-gather and reduce-scatter through the process group object (_allgather_base, _reduce_scatter_base)": (
         [AG_076, RS_076], [f"        {GROUP}._allgather_base(full, shard.detach().to(dtype)).wait()\n",
                            f"        {GROUP}._reduce_scatter_base(out, flat).wait()\n"]),
+    "shard-sized gradient buffers in a module-level dict, kept between steps": (
+        ["class GatherShard(", "        out = torch.empty(flat.numel() // ctx.world)\n"],
+        ["_OUT = {}                                            # one buffer per size, reused in every step\n\n\n"
+         "class GatherShard(",
+         "        out = _OUT.setdefault(flat.numel(), torch.empty(flat.numel() // ctx.world))\n"]),
+    "the whole parameters in a module-level dict from the forward to the backward": (
+        ["class GatherShard(", "        ctx.numel, ctx.world = shape.numel(), world\n",
+         "        flat = torch.zeros(ctx.numel + (-ctx.numel) % ctx.world)\n"],
+        ["_LIVE = {}                                           # a gathered parameter, until its backward\n\n\n"
+         "class GatherShard(",
+         "        ctx.numel, ctx.world = shape.numel(), world\n        ctx.key = id(full)\n"
+         "        _LIVE[ctx.key] = full\n",
+         "        _LIVE.pop(ctx.key, None)\n        flat = torch.zeros(ctx.numel + (-ctx.numel) % ctx.world)\n"]),
 }
+
+KEEP = "class GatherShard("
+FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
+               "given\n")
+WIDE_OUT = r"\(MLP of 1024 hidden units\): after 2 steps, [\d,]+ bytes stayed in this process outside your wrapper"
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
     "a frozen parameter's shard trains": (
@@ -408,6 +526,31 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         FULL, "        return {n: GatherShard.apply(s, shape, self.compute_dtype or torch.float32).clone()\n"
               "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
         r"\(MLP, bfloat16\): full_parameters\(\) returned \(24, 64\) bfloat16 for '0.weight'"),
+    "the gathered parameters kept in a module-level dict": (
+        [KEEP, FORWARD_END], ["_KEPT = {}\n\n\n" + KEEP,
+                              "        _KEPT.update({n: t.detach() for n, t in full.items()})\n" + FORWARD_END],
+        WIDE_OUT + r", its module and the optimizer, besides the 0 it holds next to its shards: 307,2\d\d in tensors"),
+    "the gathered parameters kept as torch.UntypedStorage objects": (
+        [KEEP, FORWARD_END], ["_KEPT = []\n\n\n" + KEEP,
+                              "        _KEPT[:] = [t.detach().untyped_storage() for t in full.values()]\n"
+                              + FORWARD_END],
+        WIDE_OUT + r".*: 307,2\d\d in tensors or storages"),
+    "the gathered parameters kept as torch.save bytes": (
+        [KEEP, FORWARD_END], ["import io\n_KEPT = []\n\n\n" + KEEP,
+                              "        buf = io.BytesIO()\n"
+                              "        torch.save({n: t.detach() for n, t in full.items()}, buf)\n"
+                              "        _KEPT[:] = [buf.getvalue()]\n" + FORWARD_END],
+        WIDE_OUT + r".*: 0 in tensors or storages .*, 3\d\d,\d{3} in Python objects"),
+    "the gathered parameters kept as numpy arrays": (
+        [KEEP, FORWARD_END], ["_KEPT = {}\n\n\n" + KEEP,
+                              "        _KEPT.update({n: t.detach().float().numpy().copy() for n, t in full.items()})\n"
+                              + FORWARD_END],
+        WIDE_OUT + r".*: 0 in tensors or storages .*, 3\d\d,\d{3} in Python objects"),
+    "the gathered parameters saved to a file in every forward": (
+        FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
+                     "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,
+        r"\(MLP of 1024 hidden units\): the sharded parameters must live in this process's memory: your code wrote "
+        r"\S+\.py\.0\.pt during the steps"),
 }
 
 
@@ -420,6 +563,70 @@ def test_076_wrong_variants_get_their_hints(tmp_path, starts_processes):
     hints = grade_many(_cases(tmp_path, "07.6", WRONG_076), 3)
     for (name, (*_, want)), hint in zip(WRONG_076.items(), hints):
         assert hint and re.search(want, hint), (name, hint)
+
+
+STASH = '''import io
+import numpy as np
+import torch
+
+_KEPT = {}
+_BUF = torch.empty(1000)                                   # made at import
+_OLD = bytearray(4000)                                     # made at import
+
+
+def keep(kind, t):
+    if kind == "tensor":
+        _KEPT["t"] = t.clone()
+    elif kind == "storage":
+        _KEPT["s"] = t.clone().untyped_storage()
+    elif kind == "bytes":
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        _KEPT["b"] = buf.getvalue()
+    elif kind == "numpy":
+        _KEPT["n"] = t.numpy().copy()
+    elif kind == "floats":
+        _KEPT["f"] = t.tolist()
+    elif kind == "buffer":
+        _BUF[:t.numel()] = t
+    elif kind == "bytearray":
+        _OLD[:4 * t.numel()] = t.numpy().tobytes()
+    elif kind == "torch.save":
+        torch.save(t, __file__ + ".pt")
+    elif kind == "open":
+        with open(__file__ + ".bin", "wb") as f:
+            f.write(t.numpy().tobytes())
+    else:                                                  # a temporary: nothing stays
+        t.clone().sum()
+'''
+
+
+@pytest.mark.parametrize("kind, tensors, python, files", [
+    ("temporary", 0, (0, 10_000), 0), ("tensor", 40_000, (0, 10_000), 0), ("storage", 40_000, (0, 10_000), 0),
+    ("bytes", 0, (40_000, 80_000), 0), ("numpy", 0, (40_000, 50_000), 0), ("floats", 0, (300_000, 400_000), 0),
+    ("buffer", 4_000, (0, 10_000), 0), ("bytearray", 0, (4_000, 14_000), 0), ("torch.save", 0, (0, 10_000), 1),
+    ("open", 0, (0, 10_000), 1)])
+def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python, files):
+    """In one process: a module keeps 10,000 floats (40,000 bytes) in each way; OutsideState counts them as
+    tensors, as Python objects, or as a file written, and a buffer made at import when it was written into
+    (1,000 floats). The Python objects of the test itself are 5 to 6 kB."""
+    import importlib.util
+
+    import torch
+
+    from mgpu_utils.grading.common import OutsideState
+
+    (tmp_path / "stash.py").write_text(STASH)
+    spec = importlib.util.spec_from_file_location("stash", tmp_path / "stash.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = torch.arange(10_000 if kind != "buffer" and kind != "bytearray" else 1000, dtype=torch.float32)
+    with OutsideState(mod.keep) as watch:
+        mod.keep(kind, t)
+        found = watch.count(t, limit=0, tries=1)
+    assert found["tensors"] == tensors and python[0] <= found["python"] <= python[1], found
+    assert len(found["files"]) == files and all(how == "wrote" for how, _ in found["files"]), found
+    assert not __import__("gc").get_freeze_count()             # the objects were unfrozen
 
 
 #: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).

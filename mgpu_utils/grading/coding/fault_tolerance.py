@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import CodingExercise, diff, note
+from mgpu_utils.grading.common import CodingExercise, diff, note, watching_opens
 from mgpu_utils.measure.comm_calls import namespaces_of
 
 
@@ -99,33 +99,22 @@ def _reference_snapshot(variant: str, arg: tuple, ctx):
     return save, load
 
 
-#: What the audit hook of :func:`probed_saves` reports to, while a block is open (None: nothing is watched).
+#: What :func:`_opened` reports to while :func:`probed_saves` is open (None: nothing is watched).
 _WATCH: dict | None = None
-_HOOKED = False
 
 
-def _opened(event: str, args: tuple) -> None:
-    """sys.addaudithook's hook: an "open" for writing (builtins.open, io.open, pathlib, os.open, tempfile, shutil)
-    while :data:`_WATCH` is set and its ``active`` flag on (the student's save_snapshot is running)."""
+def _opened(path: str, writes: bool) -> None:
+    """:func:`~mgpu_utils.grading.common.watching_opens`'s callback: a path opened for writing (builtins.open,
+    io.open, pathlib, os.open, tempfile, shutil) while :data:`_WATCH` is set and its ``active`` flag on (the
+    student's save_snapshot is running)."""
     seen = _WATCH
-    if event != "open" or seen is None or not seen.get("active") or seen.get("busy"):
+    if not writes or seen is None or not seen.get("active"):
         return
-    path, mode, flags = (tuple(args) + (None, None, None))[:3]
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        return                                             # an open file descriptor, not a path
-    writes = (any(c in mode for c in "wax+") if isinstance(mode, str)
-              else bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)))
-    if not writes:
-        return
-    seen["busy"] = True                                    # realpath may audit too: no recursion
-    try:
-        if seen.pop("delay", False):
-            time.sleep(SLOW_START_S)
-        seen["saves"] += 1
-        if os.path.realpath(os.fsdecode(path)) == seen["target"] and isinstance(seen.get("intact"), bytes):
-            seen["torn"] = True                            # opened for writing: the previous snapshot is gone
-    finally:
-        seen["busy"] = False
+    if seen.pop("delay", False):
+        time.sleep(SLOW_START_S)
+    seen["saves"] += 1
+    if os.path.realpath(path) == seen["target"] and isinstance(seen.get("intact"), bytes):
+        seen["torn"] = True                                # opened for writing: the previous snapshot is gone
 
 
 @contextlib.contextmanager
@@ -138,9 +127,8 @@ def probed_saves(path: str, seen: dict, fn=None):
     pathlib's write_bytes, os.open, tempfile, shutil.copy); opening ``path`` itself for writing while a
     previous snapshot is there sets ``seen["torn"]``."""
     import io
-    import sys
 
-    global _WATCH, _HOOKED
+    global _WATCH
     real = torch.save
 
     def save(obj, f, *args, **kwargs):
@@ -162,9 +150,6 @@ def probed_saves(path: str, seen: dict, fn=None):
         finally:
             if fh is not f:
                 fh.close()
-    if not _HOOKED:                                        # once per process: an audit hook cannot be removed
-        sys.addaudithook(_opened)
-        _HOOKED = True
     seen.setdefault("saves", 0)
     seen["target"] = os.path.realpath(path)
     spaces = [vars(torch)] + [g for g in namespaces_of(fn) if g.get("save") is real]
@@ -172,7 +157,8 @@ def probed_saves(path: str, seen: dict, fn=None):
         g["save"] = save
     _WATCH = seen
     try:
-        yield
+        with watching_opens(_opened):
+            yield
     finally:
         _WATCH = None
         for g in spaces:

@@ -7,8 +7,10 @@ the collectives of each step carry (however they are reached: a process group's 
 functional collectives too), and checks what they carry: the reducing ones this rank's own gradients
 (:func:`_reduced_right`; 07.6: :func:`_fsdp_carried`, its all-gathers this rank's shards too), not zeros sent
 for show while the work happens elsewhere; torch's own ZeroRedundancyOptimizer or FSDP built by the student's
-code is refused. 07.6 also reads
-the dtype the Linear layers compute in (:class:`LinearDtypes`).
+code is refused. 07.6 also reads the dtype the Linear layers compute in (:class:`LinearDtypes`).
+07.5 and 07.6 end with a round on an MLP of :data:`WIDE` hidden units that also counts what the process keeps
+outside the graded object (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages elsewhere,
+Python objects such as bytes, BytesIO or numpy arrays, files written); 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 """
 
@@ -22,8 +24,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import (CodingExercise, always, diff, held_bytes, inner_parameters, live_storages, note,
-                                      reachable_storages)
+from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
+                                      live_storages, note, reachable_storages)
 from mgpu_utils.measure.comm_calls import (TORCH_FSDP, TORCH_ZERO, add_content, built, carries, carries_some,
                                            content_of, counted_collectives, named_content)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -136,6 +138,15 @@ def _outside_bytes(known: set, limit: float, tries: int = 5) -> int:
     return min(counts)
 
 
+#: The hidden units of the MLP of the last rounds of 07.5 and 07.6, which look for state kept outside the graded
+#: object (:class:`~mgpu_utils.grading.common.OutsideState`): 76,810 parameters, 307,240 bytes in float32, so
+#: that the Python objects a right solution and the grader make (10 to 20 kB) stay far from a full copy.
+WIDE = 1024
+#: Bytes allowed outside the graded object besides a rank's share: the Python objects the student's object and
+#: the grader's make within the round (right solutions of tests/test_grading_memory.py at world 2 and 3: 11 to
+#: 21 kB, and a collective's tensor that gloo let go of late, up to 41 kB more, counted again after a pause).
+PYTHON_SLACK = 64_000
+
 #: Exercise 07.5's optimizers: (name, class, keyword arguments), each element-wise.
 ANY_OPTIMIZERS = (("SGD with momentum", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
                   ("Adam", torch.optim.Adam, {"lr": 1e-2}),
@@ -179,17 +190,20 @@ def _stop_together(problems) -> bool:
     return bool(found.item())
 
 
-def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, steps, outside_too=False):
+def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, steps, watch=None):
     """One optimizer of 07.5: the student's and the reference trained side by side; see check_sharded_any.
-    ``outside_too``: also the tensors that appeared in the process outside the optimizer (0.3 s: one round)."""
+    ``watch``: an :class:`~mgpu_utils.grading.common.OutsideState` (begun here, stopped by the caller): the MLP
+    has :data:`WIDE` hidden units instead of 24, and the state kept outside the optimizer's tensors counts too
+    (tensors and storages elsewhere in the process, Python objects, files)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
     torch.manual_seed(0)
-    mine = FrozenUnusedNet() if frozen_round else make_mlp(24, 1)
+    mine = FrozenUnusedNet() if frozen_round else make_mlp(24 if watch is None else WIDE, 1)
     ref = copy.deepcopy(mine)
     base = {"rank": rank, "optimizer": name, "round": "groups" if frozen_round else "plain"}
-    existing = set(live_storages(collect=False)) if outside_too else set()   # alive before the student's optimizer
+    if watch is not None:
+        watch.begin()                                      # from before the student's optimizer on
     try:
         with built(TORCH_ZERO) as torch_built:             # torch's ZeroRedundancyOptimizer, in __init__ or step()
             opt = cls(frozen_unused_groups(mine, kwargs["lr"]) if frozen_round else mine.parameters(), opt_class,
@@ -240,10 +254,12 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
     held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
-    outside = 0
-    if outside_too:
-        known = existing | reachable_storages(opt, mine, ref, ref_opt, x, y, got, want, start, before)
-        outside = _outside_bytes(known, full / world * 1.05 + 512)
+    allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
+    found = {"tensors": 0, "python": 0, "files": []}
+    if watch is not None:                                  # the slice once, held or not, and Python's own objects
+        found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before,
+                            limit=allowed + PYTHON_SLACK - held)
+        held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(found["optimizers"]))
     if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
     if diff(got, want) > 1e-5:
@@ -254,8 +270,13 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                         "few": world * sum(1 for p in mine.parameters() if p.requires_grad)})
     elif held > full / world * 1.05 + 512:
         note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full})
-    elif outside > full / world * 1.05 + 512:
-        note(problems, {**base, "kind": "any_memory", "what": "outside", "bytes": outside, "full": full})
+    elif found["files"]:
+        note(problems, {**base, "kind": "any_memory", "what": "file", "how": found["files"][0][0],
+                        "path": found["files"][0][1]})
+    elif held + found["tensors"] + found["python"] > allowed + PYTHON_SLACK:
+        note(problems, {**base, "kind": "any_memory", "what": "outside", "bytes": found["tensors"] + found["python"],
+                        "tensors": found["tensors"], "python": found["python"], "held": held,
+                        "shard": round(full / world), "full": full})
     elif comm is not None:
         note(problems, comm)
     elif wrong_carried is not None:
@@ -269,13 +290,22 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
     model or more (the elements each collective carries), a frozen or unused parameter that moved, the second
     group's options ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the
-    model's parameters and its inner optimizers' parameters) against the reference's state over the world; and
+    model's parameters and its inner optimizers' parameters) against the reference's state over the world;
     reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
-    and torch's ZeroRedundancyOptimizer built, each a problem of its own."""
+    and torch's ZeroRedundancyOptimizer built, each a problem of its own. A last round, SGD with momentum on an
+    MLP of :data:`WIDE` hidden units, also counts the state kept outside the optimizer
+    (:class:`~mgpu_utils.grading.common.OutsideState`: files written, and the tensors, storages and Python
+    objects that appeared, which with the state held may not pass a rank's slice and :data:`PYTHON_SLACK`)."""
     rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
+    rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
-        _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, outside_too=k == 0)
+        watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
+        try:
+            _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
+        finally:
+            if watch is not None:
+                watch.stop()
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
 
@@ -318,7 +348,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
     the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
-    reduce-scatters its own gradients), and torch's FSDP or fully_shard built, each a problem of its own."""
+    reduce-scatters its own gradients), and torch's FSDP or fully_shard built, each a problem of its own; then
+    what the process keeps outside the wrapper (:func:`_fsdp_outside`)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -430,6 +461,51 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                                     "max_diff": diff(params[name].float(), want.detach())})
             if wrong_carried is not None:                        # told last: the results and the memory first
                 note(problems, wrong_carried)
+
+    if not _stop_together(problems):
+        _fsdp_outside(cls, ctx, problems, lr=lr)
+
+
+def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
+    """07.6's last round: :func:`make_mlp` of :data:`WIDE` hidden units in float32 for ``steps`` SGD steps
+    (momentum 0.9) on this rank's rows (two by default: the measure is taken between steps, and every step's
+    collectives cost time); then the files written, and what the process keeps besides the module,
+    the shards, the optimizer and the grader's own tensors (:class:`~mgpu_utils.grading.common.OutsideState`:
+    tensors and storages, Python objects), with what the wrapper holds besides its shards, against a shard's
+    worth and :data:`PYTHON_SLACK`; and the output against one process's."""
+    world, rank = ctx.world_size, ctx.rank
+    x, y = load_data()[0][:48]
+    x = x.flatten(1)
+    torch.manual_seed(0)
+    model = make_mlp(WIDE, 1)
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=lr, momentum=0.9)
+    full = 4 * sum(p.numel() for p in model.parameters())
+    base = {"rank": rank, "kind": "fsdp", "model": f"MLP of {WIDE} hidden units", "dtype": "float32"}
+    allowed = full / world * 1.05 + 1024 + PYTHON_SLACK      # a shard's worth (a buffer), and Python's objects
+    with OutsideState(cls) as watch:                       # from before the student's wrapper on
+        wrapper = cls(model)
+        shards = list(wrapper.parameters())
+        opt = torch.optim.SGD(shards, lr=lr, momentum=0.9)
+        for _ in range(steps):
+            F.cross_entropy(wrapper(x[rank::world]).float(), y[rank::world]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(ref(x), y).backward()
+            ref_opt.step()
+            ref_opt.zero_grad(set_to_none=True)
+        held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
+        found = watch.count(wrapper, model, shards, opt, ref, ref_opt, x, y, limit=allowed - held)
+    with torch.no_grad():
+        got, want = wrapper(x[:16]).float(), ref(x[:16])
+    if diff(got, want) > 1e-4:
+        note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, want), "variant": None})
+    elif found["files"]:
+        note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
+    elif held + found["tensors"] + found["python"] > allowed:
+        note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
+                        "tensors": found["tensors"], "python": found["python"], "held": held,
+                        "shard": round(full / world), "full_bytes": full})
 
 
 def _own_gradients(model, x, y, dtype):
@@ -578,11 +654,23 @@ HINTS: dict[str, list[tuple]] = {
                  "{moved:.3g} in that step: torch's optimizers skip it, momentum and weight decay included; leave "
                  "its slices' .grad None rather than zeros")],
     "any_memory": [
+        (lambda p, W: p.get("what") == "file" and p["how"] == "wrote",
+         "rank {rank}: with {optimizer}, the sharded state must live in this process's memory: your code wrote "
+         "{path} while the optimizer ran. State kept in a file is state this rank keeps, whole, out of sight; "
+         "keep the state of this rank's slice only, in tensors, about 1/{W}"),
+        (lambda p, W: p.get("what") == "file",
+         "rank {rank}: with {optimizer}, the sharded state must live in this process's memory: your code read back "
+         "{path}, written while the optimizer ran (torch.save to a path, then torch.load). State kept in a file is "
+         "state this rank keeps, whole, out of sight; keep the state of this rank's slice only, in tensors, about "
+         "1/{W}"),
         (lambda p, W: p.get("what") == "outside",
-         "rank {rank}: with {optimizer}, {bytes:,} bytes of tensors appeared in this process outside your optimizer "
-         "(in a module-level dict, a registry, a global: the grader looks at every live tensor), and the optimizer "
-         "in one process holds {full:,}: where it is kept does not change what a rank holds; keep the state of "
-         "this rank's slice only, about 1/{W}"),
+         "rank {rank}: with {optimizer}, {bytes:,} bytes appeared in this process outside the tensors your "
+         "optimizer holds ({held:,}): {tensors:,} in tensors or storages it does not hold (a module-level dict, a "
+         "registry, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists: the grader counts Python's "
+         "memory too, a few kB are its own). This rank's slice of the state is {shard:,} bytes, the whole "
+         "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
+         "slice only, in tensors, about 1/{W}"),
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
                             "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
@@ -630,6 +718,24 @@ HINTS: dict[str, list[tuple]] = {
          "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
+        (lambda p, W: p["what"] == "file" and p["how"] == "wrote",
+         "rank {rank} ({model}): the sharded parameters must live in this process's memory: your code wrote "
+         "{path} during the steps. A file keeps whole parameters out of sight, but this rank still holds them; "
+         "keep only this rank's shard between steps, and gather the whole parameters when they are used"),
+        (lambda p, W: p["what"] == "file",
+         "rank {rank} ({model}): the sharded parameters must live in this process's memory: your code read back "
+         "{path}, written during the steps (torch.save to a path, then torch.load). A file keeps whole parameters "
+         "out of sight, but this rank still holds them; keep only this rank's shard between steps, and gather "
+         "the whole parameters when they are used"),
+        (lambda p, W: p["what"] == "outside",
+         "rank {rank} ({model}): after {steps} steps, {bytes:,} bytes stayed in this process outside your "
+         "wrapper, its module and the optimizer, besides the {held:,} it holds next to its shards: {tensors:,} "
+         "in tensors or storages (a module-level dict or "
+         "list, a cache, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists: the grader counts Python's "
+         "memory too, a few kB are its own). A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only "
+         "this rank's shard between steps, wherever it is kept; the gathered parameters live only while autograd "
+         "needs them"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
@@ -683,11 +789,13 @@ EXERCISES = [
         check=check_sharded_any, hints=HINTS,
         what="SGD with momentum, Adam and AdamW equal one process's, also with a frozen parameter, one unused "
              "in every other step and two parameter groups, with each rank holding about 1/world of the "
-             "optimizer's state and step() reduce-scattering, not all-reducing, the gradients"),
+             "optimizer's state (none kept outside it: not in a module-level variable, Python objects or a file) "
+             "and step() reduce-scattering, not all-reducing, the gradients"),
     CodingExercise(
         id="07.6", template="07_my_fsdp.py", entry="MyFSDP", world_sizes=(2, 3),
         check=check_my_fsdp, hints=HINTS,
         what="three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
-             "computing in bfloat16, with each rank holding about 1/world of the parameters, all-gathered "
+             "computing in bfloat16, with each rank holding about 1/world of the parameters between steps "
+             "(none kept whole elsewhere: not in a module-level variable, Python objects or a file), all-gathered "
              "for the forward and their gradients reduce-scattered"),
 ]
