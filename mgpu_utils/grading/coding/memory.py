@@ -143,7 +143,7 @@ def _outside_bytes(known: set, limit: float, tries: int = 5) -> int:
 #: that the Python objects a right solution and the grader make (10 to 20 kB) stay far from a full copy.
 WIDE = 1024
 #: Bytes allowed outside the graded object besides a rank's share: the Python objects the student's object and
-#: the grader's make within the round (right solutions of tests/test_grading_memory.py at world 2 and 3: 11 to
+#: the grader's make within the round (right solutions of tests/grading/test_memory.py at world 2 and 3: 11 to
 #: 21 kB, and a collective's tensor that gloo let go of late, up to 41 kB more, counted again after a pause).
 PYTHON_SLACK = 64_000
 
