@@ -142,15 +142,17 @@ def carries(got: Content, want: Content, world: int, rtol: float = 1e-4) -> bool
     return False
 
 
-def carries_some(got: Content, pieces: list, required: list, rtol: float = 1e-4, most: int = 2,
+def carries_some(got: Content, pieces: list, required: list, rtol: float = 1e-4, most: int | list = 2,
                  limit: int = 4096) -> bool:
     """Whether ``got`` is the sum of ``pieces`` (:class:`Content` each, e.g. this rank's parameter shards), each
-    carried 0 to ``most`` times, at least once where ``required`` (a bool per piece) says so (07.6: every shard
-    used in the step all-gathered, once or again for the backward). More than ``limit`` combinations: every piece
-    the same number of times, 1 to ``most``."""
-    ranges = [range(1 if r else 0, most + 1) for r in required]
+    carried 0 to ``most`` times (an int, or one per piece), at least once where ``required`` (a bool per piece)
+    says so (07.6: every shard used in the step all-gathered, once or again for the backward; a weight used by
+    two layers, gathered for each use: up to 4 times). More than ``limit`` combinations: every piece the same
+    number of times, 1 to the largest ``most``."""
+    most = [most] * len(pieces) if isinstance(most, int) else list(most)
+    ranges = [range(1 if r else 0, m + 1) for r, m in zip(required, most)]
     combos = (itertools.product(*ranges) if math.prod(len(r) for r in ranges) <= limit
-              else ((k,) * len(pieces) for k in range(1, most + 1)))
+              else ((k,) * len(pieces) for k in range(1, max(most) + 1)))
     for counts in combos:
         want = add_content([Content("", c * p.elements, c * p.total, c * p.squares, c * p.absolute)
                             for c, p in zip(counts, pieces)])

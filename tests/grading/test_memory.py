@@ -434,7 +434,20 @@ class MyFSDP(torch.nn.Module):
         return {n: p.full_tensor() for n, p in self.module.named_parameters()}
 '''
 
+FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
+               "given\n")
+
 RIGHT_076 = {   # name: (text of the solution, replaced by)
+    "the shared weight gathered once per use (twice a forward), its gradient reduce-scattered per use": (
+        ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
+        ["        self.names, self.shapes, shards = [], [], []\n"
+         "        first = {id(p): n for n, p in module.named_parameters()}\n"
+         "        self.aliases = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)\n"
+         "                        if first[id(p)] != n}\n",
+         "        for alias, name in self.aliases.items():           # the shared weight, gathered for each use\n"
+         "            i = self.names.index(name)\n"
+         "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
+         "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"]),
     "the gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
@@ -470,8 +483,6 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
 }
 
 KEEP = "class GatherShard("
-FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
-               "given\n")
 WIDE_OUT = r"\(MLP of 1024 hidden units\): after 2 steps, [\d,]+ bytes stayed in this process outside your wrapper"
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -631,3 +642,12 @@ def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python,
 
 #: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"07.5": (len(RIGHT_075), len(WRONG_075)), "07.6": (len(RIGHT_076), len(WRONG_076))}
+
+
+def test_uses_counts_the_layers_that_share_a_weight():
+    """07.6's grader allows a shared weight two gathers per use: TiedMLP's a.weight is used by two layers."""
+    from mgpu_utils.grading.coding.memory import _uses
+    from mgpu_utils.models import TiedMLP
+
+    uses = _uses(TiedMLP())
+    assert uses["a.weight"] == 2 and set(uses.values()) == {1, 2} and len(uses) == 7, uses

@@ -146,3 +146,17 @@ def test_carries_allows_layout_padding_and_division():
     assert not carries(content_of(torch.zeros(24)), want, world=3)
     assert not carries(content_of(flat * 2), want, world=3)
     assert not carries(content_of(flat[:20]), want, world=3)
+
+
+def test_carries_some_counts_a_tied_weight_once_per_use():
+    """07.6: a weight two layers share may be all-gathered once per use, forward and backward (4 times); with
+    ``most`` 2 for every piece that sum is 'something else', with 4 for the tied piece it is recognised."""
+    from mgpu_utils.measure.comm_calls import add_content, carries_some, content_of
+
+    torch.manual_seed(0)
+    tied, other = torch.randn(12), torch.randn(5)
+    pieces = [content_of(tied), content_of(other)]
+    got = add_content([content_of(tied)] * 4 + [content_of(other)] * 2)
+    assert not carries_some(got, pieces, [True, True])
+    assert carries_some(got, pieces, [True, True], most=[4, 2])
+    assert not carries_some(add_content([content_of(tied)] * 5), pieces, [True, False], most=[4, 2])

@@ -16,6 +16,7 @@ The hints of the problems they report, the exercises' records and the bytes said
 
 from __future__ import annotations
 
+import collections
 import copy
 import time
 
@@ -372,6 +373,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                         for p in model.parameters()) + world
             seen = set()
             names = [n for n, _ in model.named_parameters()]
+            uses = _uses(model)
             shapes = {n: p.shape for n, p in model.named_parameters()}
             with built(TORCH_FSDP) as torch_built:          # torch's FSDP or fully_shard, in __init__ or forward
                 wrapper = cls(model) if dtype is None else cls(model, dtype)
@@ -415,8 +417,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     torch_built += used
                     note(problems, {**base, "what": "torch_fsdp", "used": used[0]})
                 used_now = [not (grouped and n.startswith("extra.") and s % 2) for n in names]
+                whole = len(used_now) == len(mine_now)           # a shard per parameter, in their order
                 wrong_carried = wrong_carried or _fsdp_carried(
-                    content, mine_now, used_now if len(used_now) == len(mine_now) else [True] * len(mine_now),
+                    content, mine_now, used_now if whole else [True] * len(mine_now),
+                    [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
                     _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
                     {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
                 for v, m in refs.items():
@@ -508,28 +512,51 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
                         "shard": round(full / world), "full_bytes": full})
 
 
-def _own_gradients(model, x, y, dtype):
+def _own_gradients(model, x, y, dtype) -> list:
     """The content of this rank's own gradients (rows ``x``, ``y``) of a copy of ``model`` (one process's model,
-    with the weights the student's should have), computing in ``dtype`` as :func:`_fsdp_reference` does."""
-    probe = copy.deepcopy(model)
-    F.cross_entropy(_fsdp_reference(probe, x, dtype).float(), y).backward()
-    return content_of([p.grad for p in probe.parameters() if p.grad is not None])
+    with the weights the student's should have), computing in ``dtype`` as :func:`_fsdp_reference` does; and,
+    when ``model`` shares a weight between layers, the content of the gradients with that weight untied (one
+    gradient per use: what a wrapper that gathers the weight once per use reduce-scatters). A list of one or two
+    :class:`~mgpu_utils.measure.comm_calls.Content`."""
+    found = []
+    for untie in (False, True):
+        probe = copy.deepcopy(model)
+        if untie:
+            seen = set()
+            for m in probe.modules():
+                for name, p in list(m.named_parameters(recurse=False)):
+                    if id(p) in seen:                        # a second use: its own copy, its own gradient
+                        setattr(m, name, torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+                    seen.add(id(p))
+            if len(list(probe.parameters())) == len(list(model.parameters())):
+                break                                        # nothing shared
+        F.cross_entropy(_fsdp_reference(probe, x, dtype).float(), y).backward()
+        found.append(content_of([p.grad for p in probe.parameters() if p.grad is not None]))
+    return found
 
 
-def _fsdp_carried(content: list, shards: list, required: list, grads, world: int, problem: dict,
+def _uses(model: torch.nn.Module) -> dict:
+    """{name: how many modules hold that parameter} for ``model.named_parameters()`` (TiedMLP's shared weight:
+    2), so a wrapper that gathers a tied weight once per use is not told its all-gathers carried something else."""
+    held = collections.Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    return {n: held[id(p)] for n, p in model.named_parameters()}
+
+
+def _fsdp_carried(content: list, shards: list, required: list, most, grads, world: int, problem: dict,
                   rtol: float) -> dict | None:
     """07.6: ``problem`` completed (``carried``: "gathers" or "gradients"; ``content``: "zeros" or "other";
     ``elements``) when a step's all-gathers did not carry this rank's shards (``shards``, each one's content, in
-    the dtype they are kept: each 0 to 2 times, at least once where ``required``: gathered again for the
-    backward, or not at all when unused) or its reduce-scatters (all-to-alls, scatters) not this rank's own
-    gradients ``grads`` (divided by the world size first or not); ``rtol``: 5e-2 in bfloat16, whose gradients
+    the dtype they are kept: each 0 to ``most`` times (2 per use, :func:`_uses`), at least once where
+    ``required``: gathered again for the backward, or not at all when unused) or its reduce-scatters (all-to-alls,
+    scatters) not this rank's own gradients (one of ``grads``, :func:`_own_gradients`; divided by the world size
+    first or not); ``rtol``: 5e-2 in bfloat16, whose gradients
     come from weights that differ a little from one process's after a step. None when both did."""
     gathered = add_content(c for c in content if c.name in GATHERS)
-    if gathered.elements and not carries_some(gathered, shards, required, rtol):
+    if gathered.elements and not carries_some(gathered, shards, required, rtol, most):
         return {**problem, "carried": "gathers", "content": named_content(gathered, world, rtol),
                 "elements": gathered.elements}
     reduced = add_content(c for c in content if c.name in SCATTERS + ("reduce",))
-    if reduced.elements and not carries(reduced, grads, world, rtol):
+    if reduced.elements and not any(carries(reduced, g, world, rtol) for g in grads):
         return {**problem, "carried": "gradients", "content": named_content(reduced, world, rtol),
                 "elements": reduced.elements}
     return None
