@@ -418,11 +418,10 @@ BUCKET_HINTS = [
      "how many buckets pay off depends on the link, each call's latency against the time its bytes take. "
      + _WHERE),
     (lambda p, W: p["latency_bound"],
-     _SLOW + "Too many buckets: {buckets} all-reduces pay {latency_ms:.2f} ms of latency ({per_call_us:.0f} us a "
-     "call). " + _WHERE),
+     _SLOW + "Too many buckets for this link: each pays the latency. " + _WHERE),
     (lambda p, W: p["buckets"] < p["best_buckets"],
-     _SLOW + "Too few buckets: the last, {last_mib:.2f} MiB, can only be sent when backward ends, and its "
-     "all-reduce takes {last_ms:.2f} ms. " + _WHERE),
+     _SLOW + "Too few buckets: the last can only be sent when backward ends, and nothing hides its "
+     "all-reduce. " + _WHERE),
     (always, _SLOW + _WHERE),
 ]
 
