@@ -6,7 +6,8 @@ Write choose_bucket_cap_mb(grad_bytes, backward_s, n, alpha_s, bandwidth_bps) ->
 
     grad_bytes[i]   bytes of the gradient of parameter i, in model.parameters() order (the first layer first)
     backward_s[i]   seconds backward spends on parameter i's layer (the same order; it is run from the last
-                    entry to the first, so gradient i is ready sum(backward_s[i:]) seconds after backward starts)
+                    entry to the first, so gradient i is ready sum(backward_s[i:]) seconds after backward starts;
+                    a layer's time is given once, on the entry backward reaches first: 0 on the others)
     n               ranks; alpha_s: the link's latency per ring step (s); bandwidth_bps: its bandwidth (bytes/s)
 
 How the grader scores a cap (mgpu_utils.costs.overlap, lesson 03): the gradients join the open bucket in the

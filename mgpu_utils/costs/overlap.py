@@ -176,13 +176,15 @@ def transformer_gradients(layers: int, hidden: int, vocab: int, tokens: int, flo
 
     Backward costs 4 flops per weight element per token (twice the forward's 2), at ``flops_per_s``, for the
     matrices (attention's scores and the norms are left out); ``tokens`` is the tokens of one rank's batch. A
-    tied head's backward runs first but its gradient adds into the embedding's, which is ready last.
+    layer's time sits on its bias, the entry backward reaches first, so that its weight and bias are ready
+    together after it. A tied head's backward runs first (its time sits on the final LayerNorm's bias) but its
+    gradient adds into the embedding's, which is ready last.
     """
     numel, flops = [vocab * hidden], [0.0]
     h = hidden
     for _ in range(layers):
         numel += [h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h]
-        flops += [0, 0, 4 * 3 * h * h, 0, 4 * h * h, 0, 0, 0, 4 * 4 * h * h, 0, 4 * 4 * h * h, 0]
+        flops += [0, 0, 0, 4 * 3 * h * h, 0, 4 * h * h, 0, 0, 0, 4 * 4 * h * h, 0, 4 * 4 * h * h]
     numel += [h, h]
     flops += [0, 4 * vocab * h] if tied else [0, 0]       # a tied head: its backward comes first, before ln_f's
     if not tied:
