@@ -382,7 +382,7 @@ def _pass_as_bytes(caps: list) -> bool:
 def _bucket_lines(info: dict, world: int) -> list[str]:
     """03.9's success line: the cases and the slowest step against the best cap's."""
     return [f"{info['cases']} cases; your slowest step is {info['worst']:.2f}x the best cap's (at most "
-            f"{BUCKET_SLACK}x passes)"] if info else []
+            f"{BUCKET_SLACK:.2f}x passes)"] if info else []
 
 
 _WHERE = ("Your step: backward {backward_ms:.2f} ms + {exposed_ms:.2f} ms of communication exposed after it; "
@@ -390,7 +390,7 @@ _WHERE = ("Your step: backward {backward_ms:.2f} ms + {exposed_ms:.2f} ms of com
           "({last_mib:.2f} MiB) taking {last_ms:.2f} ms. The best cap's step: backward + {best_exposed_ms:.2f} ms "
           "exposed")
 _SLOW = ("for {case} your cap of {cap:.3g} MiB gives a step of {step_ms:.2f} ms, {ratio:.2f}x the best cap's "
-         "{best_ms:.2f} ms (at most {slack}x passes). ")
+         "{best_ms:.2f} ms (at most {slack:.2f}x passes). ")
 BUCKET_HINTS = [
     (lambda p, W: p["what"] == "simulator",
      "03.9 asks you to choose: {name} is switched off while choose_bucket_cap_mb runs (it would choose for you; "
@@ -560,6 +560,6 @@ EXERCISES = [
         id="03.9", template="03_bucket_cap.py", entry="choose_bucket_cap_mb", world_sizes=(1,),
         check=check_bucket_cap, hints=HINTS, on_success=_bucket_lines,
         what=f"a bucket_cap_mb for each of the {len(BUCKET_CASES)} models and links whose simulated step (backward "
-             f"plus exposed communication) is at most {BUCKET_SLACK}x the best cap's, chosen without the "
+             f"plus exposed communication) is at most {BUCKET_SLACK:.2f}x the best cap's, chosen without the "
              "simulator"),
 ]
