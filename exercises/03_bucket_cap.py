@@ -18,9 +18,8 @@ is still sending when backward ends is exposed: the step (backward plus exposed 
 
 The grader asks your function about the four models of named_models() below and about four more of the same
 kind that it does not name, and accepts a cap whose step time is at most 1.10 times that of the best cap for that
-case. Several caps pass each time; DDP's default of 25 MiB does not pass every case, and a cap that ignores the
-link, the model or backward's time will not either. A case that fails gets a hint with where your step's time
-goes.
+case. Several caps pass each time, but no fixed size (DDP's default of 25 MiB included) and no fixed share of the
+model passes every case. A case that fails gets a hint with where your step's time goes.
 
 bucket_timeline and best_bucket_cap of mgpu_utils.costs.overlap are switched off while your function runs (they
 would choose for you; the grader scores your answer with them afterwards): decide from what each bucket costs,

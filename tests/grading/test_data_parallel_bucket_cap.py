@@ -118,6 +118,24 @@ def test_the_simulator_is_back_after_the_check():
     assert overlap.best_bucket_cap(**case)[1].step_s > 0
 
 
+def test_no_fixed_size_and_no_fixed_share_passes_every_case():
+    """What the template and the lesson say: every fixed cap (1 KiB to 4 GiB, 10 % apart) and every fixed share
+    of the model (1/1 to 1/100) fails at least one case; so a rule must look at the case."""
+    from mgpu_utils.costs.overlap import best_bucket_cap, bucket_timeline
+
+    best = [best_bucket_cap(**case)[1].step_s * 1.10 for _, case in BUCKET_CASES]
+
+    def passes_all(cap_of):
+        return all(bucket_timeline(**case, cap_bytes=cap_of(case)).step_s <= b
+                   for (_, case), b in zip(BUCKET_CASES, best))
+    cap = 1024.0
+    while cap < 4 * 2 ** 30:
+        assert not passes_all(lambda case: cap), cap
+        cap *= 1.1
+    for k in range(1, 101):
+        assert not passes_all(lambda case: sum(case["grad_bytes"]) / k), k
+
+
 def test_the_template_names_the_graders_first_four_cases():
     """03.9's template lists the cases the grader names (named_models()), as the grader has them."""
     spec = importlib.util.spec_from_file_location("template_03_9", REPO_ROOT / "exercises" / "03_bucket_cap.py")
