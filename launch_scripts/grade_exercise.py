@@ -3,8 +3,9 @@
 Loads the student's file (--solution) on every rank and runs the exercise's check (its record in
 mgpu_utils.grading.catalog; the check in the lesson's module of mgpu_utils.grading.coding): the student's
 function on real inputs against what PyTorch computes (04.4 and 04.5 against dist.all_gather and reduce-scatter,
-with the collectives switched off; 03.4 to 03.7 against DistributedDataParallel; 05.4 through the schedule
-simulator and the course's executor; 06.3 against the same SGD steps in one process at every dp x tp mesh; 07.4
+with the collectives switched off; 03.4 to 03.7 against DistributedDataParallel; 03.9 (design) and 06.4 (design)
+through the bucket simulator and the planner against the best choice; 05.4 through the schedule simulator and the
+course's executor; 06.3 against the same SGD steps in one process at every dp x tp mesh; 07.4
 and 07.5 against torch.optim in one process; 07.6 against SGD in one process, in float32 and computing in
 bfloat16; 09.4 against replicas trained and averaged in one process; 10.5 against the GAN's steps in one
 process; 11.5 with a step of known duration and FlopCounterMode; 12.5 against the same job run without a crash;

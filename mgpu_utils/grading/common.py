@@ -8,6 +8,8 @@ exercise, and the helpers that compare, report and count.
   condition of a kind's last hint).
 * :func:`held_bytes` (every tensor an object can reach, each storage once: the state a student's optimizer or
   wrapper holds, 07.4 to 07.6) and :func:`inner_parameters` (the parameters handed to an optimizer inside it).
+* :func:`switched_off`: library functions that would answer a design exercise raise while the student's
+  function runs (06.4's planner, 03.9's bucket simulator).
 * :func:`live_storages` and :func:`reachable_storages` (every tensor or storage alive in the process, and those
   an object reaches: state kept outside the graded object, in a module-level dict or a registry, 07.4), and
   :class:`OutsideState` (what appeared in the process while a block ran, tensors, storages and Python objects
@@ -70,6 +72,33 @@ def note(problems: list, problem: dict) -> None:
     """Keep this rank's first problem only; every rank still runs every step (no rank leaves the others waiting)."""
     if not problems:
         problems.append(problem)
+
+
+class SwitchedOff(Exception):
+    """A function that :func:`switched_off` turned off was called; the message is its name."""
+
+
+@contextlib.contextmanager
+def switched_off(fn, functions):
+    """Inside the block, every function of ``functions`` raises :class:`SwitchedOff` (its name the message),
+    however the student's code reaches it: through its module, or imported by name into the module of ``fn``
+    (the student's function). Everything is put back on leaving the block. Yields :class:`SwitchedOff`."""
+    def off(name):
+        def call(*args, **kwargs):
+            raise SwitchedOff(name)
+        return call
+    import sys
+    spaces = [vars(sys.modules[f.__module__]) for f in functions]
+    spaces += [g for g in [getattr(fn, "__globals__", None)] if g is not None]
+    saved = [(sp, k, v) for sp in spaces for k, v in list(sp.items())
+             if any(v is f for f in functions)]
+    for sp, k, v in saved:
+        sp[k] = off(v.__name__)
+    try:
+        yield SwitchedOff
+    finally:
+        for sp, k, v in saved:
+            sp[k] = v
 
 
 def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:

@@ -29,6 +29,8 @@ TEMPLATE_HINTS = {
     "11.5": r"ms per step, several times the 50 ms a step's work takes: the first step, 1.5 s .* is in the number",
     "07.5": r"with SGD with momentum, no parameter moved in 3 steps",
     "03.7": r"after your wrapper was built the ranks' weights still differed",
+    "03.9": r"for ResNet-50, 64 images per GPU, 8 A100 over PCIe 4\.0 your cap of 25 MiB .* You return 25 MiB for "
+            r"every model and link",
     "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* at most 907",
 }
 
@@ -65,6 +67,8 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "            full[self.rank * size:(self.rank + 1) * size] = shard.detach()\n",
              r"with SGD with momentum, only 3\d% of the parameters .* moved .* gather every slice on every rank"),
     "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
+    "03.9": ("        return 2 * (n - 1) * alpha_s + ", "        return ",     # the latency left out of the timeline
+             r"32 L4 over 100 GbE your cap of .* about one all-reduce per gradient"),
     # torch < 2.13 has all_gather_into_tensor where 2.13 has all_gather_single (mgpu_utils.compat)
     "07.6": ("        reduce_scatter_single(out, flat)  ",
              "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()  ",

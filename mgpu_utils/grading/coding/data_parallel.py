@@ -1,5 +1,13 @@
 """The graded coding exercises of lesson 03, your own DDP (notebooks/03_ddp.ipynb): 03.4 averaging the
-gradients, 03.5 overlap, 03.6 buckets, 03.7 all of DDP in one class.
+gradients, 03.5 overlap, 03.6 buckets, 03.7 all of DDP in one class; 03.9 (design), DDP's bucket size chosen for
+eight models and links.
+
+03.9's check (:func:`check_bucket_cap`) asks the student's ``choose_bucket_cap_mb`` about :data:`BUCKET_CASES`,
+with the bucket simulator of :mod:`mgpu_utils.costs.overlap` switched off while it runs, then scores each cap with
+that simulator against the best cap (:func:`~mgpu_utils.costs.overlap.best_bucket_cap`): no timing, so the grade
+is the same on a loaded laptop and in CI. A cap passes at most :data:`BUCKET_SLACK` times the best step; the
+hint names the case and the mistake (one bucket, one all-reduce per gradient, the same cap for every case, a cap
+that ignores the link, ...) with where the step's time goes.
 
 Each check runs the student's code for three SGD steps on this rank's shard against DistributedDataParallel on
 the same shards (:func:`against_ddp`), counts the all-reduce calls
@@ -14,6 +22,8 @@ times said on success are here too.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 import statistics
 import time
 
@@ -23,7 +33,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note
+from mgpu_utils.costs import overlap
+from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, switched_off
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
                                            named_content)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -267,6 +278,154 @@ def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     return times
 
 
+def _bucket_cases():
+    """03.9's cases: (name, choose_bucket_cap_mb's arguments). The first four are named in the template; the
+    last four are of the same kind, not named (a cap written down per case does not pass them)."""
+    from mgpu_utils.costs.hardware import GPUS
+    from mgpu_utils.costs.interconnect import link_alpha_beta
+    from mgpu_utils.costs.overlap import resnet_gradients, transformer_gradients
+
+    def case(model, n, link):
+        (grad_bytes, backward_s), (alpha_s, bandwidth_bps) = model, link if isinstance(link, tuple) \
+            else link_alpha_beta(link)
+        return {"grad_bytes": grad_bytes, "backward_s": backward_s, "n": n, "alpha_s": alpha_s,
+                "bandwidth_bps": bandwidth_bps}
+    a100, h100, l4 = (GPUS[g]["bf16_tflops"] * 1e12 * 0.4 for g in ("A100", "H100", "L4"))
+    ndr = "InfiniBand NDR (400 Gb/s)"
+    return (
+        ("ResNet-50, 64 images per GPU, 8 A100 over PCIe 4.0", case(resnet_gradients(64, a100), 8, "PCIe 4.0 x16")),
+        ("ResNet-50, 32 images per GPU, 32 L4 over 100 GbE", case(resnet_gradients(32, l4), 32, "Ethernet 100 GbE")),
+        ("GPT-2 small (124M), 8 x 1024 tokens per GPU, 8 A100 over NVLink",
+         case(transformer_gradients(12, 768, 50257, 8 * 1024, a100), 8, "NVLink 3 (A100, 12 links)")),
+        ("GPT-2 medium (untied head, bf16 gradients), 8 x 1024 tokens per GPU, 64 H100 over InfiniBand",
+         case(transformer_gradients(24, 1024, 50257, 8 * 1024, h100, bytes_per_grad=2, tied=False), 64, ndr)),
+        ("an unnamed case: a 1.3B decoder (bf16 gradients), 4 x 2048 tokens per GPU, 256 H100 over InfiniBand",
+         case(transformer_gradients(24, 2048, 50257, 4 * 2048, h100, bytes_per_grad=2, tied=False), 256, ndr)),
+        ("an unnamed case: a small ResNet (widths 16 to 128), 32 images per GPU, 16 L4 over 10 GbE",
+         case(resnet_gradients(32, l4, widths=(16, 32, 64, 128)), 16, "Ethernet 10 GbE")),
+        ("an unnamed case: ResNet-50, 8 images per rank, 4 CPU ranks on gloo (1 TFLOP/s, alpha 50 us, 2 GB/s)",
+         case(resnet_gradients(8, 1e12), 4, (50e-6, 2e9))),
+        ("an unnamed case: ResNet-101, 64 images per GPU, 16 H100 over InfiniBand",
+         case(resnet_gradients(64, h100, blocks=(3, 4, 23, 3)), 16, ndr)),
+    )
+
+
+BUCKET_CASES = _bucket_cases()
+#: 03.9 accepts a cap whose step (backward plus exposed communication) is at most this many times the best cap's.
+BUCKET_SLACK = 1.10
+#: choose_bucket_cap_mb's arguments, in order.
+BUCKET_ARGS = ("grad_bytes", "backward_s", "n", "alpha_s", "bandwidth_bps")
+
+
+def _ask(fn, case: dict, problems, rank, name):
+    """The student's cap for ``case`` with the simulator off: a float, or None after noting the problem."""
+    with switched_off(fn, (overlap.bucket_timeline, overlap.best_bucket_cap, overlap.distinct_caps)) as off:
+        try:
+            got = fn(*(case[k] for k in BUCKET_ARGS))
+        except off as e:
+            return note(problems, {"rank": rank, "kind": "bucket_cap", "what": "simulator", "name": str(e)})
+    if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got) or got <= 0:
+        return note(problems, {"rank": rank, "kind": "bucket_cap", "what": "form", "case": name,
+                               "got": repr(got)[:80]})
+    return float(got)
+
+
+def check_bucket_cap(fn, ctx, problems):
+    """03.9: ``fn(grad_bytes, backward_s, n, alpha_s, bandwidth_bps)``, a ``bucket_cap_mb`` in MiB, for every case
+    of :data:`BUCKET_CASES` (simulator off), each scored by :func:`~mgpu_utils.costs.overlap.bucket_timeline`
+    against :func:`~mgpu_utils.costs.overlap.best_bucket_cap`: at most :data:`BUCKET_SLACK` times the best step.
+    The first case that fails is reported with what the cap did (one bucket, about one per gradient, latency,
+    the last bucket's exposed all-reduce) and whether the answer moves with the model and the link (the case
+    asked again with alpha x 10, and with bandwidth / 10). Returns the worst ratio."""
+    caps = []
+    for name, case in BUCKET_CASES:
+        got = _ask(fn, case, problems, ctx.rank, name)
+        if got is None:
+            return None
+        caps.append(got)
+    worst = 0.0
+    for (name, case), cap_mib in zip(BUCKET_CASES, caps):
+        mine = overlap.bucket_timeline(**case, cap_bytes=cap_mib * overlap.MIB)
+        _, best = overlap.best_bucket_cap(**case)
+        ratio = mine.step_s / best.step_s
+        worst = max(worst, ratio)
+        if ratio <= BUCKET_SLACK:
+            continue
+        moved = [_ask(fn, {**case, **change}, problems, ctx.rank, name)       # the same case on slower links
+                 for change in ({"alpha_s": case["alpha_s"] * 10}, {"bandwidth_bps": case["bandwidth_bps"] / 10})]
+        if None in moved:
+            return None
+        n = case["n"]
+        last = mine.end_s[-1] - mine.start_s[-1]
+        return note(problems, {
+            "rank": ctx.rank, "kind": "bucket_cap", "what": "slow", "case": name, "cap": cap_mib,
+            "total_mib": sum(case["grad_bytes"]) / overlap.MIB, "buckets": len(mine.buckets),
+            "gradients": len(case["grad_bytes"]), "best_buckets": len(best.buckets), "ratio": ratio,
+            "step_ms": 1e3 * mine.step_s, "backward_ms": 1e3 * mine.backward_s, "exposed_ms": 1e3 * mine.exposed_s,
+            "latency_ms": 1e3 * mine.latency_s, "per_call_us": 1e6 * 2 * (n - 1) * case["alpha_s"],
+            "last_mib": mine.bucket_bytes[-1] / overlap.MIB, "last_ms": 1e3 * last,
+            "comm_ms": 1e3 * mine.comm_s, "best_ms": 1e3 * best.step_s, "best_exposed_ms": 1e3 * best.exposed_s,
+            "slack": BUCKET_SLACK, "fixed": len(set(caps)) == 1, "same_for_link": moved == [cap_mib, cap_mib],
+            "bytes": _pass_as_bytes(caps),
+            "latency_bound": len(mine.buckets) > len(best.buckets)
+            and mine.latency_s - best.latency_s >= (mine.step_s - best.step_s) / 2})
+    return {"cases": len(BUCKET_CASES), "worst": worst}
+
+
+def _pass_as_bytes(caps: list) -> bool:
+    """Whether the caps, read as bytes (divided by 2**20), would pass every case: a cap returned in bytes."""
+    return all(overlap.bucket_timeline(**case, cap_bytes=cap).step_s
+               <= BUCKET_SLACK * overlap.best_bucket_cap(**case)[1].step_s
+               for (_, case), cap in zip(BUCKET_CASES, caps))
+
+
+def _bucket_lines(info: dict, world: int) -> list[str]:
+    """03.9's success line: the cases and the slowest step against the best cap's."""
+    return [f"{info['cases']} cases; your slowest step is {info['worst']:.2f}x the best cap's (at most "
+            f"{BUCKET_SLACK:.2f}x passes)"] if info else []
+
+
+_WHERE = ("Your step: backward {backward_ms:.2f} ms + {exposed_ms:.2f} ms of communication exposed after it; "
+          "{buckets} all-reduce(s), {latency_ms:.2f} ms of them latency ({per_call_us:.0f} us a call), the last "
+          "({last_mib:.2f} MiB) taking {last_ms:.2f} ms. The best cap's step: backward + {best_exposed_ms:.2f} ms "
+          "exposed")
+_SLOW = ("for {case} your cap of {cap:.3g} MiB gives a step of {step_ms:.2f} ms, {ratio:.2f}x the best cap's "
+         "{best_ms:.2f} ms (at most {slack:.2f}x passes). ")
+BUCKET_HINTS = [
+    (lambda p, W: p["what"] == "simulator",
+     "03.9 asks you to choose: {name} is switched off while choose_bucket_cap_mb runs (it would choose for you; "
+     "the grader scores your answer with it afterwards). Write the timeline yourself, or a rule from what a "
+     "bucket costs (mgpu_utils.costs.bandwidth.ring_allreduce_model may be used)"),
+    (lambda p, W: p["what"] == "form",
+     "for {case} choose_bucket_cap_mb returned {got}: return one positive number, the cap in MiB (2**20 bytes) "
+     "as DDP's bucket_cap_mb counts it, e.g. 25.0"),
+    (lambda p, W: p["bytes"],
+     _SLOW + "Read as bytes, your numbers would pass every case: bucket_cap_mb counts MiB (2**20 bytes), so "
+     "divide a number of bytes by 2**20"),
+    (lambda p, W: p["buckets"] == 1,
+     _SLOW + "It holds the whole model ({total_mib:.1f} MiB) in one bucket, whose all-reduce ({comm_ms:.2f} ms) "
+     "can only start when backward ends: none of it overlaps. Smaller buckets start sending while backward "
+     "still runs"),
+    (lambda p, W: p["buckets"] >= p["gradients"] / 2,
+     _SLOW + "That is {buckets} buckets for {gradients} gradients, about one all-reduce per gradient, and every "
+     "call pays the latency 2(n-1) alpha = {per_call_us:.0f} us: {latency_ms:.2f} ms in all, against a backward "
+     "of {backward_ms:.2f} ms. Bigger buckets pay it fewer times"),
+    (lambda p, W: p["fixed"],
+     _SLOW + "You return {cap:.3g} MiB for every model and link: the best size depends on the gradients' sizes, "
+     "on how long backward takes to produce them and on the link. " + _WHERE),
+    (lambda p, W: p["same_for_link"],
+     _SLOW + "Your cap stayed the same when this case's link was made slower (alpha x 10; bandwidth / 10): "
+     "how many buckets pay off depends on the link, each call's latency against the time its bytes take. "
+     + _WHERE),
+    (lambda p, W: p["latency_bound"],
+     _SLOW + "Too many buckets for this link: each pays the latency. " + _WHERE),
+    (lambda p, W: p["buckets"] < p["best_buckets"],
+     _SLOW + "Too few buckets: the last can only be sent when backward ends, and nothing hides its "
+     "all-reduce. " + _WHERE),
+    (always, _SLOW + _WHERE),
+]
+
+
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
@@ -360,6 +519,7 @@ HINTS: dict[str, list[tuple]] = {
                               "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
                               "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
                               "only sends the bucket still open at the end")],
+    "bucket_cap": BUCKET_HINTS,
     "param": [
         (always, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
                  "although the first step's gradients matched: does something carry over from one step to the next "
@@ -396,4 +556,10 @@ EXERCISES = [
         check=check_my_ddp, hints=HINTS, on_success=_step_times,
         what="DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
              "model that uses one weight twice, from ranks that started apart"),
+    CodingExercise(
+        id="03.9", template="03_bucket_cap.py", entry="choose_bucket_cap_mb", world_sizes=(1,),
+        check=check_bucket_cap, hints=HINTS, on_success=_bucket_lines,
+        what=f"a bucket_cap_mb for each of the {len(BUCKET_CASES)} models and links whose simulated step (backward "
+             f"plus exposed communication) is at most {BUCKET_SLACK:.2f}x the best cap's, chosen without the "
+             "simulator"),
 ]

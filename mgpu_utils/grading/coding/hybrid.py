@@ -14,7 +14,6 @@ problems it reports and the exercise's record are here too.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import numbers
 
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.grading.common import CodingExercise, always, diff, note, switched_off
 from mgpu_utils.measure.comm_calls import patched_collectives
 
 
@@ -268,27 +267,11 @@ def _where_time_goes(lay) -> str:
     return ", ".join(parts)
 
 
-@contextlib.contextmanager
 def _planner_off(fn):
     """planner.plan and planner.evaluate raise while the student's function runs (however it imported them)."""
     from mgpu_utils.costs import planner
 
-    class PlannerUsed(Exception):
-        pass
-
-    def off(name):
-        def call(*args, **kwargs):
-            raise PlannerUsed(name)
-        return call
-    spaces = [vars(planner)] + [g for g in [getattr(fn, "__globals__", None)] if g is not None]
-    saved = [(sp, k, v) for sp in spaces for k, v in list(sp.items()) if v in (planner.plan, planner.evaluate)]
-    for sp, k, v in saved:
-        sp[k] = off(v.__name__)
-    try:
-        yield PlannerUsed
-    finally:
-        for sp, k, v in saved:
-            sp[k] = v
+    return switched_off(fn, (planner.plan, planner.evaluate))
 
 
 def check_layout(fn, ctx, problems):
