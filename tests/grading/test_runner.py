@@ -382,6 +382,16 @@ def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):
         exercise_file("99.9")
 
 
+def test_load_exercise_loads_your_latest_copy(tmp_path, monkeypatch):
+    """10.7's try-it cell: the copy is made on the first call, and every call loads the file as it is now."""
+    import mgpu_utils.grading.runner as graded
+
+    monkeypatch.setattr(graded, "WORKSPACE", tmp_path / "ws")
+    assert graded.load_exercise("10.7").find_b_crit(None) is None                  # the template
+    exercise_file("10.7").write_text("def find_b_crit(task):\n    return 42.0\n")
+    assert graded.load_exercise("10.7").find_b_crit(None) == 42.0
+
+
 def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):
     import mgpu_utils.grading.runner as graded
 
