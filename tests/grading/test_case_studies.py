@@ -196,7 +196,7 @@ B_CRIT_RIGHT = {   # name: the file's text, or (text of the worked solution, rep
 B_CRIT_WRONG = {   # name: (the file's text, or (text of the worked solution, replaced by), the hint it must get)
     "the knee: the first batch where a doubling saved under 15%": (
         ("            flat += 1\n", "            return batch\n"),
-        r"for the digits MLP of this lesson's sweep your B_crit, 128, is more than 1\.5x too high .* B_crit is not "
+        r"for the digits MLP of section 1 your B_crit, 128, is more than 1\.5x too high .* B_crit is not "
         r"where the steps stop falling"),
     "a fixed range of batches, 1 to 64": (
         (B_SWEEP, B_FIXED),
@@ -204,27 +204,27 @@ B_CRIT_WRONG = {   # name: (the file's text, or (text of the worked solution, re
         r"batches 1 to 64, .*\)\. The sweep stopped where the steps were still falling fast"),
     "a blind range of batches, 1 to 65,536": (
         (B_SWEEP, B_FIXED.replace("[1, 2, 4, 8, 16, 32, 64]", "[4 ** k for k in range(9)]")),
-        r"for the digits MLP of this lesson's sweep your sweep asked for [\d,]+ examples, over the task's budget of "
+        r"for the digits MLP of section 1 your sweep asked for [\d,]+ examples, over the task's budget of "
         r"900,000 \(task\.budget; .*\)\. Far above B_crit a larger batch saves few steps"),
     "the budget's error caught, the sweep cut short": (
         (B_SWEEP, "    batches, steps = [4 ** k for k in range(9)], []\n    for b in batches:\n        try:\n"
                   "            steps.append(steps_at(task, b, 1000))\n        except Exception:\n"
                   "            batches = batches[:len(steps)]\n            break\n"),
-        r"for the digits MLP of this lesson's sweep your sweep asked for [\d,]+ examples, over the task's budget"),
+        r"for the digits MLP of section 1 your sweep asked for [\d,]+ examples, over the task's budget"),
     "runs short of the target counted as steps": (
         (B_RERUN, "        losses = task.train(batch, 20_000, seed)\n"),
         r"for a small language model your B_crit, .* is more than 1\.5x off, and at batch\(es\) \[1, 2, 4\] no run "
         r"reached task\.target within its max_steps"),
     "a sweep that starts at 64": (
         ("batch, guess, flat = 1, 1000, 0", "batch, guess, flat = 64, 1000, 0"),
-        r"for the digits MLP of this lesson's sweep your B_crit, [\d.]+, is more than 1\.5x off, and your sweep "
+        r"for the digits MLP of section 1 your B_crit, [\d.]+, is more than 1\.5x off, and your sweep "
         r"\(\d+ run\(s\) at batches 64 to 256, .*\) started where a doubling of the batch already saves little"),
     "E_min returned": (
         (B_RETURN, 'fit_critical_batch(batches, steps)["e_min"]'),
-        r"for the digits MLP of this lesson's sweep you returned 8\d\d\.\d, this task's S_min x B_crit"),
+        r"for the digits MLP of section 1 you returned 8\d\d\.\d, this task's S_min x B_crit"),
     "the batch of the fewest examples": (
         (B_RETURN, "min(batches, key=lambda b: b * steps[batches.index(b)])"),
-        r"for the digits MLP of this lesson's sweep your B_crit, 2, is more than 1\.5x too low"),
+        r"for the digits MLP of section 1 your B_crit, 2, is more than 1\.5x too low"),
 }
 
 

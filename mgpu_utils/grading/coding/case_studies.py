@@ -241,7 +241,7 @@ class SweepTask:
 #: S_min / B_crit 0.0025 to 250, so that neither a fixed range of batches nor a number of steps passes for
 #: B_crit; the budgets differ, so that B_crit cannot be read from one.
 SWEEP_TASKS = (
-    ("the digits MLP of this lesson's sweep", 45, 20, 1, 1000),
+    ("the digits MLP of section 1", 45, 20, 1, 1000),
     ("a small language model", 400, 700, 2, 2000),
     ("unnamed task 3", 1500, 60, 3, 700),
     ("unnamed task 4", 80, 3000, 4, 2500),
