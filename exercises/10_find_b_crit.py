@@ -13,15 +13,17 @@ Write find_b_crit(task) -> float: the task's B_crit, in examples per step. ``tas
 
 Each run trains at the best learning rate for its batch. Its steps to the target vary by about 10% with the
 seed, and a run that stops at max_steps short of the target has not measured its steps: run it again with more
-(the same seed gives the same losses first). A run costs batch x its steps examples; a sweep that asks for more
-than task.budget gets BudgetSpent (far more than a sweep needs, far less than a run at every batch up to 10^5).
-You know nothing else about the task: not where B_crit is (between 1 and 10^5), nor how many steps a run takes.
+(the same seed gives the same losses first). A run costs batch x its steps examples; a run that would take the
+sweep past task.budget raises BudgetSpent, and the task fails even if you catch it (the budget is far more than a
+sweep needs, far less than a run at every batch up to 10^5). You know nothing else about the task: not where
+B_crit is (between 1 and 10^5), nor how many steps a run takes.
 
 Decide which batch sizes to run, how many seeds, how long, and how to turn the steps into B_crit.
 mgpu_utils.costs.scaling.fit_critical_batch(batches, steps) may be used (it is the lesson's fit). The grader gives
-your function six tasks, the two of practice_tasks() below and four it does not name, with B_crit from single
-digits to thousands, and accepts an answer within 1.5 times the task's B_crit. A task that fails gets a hint that
-says what your sweep on it shows. Try it on the named tasks in a cell first (they tell you their B_crit):
+your function six tasks, the two of practice_tasks() (in mgpu_utils.grading.coding.case_studies) and four it
+does not name, with B_crit from under 10 to over 10,000, and accepts an answer within 1.5 times the task's
+B_crit. A task that fails gets a hint that says what your sweep on it shows. Try it on the named tasks in a
+cell first (they tell you their B_crit; lesson 10's try-it cell does this with your copy):
 
     from mgpu_utils.grading.coding.case_studies import practice_tasks
     for task, b_crit in practice_tasks():
