@@ -258,3 +258,31 @@ def test_wrong_b_crit_sweeps_get_their_hints(tmp_path):
 
 #: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"10.5": (len(RIGHT), len(WRONG)), "10.7": (len(B_CRIT_RIGHT), len(B_CRIT_WRONG))}
+
+
+def test_a_sweep_task_is_deterministic_follows_s_of_b_and_refuses_bad_runs():
+    """10.7's simulated task: the same run twice and a longer run give the same losses; the median steps over
+    seeds follow S(B) = S_min (1 + B_crit / B) within 10%; bad arguments and a run past the budget are refused
+    with a message, and a refused run costs nothing."""
+    import numpy as np
+    import pytest
+
+    from mgpu_utils.costs.scaling import critical_batch_steps
+    from mgpu_utils.grading.coding.case_studies import MAX_STEPS, SWEEP_TASKS, BudgetSpent, SweepTask
+
+    name, s_min, b_crit, seed, budget = SWEEP_TASKS[0]
+    task = SweepTask(name, s_min, b_crit, seed, budget_e_min=budget)
+    short, again, longer = task.train(8, 20, 1), task.train(8, 20, 1), task.train(8, 10_000, 1)
+    assert np.array_equal(short, again) and np.array_equal(longer[:20], short)
+    assert short[-1] > task.target >= longer[-1] and task.runs[0] == (8, 1, 20, False)
+    for batch in (1, 20, 400):
+        steps = np.median([len(task.train(batch, 100_000, s)) for s in range(5)])
+        assert abs(steps / critical_batch_steps(batch, s_min, b_crit) - 1) < 0.1, (batch, steps)
+    for bad, match in (((0, 10), "batch must be at least 1"), ((2.5, 10), "batch must be a whole number"),
+                       ((8, MAX_STEPS + 1), "max_steps must be at most"), ((8, 10, -1), "seed must be at least 0")):
+        with pytest.raises(ValueError, match=match):
+            task.train(*bad)
+    spent = task.spent
+    with pytest.raises(BudgetSpent, match=r"over its budget of 900,000 \(task.budget\)"):
+        task.train(100_000, 1000)
+    assert task.spent == spent and task.asked > task.budget
