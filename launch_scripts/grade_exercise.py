@@ -8,7 +8,7 @@ through the bucket simulator and the planner against the best choice; 05.4 throu
 course's executor; 06.3 against the same SGD steps in one process at every dp x tp mesh; 07.4
 and 07.5 against torch.optim in one process; 07.6 against SGD in one process, in float32 and computing in
 bfloat16; 09.4 against replicas trained and averaged in one process; 10.5 against the GAN's steps in one
-process; 11.5 with a step of known duration and FlopCounterMode; 12.5 against the same job run without a crash;
+process; 10.7 on simulated training tasks whose B_crit the grader knows; 11.5 with a step of known duration and FlopCounterMode; 12.5 against the same job run without a crash;
 08.3 on two parts and inside ring attention against full attention). Every rank's findings are gathered to rank
 0, whose result is {"exercise", "world_size", "ok", "problems": [...]}: each problem names the rank, a kind that
 mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the exercise's record), and the

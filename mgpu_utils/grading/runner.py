@@ -8,6 +8,7 @@ point are written). In a notebook::
     path = exercise_file("04.4")     # your copy: workspace/04_ring_all_gather.py (git ignores workspace/)
     check_script("04.4")             # edit your copy, run this cell again
     reset_exercise("04.4")           # start over from the template (your copy kept in workspace/old/)
+    load_exercise("10.7").find_b_crit(task)   # try your function in a cell before grading it
 
 ``check_script`` launches your code with the course's launcher at the world sizes the exercise needs,
 compares it with the library's result (``launch_scripts/grade_exercise.py``) or with the output the
@@ -18,6 +19,7 @@ solutions for instructors: ``exercises/solutions/``.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 import shutil
@@ -57,6 +59,21 @@ def exercise_file(exercise_id: str) -> Path:
         WORKSPACE.mkdir(exist_ok=True)
         shutil.copy(EXERCISES_DIR / g.template, mine)
     return mine
+
+
+def load_exercise(exercise_id: str):
+    """Your copy of an exercise (:func:`exercise_file`, made from the template if missing) as a module, loaded
+    afresh at every call so that your latest edits count: to try your function in a cell before
+    :func:`check_script` grades it (lesson 10, exercise 10.7).
+
+    Raises:
+        KeyError: unknown exercise id. Whatever your file raises while it is loaded.
+    """
+    path = exercise_file(exercise_id)
+    spec = importlib.util.spec_from_file_location(f"workspace_{exercise_id.replace('.', '_')}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def reset_exercise(exercise_id: str) -> Path:

@@ -22,6 +22,7 @@ TEMPLATE_HINTS = {
     "07.4": r"only \d+% of the parameters that Adam updates moved .* gather every slice on every rank",
     "09.4": r"the ranks never communicated: after steps \[3, 6\]",
     "10.5": r"neither G nor D changed in 2 steps",
+    "10.7": r"for the digits MLP of section 1 find_b_crit returned None: return the critical batch size",
     "08.3": r"returned out1 and lse1 unchanged",
     "06.3": r"mesh 2x1, dp x tp\): after step 1 the gradients are those of this rank's rows only",
     "06.4": r"for GPT-3 175B on 1024 A100, batch 1536 the layout dp=1024 tp=1 pp=1 is not feasible",
@@ -53,6 +54,8 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
              "        g.copy_(grads[self.rank * self.size:(self.rank + 1) * self.size])", r"is g the mean over the ranks"),
     "09.4": ("            p /= world\n", "", r"after step 3 the parameters are the sum over the ranks, 3 times the mean"),
     "10.5": ("D(fake.detach())", "D(fake)", r"the step failed: .* Keep the fakes out of D's backward"),
+    "10.7": ('fit_critical_batch(batches, steps)["b_crit"]', 'fit_critical_batch(batches, steps)["s_min"]',
+             r"for the digits MLP of section 1 you returned 4\d\.\d+, this task's S_min"),
     "08.3": ("    big = torch.maximum(lse1, lse2)", "    big = torch.zeros_like(lse1)",
              r"inf or nan when the scores are large .* Subtract the larger of lse1 and lse2"),
     "06.3": ("            p.grad /= dp\n", "", r"mesh 3x1, .* the sum over dp_group, dp = 3 times the mean"),
@@ -381,6 +384,16 @@ def test_exercise_file_copies_the_template_once(tmp_path, monkeypatch):
     assert exercise_file("04.4").read_text() == "# my edits\n"
     with pytest.raises(KeyError, match="known: 03.4"):
         exercise_file("99.9")
+
+
+def test_load_exercise_loads_your_latest_copy(tmp_path, monkeypatch):
+    """10.7's try-it cell: the copy is made on the first call, and every call loads the file as it is now."""
+    import mgpu_utils.grading.runner as graded
+
+    monkeypatch.setattr(graded, "WORKSPACE", tmp_path / "ws")
+    assert graded.load_exercise("10.7").find_b_crit(None) is None                  # the template
+    exercise_file("10.7").write_text("def find_b_crit(task):\n    return 42.0\n")
+    assert graded.load_exercise("10.7").find_b_crit(None) == 42.0
 
 
 def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):

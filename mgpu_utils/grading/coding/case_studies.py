@@ -1,21 +1,32 @@
-"""The graded coding exercise of lesson 10, case studies (notebooks/10_case_studies.ipynb): 10.5, a GAN step
-with DDP-wrapped models.
+"""The graded coding exercises of lesson 10, case studies (notebooks/10_case_studies.ipynb): 10.5, a GAN step
+with DDP-wrapped models; 10.7 (design), the critical batch size of a task found from a sweep the student runs.
 
-The check runs two of the student's steps under DDP against the same steps in one process on every rank's
+10.5's check runs two of the student's steps under DDP against the same steps in one process on every rank's
 samples, and names a wrong result from the typical wrong steps run the same way (:data:`GAN_VARIANTS`); then it
-checks the losses each step returned. The
-hints of the problems it reports and the exercise's record are here too.
+checks the losses each step returned.
+
+10.7's check (:func:`check_b_crit`) hands the student's ``find_b_crit`` each task of :data:`SWEEP_TASKS`, a
+simulated training run (:class:`SweepTask`) whose steps to a target loss follow S(B) = S_min (1 + B_crit / B),
+and accepts an answer within :data:`B_CRIT_BAND` times the task's B_crit; the hint names the task and what the
+sweep the student ran shows (its batches, runs that never reached the target, the budget). Pure numpy: the same
+answer on every machine, however loaded.
+
+The hints of the problems they report and the exercises' records are here too.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from mgpu_utils.costs.scaling import critical_batch_steps
 from mgpu_utils.grading.common import CodingExercise, always, diff, note
 
 
@@ -128,6 +139,180 @@ def _check_losses(returned, mean, want, rank, problems) -> None:
                     "want": f"({want[s, 0]:.4f}, {want[s, 1]:.4f})"})
 
 
+#: 10.7: the most steps one run may be asked for (a sweep that needs more started at too small a batch).
+MAX_STEPS = 2_000_000
+#: 10.7: the most runs a sweep may start on one task (a loop that never ends is stopped).
+MAX_RUNS = 400
+#: 10.7 accepts a B_crit between the task's divided by this and the task's times this.
+B_CRIT_BAND = 1.5
+
+
+class BudgetSpent(RuntimeError):
+    """10.7: a run that would take a sweep past its task's budget of examples, or past :data:`MAX_RUNS` runs."""
+
+
+def _whole(value, what: str, least: int) -> int:
+    """``value`` as an int (numpy integers and whole floats too), at least ``least``; else a ValueError."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and float(value).is_integer():
+        value = int(value)
+    else:
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if value < least:
+        raise ValueError(f"{what} must be at least {least}, got {value}")
+    return value
+
+
+class SweepTask:
+    """A simulated training task of exercise 10.7 (notebooks/10_case_studies.ipynb): what a student's sweep runs.
+
+    Each run trains at the best learning rate for its global batch B and reaches ``target`` after
+    S(B) = S_min (1 + B_crit / B) steps (:func:`~mgpu_utils.costs.scaling.critical_batch_steps`), times a
+    factor of about 10 % that the run's seed draws. Its held-out loss after step t is
+    floor + (start - floor) exp(-k t / S_run), with k such that it equals ``target`` at S_run, plus an
+    evaluation noise of 1 % of (target - floor). Runs are deterministic: the same (batch, seed) gives the same
+    losses, and a longer run the same losses first. S_min and B_crit are the grader's (:data:`SWEEP_TASKS`), not
+    attributes of the task.
+
+    Attributes:
+        name: what the task is (said in hints). target: the held-out loss to reach. budget: the examples
+            (batch x steps, every run together) the sweep may use. spent: examples used so far. runs: one
+            ``(batch, seed, steps, reached)`` per run, in order.
+    """
+
+    def __init__(self, name: str, s_min: float, b_crit: float, seed: int, start: float = 2.3,
+                 floor: float = 0.2, target: float = 0.5, budget_e_min: float = 1000):
+        """``s_min``, ``b_crit``: the task's S(B); ``seed``: the task's runs' randomness; ``start``, ``floor``,
+        ``target``: losses; ``budget_e_min``: the budget in units of E_min = S_min B_crit."""
+        self.name, self.target = name, float(target)
+        self.budget = int(float(f"{budget_e_min * s_min * b_crit:.1g}"))   # rounded to one digit
+        self.spent, self.runs, self.asked = 0, [], 0
+        k = math.log((start - floor) / (target - floor))
+        noise = 0.01 * (target - floor)
+
+        def losses(batch: int, max_steps: int, run_seed: int) -> np.ndarray:
+            rng = np.random.default_rng([seed, batch, run_seed])
+            s_run = critical_batch_steps(batch, s_min, b_crit) * math.exp(0.1 * rng.standard_normal())
+            n = min(max_steps, int(1.5 * s_run) + 10)          # it reaches the target long before 1.5 S_run
+            t = np.arange(1, n + 1)
+            curve = floor + (start - floor) * np.exp(-k * t / s_run) + noise * rng.standard_normal(n)
+            hit = np.flatnonzero(curve <= target)
+            return curve[:hit[0] + 1] if hit.size else curve
+
+        self._losses = losses
+
+    def train(self, batch, max_steps, seed=0) -> np.ndarray:
+        """Train one run at global batch ``batch`` (examples per step) until its held-out loss reaches
+        ``target``, for at most ``max_steps`` steps; it costs batch x its steps examples of ``budget``.
+
+        Returns:
+            The held-out loss after each step, a float64 numpy array: its length is the run's steps to the
+            target when its last value is <= ``target``; otherwise the run stopped at ``max_steps`` short of it.
+
+        Raises:
+            ValueError: ``batch`` < 1, ``max_steps`` not in 1 to :data:`MAX_STEPS`, ``seed`` < 0, or one of them
+                not a whole number. BudgetSpent: the run would take the sweep past ``budget`` examples or past
+                :data:`MAX_RUNS` runs (nothing is charged).
+        """
+        batch, seed = _whole(batch, "batch", 1), _whole(seed, "seed", 0)
+        max_steps = _whole(max_steps, "max_steps", 1)
+        if max_steps > MAX_STEPS:
+            raise ValueError(f"max_steps must be at most {MAX_STEPS:,}, got {max_steps:,}: a run that needs more "
+                             f"steps is at a batch far below this task's interesting range; start larger")
+        if len(self.runs) >= MAX_RUNS:
+            self.asked = self.spent
+            raise BudgetSpent(f"{MAX_RUNS} runs already on {self.name}: a sweep needs a few batch sizes, each "
+                              f"doubling the last, and a few seeds at each")
+        curve = self._losses(batch, max_steps, seed)
+        cost = batch * len(curve)
+        if self.spent + cost > self.budget:
+            self.asked = self.spent + cost
+            raise BudgetSpent(f"a run at batch {batch} for {len(curve):,} steps ({cost:,} examples) would bring "
+                              f"the sweep on {self.name} to {self.spent + cost:,} examples, over its budget of "
+                              f"{self.budget:,} (task.budget)")
+        self.spent += cost
+        self.runs.append((batch, seed, len(curve), bool(curve[-1] <= self.target)))
+        return curve
+
+
+#: 10.7's tasks: (name, S_min, B_crit, seed, budget in units of the fewest examples E_min = S_min B_crit). The
+#: first two are named in the template (practice_tasks()); the others are not. B_crit spans 6 to 12,000 and
+#: S_min / B_crit 0.0025 to 250, so that neither a fixed range of batches nor a number of steps passes for
+#: B_crit; the budgets differ, so that B_crit cannot be read from one.
+SWEEP_TASKS = (
+    ("the digits MLP of section 1", 45, 20, 1, 1000),
+    ("a small language model", 400, 700, 2, 2000),
+    ("unnamed task 3", 1500, 60, 3, 700),
+    ("unnamed task 4", 80, 3000, 4, 2500),
+    ("unnamed task 5", 250, 6, 5, 800),
+    ("unnamed task 6", 30, 12000, 6, 1500),
+)
+#: How many of :data:`SWEEP_TASKS` the template names.
+SWEEP_NAMED = 2
+
+
+def practice_tasks() -> list[tuple[SweepTask, float]]:
+    """10.7's two named tasks, fresh (nothing spent), each with its B_crit: ``[(task, b_crit), ...]``."""
+    return [(SweepTask(name, s, b, seed, budget_e_min=e), float(b)) for name, s, b, seed, e in
+            SWEEP_TASKS[:SWEEP_NAMED]]
+
+
+def _sweep_text(task: SweepTask) -> str:
+    """What a sweep ran: "9 runs at batches 1 to 256, 30,000 of 90,000 examples"."""
+    if not task.runs:
+        return "no run (task.train was never called)"
+    batches = sorted({b for b, *_ in task.runs})
+    return (f"{len(task.runs)} run(s) at batches {batches[0]} to {batches[-1]}, {task.spent:,} of "
+            f"{task.budget:,} examples")
+
+
+def check_b_crit(fn, ctx, problems):
+    """10.7: ``fn(task)`` for each task of :data:`SWEEP_TASKS` (a fresh :class:`SweepTask`); the answer must be a
+    number within :data:`B_CRIT_BAND` times the task's B_crit, found within the task's budget. Returns the worst
+    factor and the largest share of a budget used."""
+    worst, used = 1.0, 0.0
+    for name, s_min, b_crit, seed, budget in SWEEP_TASKS:
+        task = SweepTask(name, s_min, b_crit, seed, budget_e_min=budget)
+        base = {"rank": ctx.rank, "kind": "b_crit", "task": name}
+        try:
+            got = fn(task)
+        except BudgetSpent:
+            got = None
+        except Exception as e:                             # the student's own error, or train's ValueError
+            if not task.asked:
+                top = max((b for b, *_ in task.runs), default=0)
+                return note(problems, {**base, "what": "raised", "sweep": _sweep_text(task),
+                                       "stopped": 0 < top < 2 * b_crit,
+                                       "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+                                       if str(e).strip() else type(e).__name__})
+        if task.asked:                                     # over the budget, raised or caught by the student
+            return note(problems, {**base, "what": "budget", "asked": task.asked, "budget": task.budget,
+                                   "sweep": _sweep_text(task)})
+        if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got) or got <= 0:
+            return note(problems, {**base, "what": "form", "got": repr(got)[:80]})
+        ratio = float(got) / b_crit
+        if 1 / B_CRIT_BAND <= ratio <= B_CRIT_BAND:
+            worst, used = max(worst, ratio, 1 / ratio), max(used, task.spent / task.budget)
+            continue
+        reached = {(b, s) for b, s, _, ok in task.runs if ok}
+        short = sorted({b for b, s, _, ok in task.runs if not ok and (b, s) not in reached})
+        batches = sorted({b for b, *_ in task.runs})
+        what = "s_min" if abs(got / s_min - 1) < 0.2 else "e_min" if abs(got / (s_min * b_crit) - 1) < 0.2 else \
+            "short" if short else "none" if not batches else "stopped" if batches[-1] < 2 * b_crit else \
+            "started" if batches[0] > b_crit / 2 else "high" if ratio > 1 else "low"
+        return note(problems, {**base, "what": what, "got": float(got), "sweep": _sweep_text(task),
+                               "short": short[:6], "top": batches[-1] if batches else 0,
+                               "bottom": batches[0] if batches else 0, "band": B_CRIT_BAND})
+    return {"tasks": len(SWEEP_TASKS), "worst": worst, "used": used}
+
+
+def _b_crit_lines(info: dict, world: int) -> list[str]:
+    """10.7's success lines: the tasks, the worst factor against the true B_crit, the budget used."""
+    return [f"{info['tasks']} tasks; your B_crit within {info['worst']:.2f}x of each task's (at most {B_CRIT_BAND}x "
+            f"passes), with at most {info['used']:.0%} of a task's budget"] if info else []
+
+
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
@@ -139,6 +324,50 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}: the step failed: {error}. D's backward went through G, so G's backward ran twice in "
                  "one step (its graph was freed, and DDP marks each parameter ready once). Keep the fakes out of D's "
                  "backward: D(fake.detach())")],
+    "b_crit": [
+        (lambda p, W: p["what"] == "raised" and p["stopped"],
+         "for {task} find_b_crit raised {error} (your sweep: {sweep}). The sweep stopped where the steps were still "
+         "falling fast: a fit must see the floor S_min that they approach. Keep doubling the batch until a doubling "
+         "saves little (S(2B) close to S(B)), then fit"),
+        (lambda p, W: p["what"] == "raised", "for {task} find_b_crit raised {error} (your sweep: {sweep})"),
+        (lambda p, W: p["what"] == "budget",
+         "for {task} your sweep asked for {asked:,} examples, over the task's budget of {budget:,} (task.budget; "
+         "{sweep}). Far above B_crit a larger batch saves few steps and costs examples in proportion: double the "
+         "batch only until a doubling saves little, and give each run a max_steps near what the last batch needed"),
+        (lambda p, W: p["what"] == "form",
+         "for {task} find_b_crit returned {got}: return the critical batch size as a positive number (examples per "
+         "step, a float)"),
+        (lambda p, W: p["what"] == "none",
+         "for {task} you returned {got:.4g} without a run (task.train was never called): B_crit is the task's own, "
+         "measured by a sweep of batch sizes"),
+        (lambda p, W: p["what"] == "s_min",
+         "for {task} you returned {got:.4g}, this task's S_min (the fewest steps, at a batch far above B_crit): "
+         "B_crit is a batch size, the B at which S(B) = S_min (1 + B_crit / B) is twice S_min"),
+        (lambda p, W: p["what"] == "e_min",
+         "for {task} you returned {got:.4g}, this task's S_min x B_crit (the fewest examples, at a tiny batch): "
+         "B_crit is that divided by S_min"),
+        (lambda p, W: p["what"] == "short",
+         "for {task} your B_crit, {got:.4g}, is more than {band}x off, and at batch(es) {short} no run reached "
+         "task.target within its max_steps: the length of such a run is not its steps to the target. Run it again "
+         "with a larger max_steps (the same seed gives the same losses first) and count the steps of a run whose "
+         "last loss is <= task.target"),
+        (lambda p, W: p["what"] == "stopped",
+         "for {task} your B_crit, {got:.4g}, is more than {band}x off, and your sweep ({sweep}) stopped where the "
+         "steps were still falling fast: a fit must see the floor S_min that they approach. Keep doubling the "
+         "batch until a doubling saves little (S(2B) close to S(B)), then fit"),
+        (lambda p, W: p["what"] == "started",
+         "for {task} your B_crit, {got:.4g}, is more than {band}x off, and your sweep ({sweep}) started where a "
+         "doubling of the batch already saves little: below B_crit the steps halve when the batch doubles, and the "
+         "fit needs that regime too. Start at a smaller batch"),
+        (lambda p, W: p["what"] == "high",
+         "for {task} your B_crit, {got:.4g}, is more than {band}x too high ({sweep}). B_crit is not where the "
+         "steps stop falling: it is the batch at which a run takes twice the fewest steps, S(B_crit) = 2 S_min "
+         "(and twice the fewest examples). Fit S(B) = S_min (1 + B_crit / B) to the steps of each batch "
+         "(mgpu_utils.costs.scaling.fit_critical_batch does)"),
+        (always, "for {task} your B_crit, {got:.4g}, is more than {band}x too low ({sweep}). Check the steps you "
+                 "read at each batch (the first step whose loss is <= task.target; a median over seeds) and the "
+                 "fit: S = S_min + S_min B_crit / B is a line in 1 / B, and B_crit is its slope over its "
+                 "intercept")],
     "gan_return": [
         (lambda p, W: p["what"] == "type",
          "rank {rank}: G and D are right, but gan_step returned {got}: return (d_loss, g_loss) as Python floats "
@@ -183,4 +412,9 @@ EXERCISES = [
         what="after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
              "detached fakes first, then G through the updated D), and each step returns its (d_loss, g_loss) as "
              "floats"),
+    CodingExercise(
+        id="10.7", template="10_find_b_crit.py", entry="find_b_crit", world_sizes=(1,),
+        check=check_b_crit, hints=HINTS, on_success=_b_crit_lines,
+        what=f"the critical batch size of each of the {len(SWEEP_TASKS)} tasks within {B_CRIT_BAND}x, from "
+             "sweeps within their budgets"),
 ]
