@@ -34,7 +34,7 @@ Subpackages (where a new function goes):
 * ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
   notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its
   checks inside each rank and their hints), ``catalog`` (every coding exercise by id), ``common`` (what the
-  checks share) and ``bulk`` (a whole class at once).
+  checks share), ``bulk`` (a whole class at once) and ``class_copy`` (the students' copy, no worked answer in it).
 """
 
 __version__ = "0.1.0"

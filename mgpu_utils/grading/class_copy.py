@@ -1,7 +1,7 @@
-"""A copy of the course for students, with no worked answer in it (``make class-copy``; docs/instructors.md).
+"""A copy of the course for students, every lesson and no worked answer (``make class-copy``; docs/instructors.md).
 
 :func:`build` writes the course without what :data:`LEFT_OUT` names (``exercises/solutions/`` and the graders'
-tests) and :func:`check` looks for what a student could still read of a worked solution there: its *own* lines
+tests) and :func:`check_copy` looks for what a student could still read of a worked solution there: its *own* lines
 (those no template gives), in any Python file (its code and the text of its strings), Markdown page or notebook
 (cell sources and stored outputs), and any mention of ``exercises/solutions/`` that does not say it is the
 instructor's. ``make class-copy`` runs both (``python -m mgpu_utils.grading.class_copy DEST``) and fails on a
@@ -153,7 +153,7 @@ class Finding:
 
 
 def texts(root: Path):
-    """``(where, text)`` for every file :func:`check` reads under ``root``: a notebook gives each cell's source
+    """``(where, text)`` for every file :func:`check_copy` reads under ``root``: a notebook gives each cell's source
     and each stored output (its plain text, Markdown, or HTML with the tags dropped) as texts of their own."""
     for path in sorted(p for p in root.rglob("*") if p.suffix in SEARCHED and p.is_file()
                        and not {".git", "__pycache__", ".ipynb_checkpoints", "build", "workspace"} & set(
@@ -197,8 +197,8 @@ def string_contents(source: str) -> str:
 
 
 def solution_shingles(course: Path, k: int = K) -> dict[str, set[str]]:
-    """Per worked solution of ``course`` (its file name in ``exercises/solutions/``), its own shingles
-    (:func:`own_shingles`, against every template in ``exercises/``).
+    """Per worked solution of ``course`` (its file name in the instructor's ``exercises/solutions/``), its own
+    shingles (:func:`own_shingles`, against every template in ``exercises/``).
 
     Raises:
         FileNotFoundError: ``course`` has no ``exercises/solutions/`` (a class copy: pass the instructor's copy).
@@ -211,7 +211,7 @@ def solution_shingles(course: Path, k: int = K) -> dict[str, set[str]]:
     return {p.name: own_shingles(p.read_text(), given, k) for p in sorted(folder.glob("*.py"))}
 
 
-def check(copy: Path, solutions_from: Path, k: int = K) -> list[Finding]:
+def check_copy(copy: Path, solutions_from: Path, k: int = K) -> list[Finding]:
     """Everything in the class copy ``copy`` that shows a worked solution of ``solutions_from`` (the instructor's
     course root): every window of ``k`` logical lines equal to a solution's own shingle, and every mention of
     ``exercises/solutions/`` on a line that does not say whose they are (the instructor's) or that a class copy
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileExistsError as e:
         print(e)
         return 2
-    findings = check(dest, COURSE)
+    findings = check_copy(dest, COURSE)
     commit = subprocess.run(["git", "-C", str(COURSE), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     if findings:

@@ -67,10 +67,10 @@ def merge(out1, lse1, out2, lse2):
 
     ``out_i`` ``[..., L, D]`` is softmax attention over key set i, ``lse_i`` ``[..., L]`` the log of
     its softmax denominator (log-sum-exp of the scores). Set 1 holds the share
-    ``e^lse1 / (e^lse1 + e^lse2) = sigmoid(lse1 - lse2)`` of the union's softmax mass, so ``out`` is the
-    interpolation ``lerp(out2, out1, share)``, and ``lse = logaddexp(lse1, lse2)``: neither exponentiates a
-    large lse. A row with no keys yet has lse = -inf and out = 0 (both empty: the difference is taken as
-    0, not nan). Lesson 08 uses this merge until the student's own (exercise 08.3) passes its grader.
+    ``e^lse1 / (e^lse1 + e^lse2) = sigmoid(lse1 - lse2)`` of the union's softmax mass, so
+    ``out = lerp(out2, out1, share)`` and ``lse = logaddexp(lse1, lse2)``: neither exponentiates a
+    large lse. A row with no keys yet has lse = -inf and out = 0 (two empty parts: the difference
+    is taken as 0, not nan). Lesson 08 uses it until the student's merge (08.3) passes.
     """
     gap = torch.where(lse1 == lse2, torch.zeros_like(lse1), lse1 - lse2)     # -inf - -inf would be nan
     out = torch.lerp(out2, out1, torch.sigmoid(gap).unsqueeze(-1))

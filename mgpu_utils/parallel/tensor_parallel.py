@@ -106,9 +106,9 @@ def _reduce_scatter(t, dim, phase):
 
 
 class CopyToTP(torch.autograd.Function):
-    """Operator f: identity forward, all-reduce of the gradient backward. ``CopyToTP.apply(x)`` over every
-    rank, ``CopyToTP.apply(x, group)`` over the tensor-parallel group of a larger mesh (launch_scripts/hybrid_3d.py).
-    """
+    """Operator f: identity forward, all-reduce of the gradient backward. ``CopyToTP.apply(x)``
+    over every rank, ``CopyToTP.apply(x, group)`` over the tensor-parallel group of a larger mesh
+    (launch_scripts/hybrid_3d.py)."""
 
     @staticmethod
     def forward(ctx, x, group=None):
@@ -121,8 +121,8 @@ class CopyToTP(torch.autograd.Function):
 
 
 class ReduceFromTP(torch.autograd.Function):
-    """Operator g: all-reduce forward (sum of the partial results), identity backward; ``group`` as for
-    :class:`CopyToTP`."""
+    """Operator g: all-reduce forward (sum of the partial results), identity backward; ``group``
+    as for :class:`CopyToTP`."""
 
     @staticmethod
     def forward(ctx, x, group=None):
