@@ -285,5 +285,6 @@ def yours_or_library(exercise_id: str, passed: bool, library):
     spec = importlib.util.spec_from_file_location(f"workspace_{mine.stem}", mine)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    print(wrap_text(f"[{exercise_id}] the lesson goes on with your {g.entry} ({mine.relative_to(REPO_ROOT)})"))
+    shown = mine.relative_to(REPO_ROOT) if mine.is_relative_to(REPO_ROOT) else mine
+    print(wrap_text(f"[{exercise_id}] the lesson goes on with your {g.entry} ({shown})"))
     return getattr(module, g.entry)
