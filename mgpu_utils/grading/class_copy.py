@@ -153,8 +153,9 @@ class Finding:
 
 
 def texts(root: Path):
-    """``(where, text)`` for every file :func:`check_copy` reads under ``root``: a notebook gives each cell's source
-    and each stored output (its plain text, Markdown, or HTML with the tags dropped) as texts of their own."""
+    """``(where, text)`` for every file :func:`check_copy` reads under ``root``: a Python file gives its text and
+    the contents of its strings (:func:`string_contents`), a notebook each cell's source and each stored output
+    (its plain text, Markdown, or HTML with the tags dropped), as texts of their own."""
     for path in sorted(p for p in root.rglob("*") if p.suffix in SEARCHED and p.is_file()
                        and not {".git", "__pycache__", ".ipynb_checkpoints", "build", "workspace"} & set(
                            p.relative_to(root).parts)):

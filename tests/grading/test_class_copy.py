@@ -48,9 +48,9 @@ def _renamed_and_reflowed(text: str) -> str:
 
 
 def test_a_planted_leak_is_found_wherever_it_sits(tmp_path):
-    """The 08.3 solution, renamed and reflowed, in a module, in a string (as a test's table holds one), in a notebook's cell and in a
-    stored output, is found in each; a merge written another way and a sentence that says whose the solutions
-    are are not findings; a mention that does not say so is."""
+    """The 08.3 solution, renamed and reflowed, in a module, in a string (as a test's table holds one), in a
+    notebook's cell and in a stored output, is found in each; a merge written another way and a sentence that
+    says whose the solutions are are not findings; a mention that does not say so is."""
     _needs_solutions()
     planted = _renamed_and_reflowed((SOLUTIONS / "08_merge_attention.py").read_text())
     copy = tmp_path / "copy"
