@@ -43,13 +43,13 @@ lab: lab-config
 course: $(STAMP)
 	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks
 
-# A copy of the course for students, without the worked solutions (exercises/solutions/): the graders compare
-# with PyTorch, not with them. The copy is the last commit (git archive HEAD). make class-copy DEST=../students
+# A copy of the course for students, without the worked solutions (exercises/solutions/) and the graders' tests
+# (tests/grading/): the graders compare with PyTorch, not with them. The copy is the last commit (git archive HEAD),
+# checked for any worked solution's lines (mgpu_utils/grading/class_copy.py; standard library only, so any
+# Python 3 runs it). make class-copy DEST=../students
 class-copy:
 	@test -n "$(DEST)" || { echo "usage: make class-copy DEST=folder (a new or empty folder)"; exit 2; }
-	@test ! -e "$(DEST)" || [ -z "$$(ls -A "$(DEST)")" ] || { echo "$(DEST) is not empty: give a new folder"; exit 2; }
-	@mkdir -p "$(DEST)" && git archive HEAD | tar -x -C "$(DEST)" && rm -rf "$(DEST)/exercises/solutions"
-	@echo "$(DEST): the course at commit $$(git rev-parse --short HEAD), without exercises/solutions/"
+	@$(or $(wildcard $(PY)),$(PYTHON)) -m mgpu_utils.grading.class_copy "$(DEST)"
 
 # Each lesson as a slide deck (headings, text and figures; from the stored outputs, nothing runs): build/slides/
 slides: $(STAMP)

@@ -15,9 +15,13 @@ from mgpu_utils.env import REPO_ROOT  # noqa: E402
 from mgpu_utils.grading.bulk import grade_class, summary, write_grades  # noqa: E402
 
 FILE = "04_ring_all_gather.py"
+RIGHT = REPO_ROOT / "exercises" / "solutions" / FILE
+if not RIGHT.is_file():
+    raise SystemExit(f"no {RIGHT.relative_to(REPO_ROOT)}: the right students hand in the worked solution, which a "
+                     "class copy leaves out; run this benchmark in the instructor's copy of the course")
 SIGNATURE = "def ring_all_gather(x):\n"
 KINDS = {
-    "right": (REPO_ROOT / "exercises" / "solutions" / FILE).read_text(),
+    "right": RIGHT.read_text(),
     "wrong": (REPO_ROOT / "exercises" / FILE).read_text(),
     "crash": SIGNATURE + "    raise ValueError('boom')\n",
     "hang": "import time\n" + SIGNATURE + "    while True:\n        time.sleep(1)\n",

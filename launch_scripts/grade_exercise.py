@@ -15,7 +15,7 @@ mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the 
 numbers behind it.
 
 Run:
-    torchrun --standalone --nproc-per-node 4 launch_scripts/grade_exercise.py --exercise 04.4 --solution exercises/solutions/04_ring_all_gather.py
+    torchrun --standalone --nproc-per-node 4 launch_scripts/grade_exercise.py --exercise 04.4 --solution workspace/04_ring_all_gather.py
 """
 import argparse
 import faulthandler

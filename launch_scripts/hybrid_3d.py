@@ -9,7 +9,8 @@ node are; lesson 06's figure of section 4).
       then all backwards, over --micro-batches micro-batches).
   tp  block: h <- h + relu(f(h) W1^T) W2^T with W1 [ffn, width] column parallel (ffn/tp rows on tp rank t)
       and W2 [width, ffn] row parallel; f is the identity forward and an all-reduce over the tp group
-      backward, g (after W2) an all-reduce forward and the identity backward (lesson 05).
+      backward, g (after W2) an all-reduce forward and the identity backward (lesson 05: CopyToTP and
+      ReduceFromTP of mgpu_utils.parallel.tensor_parallel, here over the tp group).
   dp  the --global-batch rows are split over the dp replicas; each gradient is summed over the dp group
       (the loss is divided by the global batch, so the sum is the gradient of the global mean).
 After --steps SGD steps every rank's shard is compared (assert_close) with its slice of the same model
@@ -24,35 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mgpu_utils.dist import distributed, emit_result, new_group
-
-
-class CopyToTP(torch.autograd.Function):
-    """f: identity forward; the input's gradient summed over the tp group in backward."""
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.group is not None:
-            grad = grad.clone()                              # autograd may hand the same tensor to the skip path
-            dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class ReduceFromTP(torch.autograd.Function):
-    """g: the partial outputs summed over the tp group in forward; identity backward."""
-    @staticmethod
-    def forward(ctx, x, group):
-        if group is not None:
-            x = x.clone()
-            dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
+from mgpu_utils.parallel.tensor_parallel import CopyToTP, ReduceFromTP
 
 
 def full_model(a):
@@ -72,6 +45,13 @@ def my_shard(blocks, s, pp, t, tp):
 def stage_forward(h, shard, tp_group):
     for w1, w2 in shard:
         h = h + ReduceFromTP.apply(torch.relu(CopyToTP.apply(h, tp_group) @ w1.T) @ w2.T, tp_group)
+    return h
+
+
+def one_process_forward(h, blocks):
+    """The same blocks on whole weights in one process, without f and g: the reference."""
+    for w1, w2 in blocks:
+        h = h + torch.relu(h @ w1.T) @ w2.T
     return h
 
 
@@ -150,7 +130,7 @@ def main():
                 for t_ in range(tp):
                     grp = new_group([rank_of(e, s_, t_) for e in range(dp)])
                     dp_group = grp if (s_, t_) == (s, t) else dp_group
-        mesh = {"s": s, "pp": pp, "tp_group": tp_group if tp > 1 else None,
+        mesh = {"s": s, "pp": pp, "tp_group": tp_group,
                 "prev": rank_of(d, s - 1, t), "next": rank_of(d, s + 1, t)}
 
         blocks = [(w1.to(ctx.device), w2.to(ctx.device)) for w1, w2 in full_model(a)]   # made on the CPU
@@ -168,7 +148,7 @@ def main():
                         dist.all_reduce(w.grad, group=dp_group)    # the sum over replicas: the global mean's
                     w -= a.lr * w.grad
                     w.grad = None
-            ref_loss = torch.nn.functional.mse_loss(stage_forward(X, ref, None), T)   # one process, whole batch
+            ref_loss = torch.nn.functional.mse_loss(one_process_forward(X, ref), T)   # one process, whole batch
             ref_loss.backward()
             with torch.no_grad():
                 for w in (w for pair in ref for w in pair):

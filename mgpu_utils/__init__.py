@@ -24,7 +24,8 @@ Subpackages (where a new function goes):
   ``tensor_parallel`` and ``vocab_parallel`` (05), ``context`` (ring attention, Ulysses) and ``experts``
   (mixture of experts, expert parallelism) (08), ``staleness`` and ``sparsify`` (09).
 * ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` and
-  ``occupancy`` (01), ``interconnect`` (09), ``memory_model`` (07), ``planner`` (06), ``scaling`` (11), ``fault`` (12).
+  ``occupancy`` (01), ``overlap`` (03: DDP's buckets against the backward), ``interconnect`` (09),
+  ``memory_model`` (07), ``planner`` (06), ``scaling`` (11), ``fault`` (12).
 * ``measure``  - measuring a run: ``memory`` (07), ``profiling``, ``energy``, ``scaling_study`` (11);
   ``comm_calls`` (collectives counted or switched off: the graders, and 05's vocabulary parallelism).
 * ``figures``  - every figure and widget, one module per lesson topic: ``data_parallel`` (00, 02, 03),
@@ -34,7 +35,7 @@ Subpackages (where a new function goes):
 * ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
   notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its
   checks inside each rank and their hints), ``catalog`` (every coding exercise by id), ``common`` (what the
-  checks share) and ``bulk`` (a whole class at once).
+  checks share), ``bulk`` (a whole class at once) and ``class_copy`` (the students' copy, no worked answer in it).
 """
 
 __version__ = "0.1.0"

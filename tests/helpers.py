@@ -74,6 +74,18 @@ def solution(exercise_id):
     return SOLUTIONS / EXERCISES[exercise_id].template
 
 
+def solution_module(exercise_id):
+    """The worked solution imported as a module (SKIPPED in a class copy, as :func:`solution`): the tests that
+    check a library function against the exercise that asks for it (lessons 05 and 08) call its entry."""
+    import importlib.util
+
+    path = solution(exercise_id)
+    spec = importlib.util.spec_from_file_location(f"solution_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def wrong(tmp_path, exercise_id, old, new):
     """The worked solution with ``old`` replaced by ``new`` (strings, or lists of them), as a file in tmp_path."""
     from mgpu_utils.grading.catalog import EXERCISES

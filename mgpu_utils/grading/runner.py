@@ -9,12 +9,15 @@ point are written). In a notebook::
     check_script("04.4")             # edit your copy, run this cell again
     reset_exercise("04.4")           # start over from the template (your copy kept in workspace/old/)
     load_exercise("10.7").find_b_crit(task)   # try your function in a cell before grading it
+    passed = check_script("08.3")    # lesson 08 goes on with your merge once it passes, the course's until then:
+    merge = yours_or_library("08.3", passed, context.merge)
 
 ``check_script`` launches your code with the course's launcher at the world sizes the exercise needs,
 compares it with the library's result (``launch_scripts/grade_exercise.py``) or with the output the
 exercise asks for, and answers like :func:`mgpu_utils.grading.quiz.check`: a specific hint, or a
 confirmation. A hang is reported as a hint (a short collective timeout), never a stuck cell. Worked
-solutions for instructors: ``exercises/solutions/``.
+solutions: ``exercises/solutions/``, in the instructor's copy only (a class copy leaves them out:
+:mod:`mgpu_utils.grading.class_copy`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from mgpu_utils.grading.common import CodingExercise
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
 from mgpu_utils.env import REPO_ROOT
 
-#: Templates and, in ``solutions/``, the worked solutions.
+#: The templates (and, in the instructor's copy, the worked solutions in ``solutions/``).
 EXERCISES_DIR = REPO_ROOT / "exercises"
 #: Where :func:`exercise_file` puts your copies (ignored by git).
 WORKSPACE = REPO_ROOT / "workspace"
@@ -271,3 +274,30 @@ def check_script(exercise_id: str, path: str | Path | None = None, *, quiet: boo
         for line in measured:
             print(wrap_text(f"    {line}"))
     return True
+
+
+def yours_or_library(exercise_id: str, passed: bool, library):
+    """The function a lesson goes on with after a graded exercise: the student's (the exercise's entry, loaded
+    from their copy in ``workspace/``) once it has passed, ``library`` (the course's equivalent) until then.
+    Prints which one, in one line. Lesson 08 uses it for 08.3's merge.
+
+    Args:
+        exercise_id: e.g. "08.3"; its entry is a function (not a script).
+        passed: what :func:`check_script` returned for it.
+        library: the course's function with the same signature.
+
+    Raises:
+        KeyError: unknown exercise id. ValueError: the exercise is graded as a whole script (no entry).
+    """
+    g = exercise(exercise_id)
+    if g.entry is None:
+        raise ValueError(f"exercise {exercise_id} is a script, not a function: a lesson cannot call it")
+    name = f"{getattr(library, '__module__', '')}.{getattr(library, '__name__', library)}".strip(".")
+    if not passed:
+        print(wrap_text(f"[{exercise_id}] the lesson goes on with the course's {name} until yours passes"))
+        return library
+    mine = WORKSPACE / g.template
+    module = load_exercise(exercise_id)
+    shown = mine.relative_to(REPO_ROOT) if mine.is_relative_to(REPO_ROOT) else mine
+    print(wrap_text(f"[{exercise_id}] the lesson goes on with your {g.entry} ({shown})"))
+    return getattr(module, g.entry)

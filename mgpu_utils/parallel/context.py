@@ -66,15 +66,15 @@ def merge(out1, lse1, out2, lse2):
     """Merge two partial attention results over disjoint key sets into the result over their union.
 
     ``out_i`` ``[..., L, D]`` is softmax attention over key set i, ``lse_i`` ``[..., L]`` the log of
-    its softmax denominator (log-sum-exp of the scores). With ``lse = logaddexp(lse1, lse2)``
-    (computed with the larger one subtracted first, so no exp overflows),
-    ``out = out1 exp(lse1 - lse) + out2 exp(lse2 - lse)``. A row with no keys yet has lse = -inf
-    and out = 0: exercise 08.3 (lesson 08) writes this function.
+    its softmax denominator (log-sum-exp of the scores). Set 1 holds the share
+    ``e^lse1 / (e^lse1 + e^lse2) = sigmoid(lse1 - lse2)`` of the union's softmax mass, so
+    ``out = lerp(out2, out1, share)`` and ``lse = logaddexp(lse1, lse2)``: neither exponentiates a
+    large lse. A row with no keys yet has lse = -inf and out = 0 (two empty parts: the difference
+    is taken as 0, not nan). Lesson 08 uses it until the student's merge (08.3) passes.
     """
-    lse = torch.logaddexp(lse1, lse2)
-    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)        # rows still without keys
-    out = out1 * torch.exp(lse1 - safe).unsqueeze(-1) + out2 * torch.exp(lse2 - safe).unsqueeze(-1)
-    return out, lse
+    gap = torch.where(lse1 == lse2, torch.zeros_like(lse1), lse1 - lse2)     # -inf - -inf would be nan
+    out = torch.lerp(out2, out1, torch.sigmoid(gap).unsqueeze(-1))
+    return out, torch.logaddexp(lse1, lse2)
 
 
 def _exchange(tensors, log):

@@ -39,19 +39,24 @@ def naive_actions(p: int, m: int = 1) -> list[list[tuple]]:
 
 
 def one_f_one_b_actions(p: int, m: int) -> list[list[tuple]]:
-    """1F1B (PipeDream-flush): rank r runs ``min(p-r-1, m)`` warm-up forwards, then alternates one
+    """1F1B (PipeDream-flush): rank r runs ``w = min(p-r-1, m)`` warm-up forwards, then alternates one
     forward and one backward, then drains the remaining backwards. The same bubble as GPipe, but
-    rank r holds at most ``min(p-r, m)`` micro-batches' activations instead of m."""
+    rank r holds at most ``min(p-r, m)`` micro-batches' activations instead of m.
+
+    Built from each action's slot in the rank's list (0-based): forward i at ``max(i, 2i - w)`` (one slot
+    each while warming up, then every other slot), backward j at ``min(2j + w + 1, m + j)`` (the slot after
+    each steady forward, then one slot each while draining). Exercise 05.4 (lesson 05) builds the same
+    lists its own way; the tests check that the two agree.
+    """
     _check(p, m)
-    out = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        acts = [("F", i, r) for i in range(warm)]
-        for i in range(m - warm):
-            acts += [("F", warm + i, r), ("B", i, r)]
-        acts += [("B", i, r) for i in range(m - warm, m)]
-        out.append(acts)
-    return out
+
+    def rank_actions(r):
+        w = min(p - r - 1, m)
+        slot = {("F", i, r): max(i, 2 * i - w) for i in range(m)}
+        slot.update({("B", j, r): min(2 * j + w + 1, m + j) for j in range(m)})
+        return sorted(slot, key=slot.__getitem__)
+
+    return [rank_actions(r) for r in range(p)]
 
 
 def interleaved_actions(p: int, m: int, v: int = 2) -> list[list[tuple]]:

@@ -44,10 +44,11 @@ def _world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def _all_reduce(t, phase):
+def _all_reduce(t, phase, group=None):
+    """Sum ``t`` in place over ``group`` (None: every rank); skipped without a process group or on one rank."""
     COMM_LOG.append({"op": "all_reduce", "phase": phase, "bytes": t.numel() * t.element_size()})
-    if _world()[1] > 1:
-        dist.all_reduce(t)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)
     return t
 
 
@@ -105,27 +106,31 @@ def _reduce_scatter(t, dim, phase):
 
 
 class CopyToTP(torch.autograd.Function):
-    """Operator f: identity forward, all-reduce of the gradient backward."""
+    """Operator f: identity forward, all-reduce of the gradient backward. ``CopyToTP.apply(x)``
+    over every rank, ``CopyToTP.apply(x, group)`` over the tensor-parallel group of a larger mesh
+    (launch_scripts/hybrid_3d.py)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group=None):
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_reduce(g.contiguous(), "backward")
+        return _all_reduce(g.contiguous(), "backward", ctx.group), None
 
 
 class ReduceFromTP(torch.autograd.Function):
-    """Operator g: all-reduce forward (sum of the partial results), identity backward."""
+    """Operator g: all-reduce forward (sum of the partial results), identity backward; ``group``
+    as for :class:`CopyToTP`."""
 
     @staticmethod
-    def forward(ctx, x):
-        return _all_reduce(x.contiguous(), "forward")
+    def forward(ctx, x, group=None):
+        return _all_reduce(x.contiguous(), "forward", group)
 
     @staticmethod
     def backward(ctx, g):
-        return g
+        return g, None
 
 
 class GatherFromSP(torch.autograd.Function):

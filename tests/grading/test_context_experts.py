@@ -4,8 +4,12 @@ weight) passes; the weights swapped, the smaller lse subtracted and the newest b
 that names them. Each list is graded in one launch at 3 ranks."""
 import re
 
-from helpers import wrong
+import torch
+from torch.testing import assert_close
+
+from helpers import solution_module, wrong
 from mgpu_utils.grading.runner import grade_many
+from mgpu_utils.parallel.context import merge
 
 BIG = "    big = torch.maximum(lse1, lse2)                              # exp(lse - big) <= 1: no overflow\n"
 LSE = "    lse = big + torch.log(torch.exp(lse1 - big) + torch.exp(lse2 - big))\n"
@@ -61,3 +65,21 @@ def test_wrong_merges_get_their_hints(tmp_path, starts_processes):
 
 #: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"08.3": (len(RIGHT), len(WRONG))}
+
+
+def test_the_library_merge_is_the_worked_solution_written_another_way():
+    """Lesson 08 merges with context.merge (a sigmoid share and torch.lerp) until the student's 08.3 passes; the
+    worked solution subtracts the larger lse. A class copy keeps the first only: they must agree, at ordinary and
+    large scores (exp overflows float32 past 88), from the empty start, and for two empty parts."""
+    theirs = solution_module("08.3").merge
+    torch.manual_seed(0)
+    empty = (torch.zeros(2, 3, 5, 4), torch.full((2, 3, 5), float("-inf")))
+    for scale in (1.0, 50.0, 2000.0):
+        part1 = (torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5) * scale)
+        part2 = (torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5) * scale)
+        for a, b in ((part1, part2), (empty, part2), (part1, empty)):
+            ours, want = merge(*a, *b), theirs(*a, *b)
+            assert_close(ours[0], want[0]) and assert_close(ours[1], want[1])
+    out, lse = merge(*empty, *empty)
+    assert torch.equal(out, empty[0]) and torch.equal(lse, empty[1])
+

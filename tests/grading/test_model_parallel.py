@@ -5,8 +5,9 @@ grader also asks for m < p) and a cool-down run last in, first out. Right varian
 hint that names them. Each list is graded in one launch at 3 ranks."""
 import re
 
-from helpers import wrong
+from helpers import solution_module, wrong
 from mgpu_utils.grading.runner import grade_many
+from mgpu_utils.parallel.schedules import one_f_one_b_actions
 
 WARMUP = "        warmup = min(p - r - 1, m)"
 STEADY = ("        for i in range(m - warmup):\n            actions += [(\"F\", warmup + i, r), (\"B\", i, r)]\n")
@@ -62,3 +63,12 @@ def test_wrong_schedules_get_their_hints(tmp_path, starts_processes):
 
 #: Right and wrong variants per exercise in this file (test_runner.py counts them against issue 55's bar).
 COUNTS = {"05.4": (len(RIGHT), len(WRONG))}
+
+
+def test_the_library_1f1b_is_the_worked_solution_built_another_way():
+    """Lesson 05 draws and runs schedules.one_f_one_b_actions (from each action's slot); the worked solution of
+    05.4 builds the lists by warm-up, steady state and drain. A class copy keeps the first only: they must agree."""
+    mine = solution_module("05.4").one_f_one_b
+    differ = [(p, m) for p in range(1, 7) for m in range(1, 13) if one_f_one_b_actions(p, m) != mine(p, m)]
+    assert differ == []
+

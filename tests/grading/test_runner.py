@@ -396,6 +396,23 @@ def test_load_exercise_loads_your_latest_copy(tmp_path, monkeypatch):
     assert graded.load_exercise("10.7").find_b_crit(None) == 42.0
 
 
+def test_a_lesson_goes_on_with_the_students_function_once_it_passes(tmp_path, monkeypatch, capsys):
+    """yours_or_library (lesson 08, after 08.3): the library's until the grader passes, then the student's own,
+    loaded from workspace/; and each time one line that says which."""
+    import mgpu_utils.grading.runner as graded
+    from mgpu_utils.parallel import context
+
+    monkeypatch.setattr(graded, "WORKSPACE", tmp_path / "ws")
+    assert graded.yours_or_library("08.3", False, context.merge) is context.merge
+    assert "the lesson goes on with the course's mgpu_utils.parallel.context.merge until yours passes" in \
+        capsys.readouterr().out
+    exercise_file("08.3").write_text("def merge(out1, lse1, out2, lse2):\n    return 'mine'\n")
+    assert graded.yours_or_library("08.3", True, context.merge)(1, 2, 3, 4) == "mine"
+    assert "the lesson goes on with your merge" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="04.6 is a script, not a function"):
+        graded.yours_or_library("04.6", True, context.merge)
+
+
 def test_reset_starts_over_and_keeps_the_old_copy(tmp_path, monkeypatch):
     import mgpu_utils.grading.runner as graded
 

@@ -91,7 +91,10 @@ def test_no_answer_before_its_exercise(nb_path):
 def test_the_check_sees_a_shown_answer():
     """A notebook that shows 08.3's merge (the worked solution's lines, or a def of the same name) above the
     exercise fails; the same cells with the exercise first pass."""
-    solution = (EXERCISES / "solutions" / "08_merge_attention.py").read_text()
+    solution_path = EXERCISES / "solutions" / "08_merge_attention.py"
+    if not solution_path.exists():
+        pytest.skip("no worked solution for 08_merge_attention.py (a class copy): nothing to show")
+    solution = solution_path.read_text()
     cell = lambda text, outputs=(): {"cell_type": "code", "source": [text], "outputs": list(outputs)}
     exercise = cell('check_script("08.3");')
     shown_source = cell(solution)
