@@ -1,4 +1,4 @@
-"""mgpu_utils.predict: locked predictions (every lesson's ``predict`` cells), in-process.
+"""mgpu_utils.grading.predict: locked predictions (every lesson's ``predict`` cells), in-process.
 
 How the number is asked (headless, stored, input, widget), that it stays locked, and that bad input gets a
 message that says what to type.
@@ -9,8 +9,8 @@ import types
 
 import pytest
 
-from mgpu_utils import predict
-from mgpu_utils.predict import ask, how_to_ask, parse, reveal
+from mgpu_utils.grading import predict
+from mgpu_utils.grading.predict import ask, how_to_ask, parse, reveal
 
 
 @pytest.fixture(autouse=True)
