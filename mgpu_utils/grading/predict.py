@@ -12,7 +12,8 @@ restarts). How :func:`ask` gets the number (:func:`how_to_ask`):
 
 * ``widget``: a text box and a *Lock* button (ipywidgets), in a live Jupyter kernel whose front end can
   answer (JupyterLab, VS Code). The cell returns at once; the number counts once *Lock* is pressed. If the
-  measurement runs first (Run All), :func:`reveal` uses the stored guess, says so, and closes the box.
+  measurement runs first (Run All, as the browser test does), :func:`reveal` uses the stored guess, says
+  so, and closes the box.
 * ``input``: a plain ``input()`` prompt, on Colab (whose widget support varies) and in a terminal. An
   empty answer keeps the stored guess; a word that is not a number asks again, saying why.
 * ``stored``: the cell's ``stored`` number, a plausible guess written in the lesson (never the answer), when
@@ -161,7 +162,7 @@ def ask(key: str, question: str, unit: str = "", stored: float = 0.0, mode: str 
     old = RECORDED.get(key)
     if old is not None and old.locked:
         who = "your prediction" if old.source == "yours" else "the stored guess"
-        print(f"[{key}] {question}\n  locked: {who}, {fmt(old.value, unit)} (asked once per kernel)")
+        print(wrap_text(f"[{key}] {question}\n  locked: {who}, {fmt(old.value, unit)} (asked once per kernel)"))
         return
     if old is not None and old.widget is not None:
         old.widget.close()
