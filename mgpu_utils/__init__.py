@@ -32,7 +32,8 @@ Subpackages (where a new function goes):
   ``collectives`` (04), ``model_parallel`` (05), ``hybrid`` (06), ``memory`` (07), ``context_experts`` (08),
   ``sync_async`` (09), ``case_studies`` (10), ``benchmarking`` (11), ``fault_tolerance`` (12); ``common`` (colours, loss
   curves) and ``widget_view`` (widgets that still show something where they cannot run).
-* ``grading``  - ``quiz`` (each lesson's checked answers), ``runner`` (graded coding exercises, from the
+* ``grading``  - ``quiz`` (each lesson's checked answers), ``predict`` (locked predictions: a number asked
+  before a run, shown against its result), ``runner`` (graded coding exercises, from the
   notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its
   checks inside each rank and their hints), ``catalog`` (every coding exercise by id), ``common`` (what the
   checks share), ``bulk`` (a whole class at once) and ``class_copy`` (the students' copy, no worked answer in it).

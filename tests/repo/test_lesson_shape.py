@@ -6,6 +6,10 @@ and is collapsed when the notebook opens in JupyterLab (cell metadata ``jp-Markd
 runs to the next heading of the same or a higher level. Its cells still run (``make course``, nbval, the
 browser test). The **core path** is every other cell.
 
+A code cell tagged ``predict`` (a locked prediction, ``mgpu_utils.grading.predict``: one question asked before a run,
+its answer shown after it) is not counted among the core path's cells when it is at most ``MAX_PREDICT_LINES``
+lines: it is a pause for the student, not more to read (``tests/repo/test_predictions.py`` checks them).
+
 For every lesson: each ``deeper`` cell is such a heading, collapsed, and (``REWORKED``: every lesson) the core path holds at most ``MAX_CORE_CELLS`` cells and about
 ``MAX_CORE_WORDS`` words of prose, no code cell runs over ``MAX_CODE_LINES`` lines and no markdown cell over
 ``MAX_MD_WORDS`` words, and the summary has at most ``MAX_SUMMARY_BULLETS`` bullets.
@@ -21,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 REWORKED = {p.name[:2] for p in NOTEBOOKS}            # every lesson now
 MAX_CORE_CELLS, MAX_CORE_WORDS, MAX_CODE_LINES, MAX_MD_WORDS, MAX_SUMMARY_BULLETS = 35, 2500, 40, 300, 5
+MAX_PREDICT_LINES = 8                                   # a predict cell this short is not counted in the core
 DEEPER = re.compile(r"^(\d+[a-z]?\.\s+)?Deeper: ")      # "Deeper: ..." or "4. Deeper: ..."
 COLLAPSED = "jp-MarkdownHeadingCollapsed"
 
@@ -49,11 +54,17 @@ def _inner_headings(text: str) -> list[str]:
     return found
 
 
+def is_prediction(cell) -> bool:
+    """A short code cell tagged ``predict``: a locked prediction's question or its reveal."""
+    return cell["cell_type"] == "code" and "predict" in cell.get("metadata", {}).get("tags", []) \
+        and len(_source(cell).splitlines()) <= MAX_PREDICT_LINES
+
+
 def shape(cells: list[dict]) -> dict:
     core, _ = core_and_deeper(cells)
     prose = sum(words(_source(cells[i])) for i in core if cells[i]["cell_type"] == "markdown")
     summary = next((_source(c) for c in cells if _source(c).lstrip().startswith("## Summary")), "")
-    return {"core_cells": len(core), "core_words": prose,
+    return {"core_cells": sum(not is_prediction(cells[i]) for i in core), "core_words": prose,
             "summary_bullets": sum(1 for line in summary.splitlines() if line.startswith("* "))}
 
 
@@ -114,3 +125,7 @@ def test_the_core_path_leaves_out_deeper_sections():
     nested = [md("## Deeper: outer", ["deeper"]), code, md("### Deeper: inner", ["deeper"]), code, md("## Core")]
     assert hidden_on_opening(nested) == [1, 2, 3] and core_and_deeper(nested)[0] == [4]
     assert shape(cells)["summary_bullets"] == 1
+    # a short predict cell is not counted; a long one is
+    tagged = lambda n: {"cell_type": "code", "source": ["x = 1\n"] * n, "metadata": {"tags": ["predict"]}}
+    assert shape(cells + [tagged(MAX_PREDICT_LINES)])["core_cells"] == shape(cells)["core_cells"]
+    assert shape(cells + [tagged(MAX_PREDICT_LINES + 1)])["core_cells"] == shape(cells)["core_cells"] + 1
