@@ -298,11 +298,11 @@ class TinyLlama(nn.Module):
     ``named_parameters()`` lists it once, as ``tok_embeddings.weight``). Weights: N(0, 0.02) for every Linear and
     the embedding, norms at 1.
 
-    A pipeline stage is the same model with parts removed: set ``tok_embeddings`` to None (no longer the first
-    stage: the input is already (B, S, width) activations), delete blocks from ``layers`` (the others keep their
-    keys, so their parameter names are the full model's), or set ``norm`` and ``output`` to None (not the last:
-    the output is the activations). A last stage that is not also the first gets its own copy of the tied
-    weight, whose gradient must be summed with the first stage's (Megatron-LM does the same).
+    A pipeline stage is the same model with parts removed (:func:`pipeline_stage`): ``tok_embeddings`` None (not
+    the first stage: the input is already (B, S, width) activations), blocks deleted from ``layers`` (the others
+    keep their keys, so their parameter names are the full model's), ``norm`` and ``output`` None (not the last:
+    the output is the activations). A last stage that is not also the first keeps the tied weight as its own
+    ``output.weight``, whose gradient must be summed with the first stage's (Megatron-LM does the same).
 
     ``moe_layer``: with ``cfg.experts > 0``, the mixture-of-experts class (:class:`MoEFeedForward`); the package's
     top modules import no room, so the caller passes lesson 08's ``mgpu_utils.parallel.experts.MoE``.
@@ -341,3 +341,23 @@ def tiny_llama(cfg: LlamaConfig | None = None, seed: int = 0, moe_layer=None) ->
     fp32, on the CPU."""
     torch.manual_seed(seed)
     return TinyLlama(cfg or LlamaConfig(), moe_layer)
+
+
+def pipeline_stage(model: TinyLlama, s: int, n: int) -> TinyLlama:
+    """Stage ``s`` of ``n`` of ``model``, in place: blocks ``s L/n ... (s+1) L/n - 1`` (L = ``len(model.layers)``),
+    the embedding on the first stage, the final norm and output on the last (the capstone's pipelines).
+    Chained, the ``n`` stages of ``n`` copies compute the model's logits.
+
+    Raises:
+        ValueError: ``n`` does not divide the blocks, or ``s`` is not in 0 .. n-1.
+    """
+    per = len(model.layers) // n
+    if per * n != len(model.layers) or not 0 <= s < n:
+        raise ValueError(f"stage {s} of {n}: needs 0 <= stage < {n} and {n} dividing the {len(model.layers)} blocks")
+    for key in [k for k in model.layers if not s * per <= int(k) < (s + 1) * per]:
+        del model.layers[key]
+    if s > 0:
+        model.tok_embeddings = None
+    if s < n - 1:
+        model.norm = model.output = None
+    return model

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from mgpu_utils.models import LlamaConfig, RMSNorm, rotary, tiny_llama
+from mgpu_utils.models import LlamaConfig, RMSNorm, pipeline_stage, rotary, tiny_llama
 
 
 def tokens(b=2, s=16, seed=0):
@@ -90,3 +90,17 @@ def test_mixture_of_experts_option():
     block = model.layers["0"]
     assert block.feed_forward.routing["load"].sum().item() == 2 * 16 * 2        # every token to 2 experts
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_pipeline_stages_chained_are_the_model(n):
+    x, stages = tokens(), [pipeline_stage(tiny_llama(), s, n) for s in range(n)]
+    h = x
+    with torch.no_grad():
+        for stage in stages:
+            h = stage(h)
+        assert_close(h, tiny_llama()(x))
+    names = [k for m in stages for k, _ in m.named_parameters()]
+    assert len(names) == len(set(names)) and ("output.weight" in names) == (n > 1)     # the tied copy, last stage
+    with pytest.raises(ValueError, match="dividing the 4 blocks"):
+        pipeline_stage(tiny_llama(), 0, 3)
