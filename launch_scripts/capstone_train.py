@@ -11,7 +11,8 @@ Each of --layouts is a DeviceMesh ("pp", "dp", "fsdp", "tp"), tp fastest (Megatr
 A step's --global-batch rows are split over dp x fsdp. Rank 0 trains the reference (one process, whole batch) and
 sends it to all; each layout trains from the same seeded weights, and every rank checks its parameters (gathered
 from its shards) and the losses against it: within 1e-5 after --steps plain SGD steps (Adam would hide a gradient
-scaled by a wrong factor). --bug norm-grad plants a bug to catch (RMSNorm weights left out of the dp all-reduce).
+scaled by a wrong factor). --bug plants one to catch: norm-grad (RMSNorm weights left out of the dp all-reduce),
+pp-unscaled (a pipeline's micro-batch gradients summed, not averaged).
     torchrun --standalone --nproc-per-node 4 launch_scripts/capstone_train.py --layouts dp2-tp2 tp2-pp2 fsdp4
 """
 import argparse
@@ -83,13 +84,13 @@ def train_layout(L, a, cfg, ctx, batches):
     n_stages = pp * per_rank if pp > 1 else 1
     if (dp * fsdp * tp * pp != W or a.layers % n_stages or a.kv_heads % tp or a.seq % tp or (a.experts and tp > 1)
             or rows * dp * fsdp != a.global_batch or (pp > 1 and rows % a.micro_batches)):
-        raise SystemExit(f"layout {dp} x {fsdp} x {tp} x {pp} (dp x fsdp x tp x pp) needs a product of {W} (world "
-                         f"size), --layers divisible by its {n_stages} stages, --kv-heads, --seq by tp, no --experts "
-                         "with tp, and --global-batch by dp x fsdp (x --micro-batches with pp): e.g. --layouts dp2-tp2")
+        raise SystemExit(f"layout {dp}x{fsdp}x{tp}x{pp} (dp x fsdp x tp x pp): needs a product of {W} (world size), "
+                         f"--layers divisible by its {n_stages} stages, --kv-heads, --seq by tp, no --experts with tp, "
+                         "--global-batch by dp x fsdp (x --micro-batches with pp); e.g. --layouts dp2-tp2")
     names = [n for n in ("pp", "dp", "fsdp", "tp") if L[n] > 1]
     mesh = device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names)) if names else None
     at = {n: mesh.get_local_rank(n) if n in names else 0 for n in ("pp", "dp", "fsdp", "tp")}
-    data_rank, v = at["dp"] * fsdp + at["fsdp"], "V" in cls.__name__
+    data_rank, v, tie_group = at["dp"] * fsdp + at["fsdp"], "V" in cls.__name__, None   # tie: pp's tied copies
     ids = [at["pp"], (2 * pp - 1 - at["pp"]) if v else at["pp"] + pp][:per_rank] if pp > 1 else [0]
     stages = [pipeline_stage(tiny_llama(cfg, SEED, MoE).to(ctx.device), s, n_stages) for s in ids]
     for m in stages:
@@ -99,10 +100,9 @@ def train_layout(L, a, cfg, ctx, batches):
             fully_shard(block, mesh=mesh["fsdp"])
     tied = [m.tok_embeddings.weight for m in stages if m.tok_embeddings is not None]
     tied += [m.output.weight for m in stages if m.output is not None and m.tok_embeddings is None]
-    tie_group = None                                # pp: the group of the tied weight's two copies
     if pp > 1:
         pipe = [PipelineStage(m, s, n_stages, ctx.device, group=mesh.get_group("pp")) for s, m in zip(ids, stages)]
-        schedule = cls(pipe if per_rank > 1 else pipe[0], n_microbatches=a.micro_batches, loss_fn=loss_fn)
+        schedule = cls(pipe if per_rank > 1 else pipe[0], a.micro_batches, loss_fn, scale_grads=a.bug != "pp-unscaled")
         last = 0 if v else pp - 1                                       # the pp rank of the last stage
         for ranks in mesh.mesh.movedim(0, -1).reshape(-1, pp).tolist() if last else []:
             grp = new_group([ranks[0], ranks[last]])                    # every rank makes every pair's group
@@ -143,11 +143,11 @@ def train_layout(L, a, cfg, ctx, batches):
 
 def main():
     p = argparse.ArgumentParser(description="one small Llama under many layouts, against one process")
-    g = p.add_argument_group("layouts (see the docstring)")
+    g = p.add_argument_group("layouts (see the docstring)")         # the result: each layout's losses, differences
     g.add_argument("--layouts", nargs="+", default=["dp"], help="e.g. dp2-tp2 fsdp4 pp2:ZBVZeroBubble; schedules: "
                    "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV")
     g.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches per replica per step")
-    g.add_argument("--bug", choices=["none", "norm-grad"], default="none", help="plant a bug the check must catch")
+    g.add_argument("--bug", choices=["none", "norm-grad", "pp-unscaled"], default="none", help="plant a bug")
     g = p.add_argument_group("model (TinyLlama: width 64, 4 query heads) and training")
     g.add_argument("--layers", type=int, default=4, help="decoder blocks (divisible by the pipeline stages)")
     g.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA; divisible by tp)")
