@@ -7,12 +7,11 @@ Each of --layouts is a DeviceMesh ("pp", "dp", "fsdp", "tp"), tp fastest (Megatr
   tp    Megatron TP + sequence parallelism (parallelize_module): wq, wk, wv, w1, w3 split by columns, wo, w2 by rows,
         the embedding and output by vocabulary rows; between blocks a rank holds seq/tp tokens, replicated norms.
   pp    torch.distributed.pipelining, the layout's schedule (default 1F1B) over --micro-batches; the tied embedding's
-        copies (first, last stage) get their gradients summed. Off on torch 2.14: fsdp under a zero-bubble schedule.
+        copies (first, last stage) get their gradients summed. Refused: fsdp under a zero-bubble schedule (off).
 A step's --global-batch rows are split over dp x fsdp. Rank 0 trains the reference (one process, whole batch) and
 sends it to all; each layout trains from the same seeded weights, and every rank checks its parameters (gathered
-from its shards) and the losses against it: within 1e-5 after --steps plain SGD steps (Adam would hide a gradient
-scaled by a wrong factor). --bug plants one to catch: norm-grad (RMSNorm weights left out of the dp all-reduce),
-pp-unscaled (a pipeline's micro-batch gradients summed, not averaged).
+from its shards) and the losses against it: within 1e-5 after --steps SGD steps (Adam would hide a gradient scaled
+wrongly). --bug plants one: norm-grad (norms left out of the dp all-reduce), pp-unscaled (micro-batches summed).
     torchrun --standalone --nproc-per-node 4 launch_scripts/capstone_train.py --layouts dp2-tp2 tp2-pp2 fsdp4
 """
 import argparse
@@ -81,12 +80,13 @@ def train_layout(L, a, cfg, ctx, batches):
     W, dp, fsdp, tp, pp = ctx.world_size, L["dp"], L["fsdp"], L["tp"], L["pp"]
     cls, rows = get_schedule_class(L["schedule"]), a.global_batch // max(1, dp * fsdp)
     per_rank = 2 if issubclass(cls, PipelineScheduleMulti) else 1      # stages per pp rank: a loop or a V
-    n_stages = pp * per_rank if pp > 1 else 1
+    n_stages, split_bw = pp * per_rank if pp > 1 else 1, "ZeroBubble" in cls.__name__ or "DualPipe" in cls.__name__
     if (dp * fsdp * tp * pp != W or a.layers % n_stages or a.kv_heads % tp or a.seq % tp or (a.experts and tp > 1)
-            or rows * dp * fsdp != a.global_batch or (pp > 1 and rows % a.micro_batches)):
+            or rows * dp * fsdp != a.global_batch or (pp > 1 and rows % a.micro_batches) or (fsdp > 1 and split_bw)):
         raise SystemExit(f"layout {dp}x{fsdp}x{tp}x{pp} (dp x fsdp x tp x pp): needs a product of {W} (world size), "
                          f"--layers divisible by its {n_stages} stages, --kv-heads, --seq by tp, no --experts with tp, "
-                         "--global-batch by dp x fsdp (x --micro-batches with pp); e.g. --layouts dp2-tp2")
+                         "--global-batch by dp x fsdp (x --micro-batches with pp), no fsdp under a zero-bubble schedule"
+                         " or DualPipeV (0.05 off one process on torch 2.14: use 1F1B); e.g. --layouts dp2-tp2")
     names = [n for n in ("pp", "dp", "fsdp", "tp") if L[n] > 1]
     mesh = device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names)) if names else None
     at = {n: mesh.get_local_rank(n) if n in names else 0 for n in ("pp", "dp", "fsdp", "tp")}
