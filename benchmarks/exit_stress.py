@@ -45,6 +45,7 @@ CASES = {
     "allreduce_placement.py": {1: ["--ranks-per-node", 1, "--sizes-kib", "4"], 2: ["--sizes-kib", "4"],
                                4: ["--sizes-kib", "4"]},
     "allreduce_latency.py": ["--repeats", 3, "--large", "256"],
+    "capstone_train.py": ["--steps", 2, "--layouts", "dp", "pp2"],
     "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.4, "--seeds", 1, "--target", 0.8],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
     "case_gan.py": ["--steps", 10, "--check-grads"],

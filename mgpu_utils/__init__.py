@@ -6,7 +6,8 @@ imports each name from the module that defines it, e.g. ``from mgpu_utils.launch
 At the top, what launch scripts and notebooks share:
 
 * ``dist``       - inside a launch script: rank and world size, the backend rule, set up and tear down, results.
-* ``data``, ``text_data``, ``models`` - the digits dataset, the stdlib-docstring text, the small models.
+* ``data``, ``text_data``, ``models`` - the digits dataset, the stdlib-docstring text, the small models
+  (the capstone's Llama-style ``TinyLlama`` among them).
 * ``checks``, ``timing``, ``compat``  - tolerances, clocks and the quiet-machine check, torch-version names.
 * ``text``       - long lines broken at spaces (``wrap_text``), for every message the course prints.
 * ``env``        - what this machine has, which tier (CPU / 1 GPU / many GPUs) the course uses, where it is.

@@ -1,5 +1,6 @@
 """The small models the launch scripts train: a CNN, an MLP factory and a residual MLP of transformer MLP
-blocks (digits in, 10 logits out), and a byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 11).
+blocks (digits in, 10 logits out), a byte-level GPT-2 (:func:`byte_gpt2`, lessons 06 and 11), and a small
+Llama-style decoder (:class:`TinyLlama`, the capstone's one model for every parallelism, ``capstone_train.py``).
 
 Introduced in ``notebooks/03_ddp.ipynb`` (``SmallCNN`` in ``ddp_train.py``, ``make_mlp`` in
 ``ddp_internals.py``); lessons 07 and 09 reuse them. Also: :func:`ddp_recording_buckets`, DDP with a
@@ -160,4 +161,203 @@ def byte_gpt2(layers: int = 2, embd: int = 64, heads: int = 4, seq: int = 64, se
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(cfg).float()
     model.loss_type = "ForCausalLM"   # the loss HF uses anyway; naming it silences a notice
+    return model
+
+
+class LlamaConfig:
+    """The shape of a :class:`TinyLlama`. Defaults: 4 layers, d_model 64, 4 query heads sharing 2 key/value heads,
+    SwiGLU hidden 128, vocabulary 256 (bytes): 164,416 parameters; 10 steps at 8 ranks on 2 cores take seconds.
+
+    Args:
+        vocab, width, layers, heads, kv_heads, ffn: vocabulary, d_model, decoder blocks, query heads, key/value
+            heads (grouped-query attention: ``heads`` divisible by ``kv_heads``), SwiGLU hidden size.
+        experts, top_k: ``experts > 0`` replaces every SwiGLU by a mixture of ``experts`` experts of hidden
+            ``ffn``, ``top_k`` per token (the layer is passed to :class:`TinyLlama`: lesson 08's
+            :class:`mgpu_utils.parallel.experts.MoE`).
+        rope_base: the rotary embedding's base (10,000 as in Llama). eps: RMSNorm's epsilon.
+
+    Raises:
+        ValueError: a width not divisible by ``heads``, an odd head dimension, or ``heads`` not divisible by
+            ``kv_heads``.
+    """
+
+    def __init__(self, vocab: int = 256, width: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                 ffn: int = 128, experts: int = 0, top_k: int = 2, rope_base: float = 10000.0, eps: float = 1e-5):
+        if width % heads or (width // heads) % 2 or heads % kv_heads:
+            raise ValueError(f"TinyLlama needs width ({width}) divisible by heads ({heads}) into an even head "
+                             f"dimension, and heads divisible by kv_heads ({kv_heads})")
+        self.vocab, self.width, self.layers, self.heads, self.kv_heads, self.ffn = vocab, width, layers, heads, \
+            kv_heads, ffn
+        self.experts, self.top_k, self.rope_base, self.eps = experts, top_k, rope_base, eps
+
+    def __repr__(self):
+        return "LlamaConfig(" + ", ".join(f"{k}={v}" for k, v in vars(self).items()) + ")"
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2, last dim) + eps) * weight``, (..., width) -> (..., width); ``weight`` [width] starts at 1
+    (Zhang and Sennrich 2019). Under tensor parallelism with sequence parallelism the weight is replicated and
+    its gradient must be summed over the ranks that hold different tokens."""
+
+    def __init__(self, width: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(x, base: float = 10000.0):
+    """Rotary position embedding (Su et al. 2021, in the rotate-half form of GPT-NeoX and HF's Llama).
+
+    Args:
+        x: (B, S, H, D) queries or keys, position s at index s of dim 1; D even.
+    Returns:
+        (B, S, H, D): each pair (x_i, x_{i + D/2}) rotated by the angle ``s * base^(-2i/D)``, so that the dot
+        product of a rotated query and key depends on their positions' difference only.
+    """
+    s, d = x.shape[1], x.shape[-1]
+    inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)            # [D/2]
+    ang = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * inv                  # [S, D/2]
+    cos, sin = (torch.cat([f(ang)] * 2, -1)[None, :, None, :].to(x.dtype) for f in (torch.cos, torch.sin))
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal grouped-query self-attention with rotary embeddings, (B, S, width) -> (B, S, width).
+
+    ``wq`` [heads hd, width], ``wk`` and ``wv`` [kv_heads hd, width], ``wo`` [width, heads hd] (hd = width / heads),
+    no biases. Query head h reads key/value head ``h // (heads / kv_heads)``. The head count is read from the
+    projections' output (``view(B, S, -1, hd)``), so a tensor-parallel rank holding a slice of the heads' rows
+    (``wq`` and ``wk``/``wv`` split by columns, ``wo`` by rows; kv_heads divisible by tp) runs the same code."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.hd, self.base = cfg.width // cfg.heads, cfg.rope_base
+        self.wq = nn.Linear(cfg.width, cfg.heads * self.hd, bias=False)
+        self.wk = nn.Linear(cfg.width, cfg.kv_heads * self.hd, bias=False)
+        self.wv = nn.Linear(cfg.width, cfg.kv_heads * self.hd, bias=False)
+        self.wo = nn.Linear(cfg.heads * self.hd, cfg.width, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.hd) for w in (self.wq, self.wk, self.wv))
+        q, k = rotary(q, self.base), rotary(k, self.base)
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)                 # GQA: share kv heads
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    """``w2(silu(w1 x) * w3 x)`` (Shazeer 2020), (..., width) -> (..., width); w1, w3 [ffn, width], w2 [width, ffn]."""
+
+    def __init__(self, width: int, ffn: int):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(width, ffn, bias=False), nn.Linear(width, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MoEFeedForward(nn.Module):
+    """A mixture-of-experts layer on (B, S, width) activations: the tokens are flattened to rows (T, width), routed
+    by ``moe_layer(width, ffn, experts, top_k)`` (a module returning ``(rows, routing)``, as lesson 08's
+    :class:`mgpu_utils.parallel.experts.MoE` does), and put back; the last call's routing is in ``self.routing``."""
+
+    def __init__(self, cfg: LlamaConfig, moe_layer):
+        super().__init__()
+        self.moe, self.routing = moe_layer(cfg.width, cfg.ffn, cfg.experts, cfg.top_k), None
+
+    def forward(self, x):
+        y, self.routing = self.moe(x.reshape(-1, x.shape[-1]))
+        return y.view_as(x)
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: ``h = x + attention(attention_norm(x))``, ``out = h + feed_forward(ffn_norm(h))``."""
+
+    def __init__(self, cfg: LlamaConfig, moe_layer=None):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = RMSNorm(cfg.width, cfg.eps), RMSNorm(cfg.width, cfg.eps)
+        self.attention = GroupedQueryAttention(cfg)
+        self.feed_forward = MoEFeedForward(cfg, moe_layer) if cfg.experts else SwiGLU(cfg.width, cfg.ffn)
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class TinyLlama(nn.Module):
+    """A small Llama-style decoder: token ids (B, S) int64 -> logits (B, S, vocab) float32 (the capstone's model).
+
+    ``tok_embeddings`` [vocab, width] -> ``layers`` (an ``nn.ModuleDict`` of :class:`DecoderBlock` keyed "0", "1",
+    ...) -> ``norm`` (:class:`RMSNorm`) -> ``output`` (Linear, no bias), whose weight *is* the embedding's (tied:
+    ``named_parameters()`` lists it once, as ``tok_embeddings.weight``). Weights: N(0, 0.02) for every Linear and
+    the embedding, norms at 1.
+
+    A pipeline stage is the same model with parts removed (:func:`pipeline_stage`): ``tok_embeddings`` None (not
+    the first stage: the input is already (B, S, width) activations), blocks deleted from ``layers`` (the others
+    keep their keys, so their parameter names are the full model's), ``norm`` and ``output`` None (not the last:
+    the output is the activations). A last stage that is not also the first keeps the tied weight as its own
+    ``output.weight``, whose gradient must be summed with the first stage's (Megatron-LM does the same).
+
+    ``moe_layer``: with ``cfg.experts > 0``, the mixture-of-experts class (:class:`MoEFeedForward`); the package's
+    top modules import no room, so the caller passes lesson 08's ``mgpu_utils.parallel.experts.MoE``.
+
+    Raises:
+        ValueError: ``cfg.experts > 0`` without ``moe_layer``.
+    """
+
+    def __init__(self, cfg: LlamaConfig, moe_layer=None):
+        super().__init__()
+        if cfg.experts and moe_layer is None:
+            raise ValueError("LlamaConfig(experts=...) needs the layer: TinyLlama(cfg, moe_layer=MoE) with "
+                             "from mgpu_utils.parallel.experts import MoE")
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab, cfg.width)
+        self.layers = nn.ModuleDict({str(i): DecoderBlock(cfg, moe_layer) for i in range(cfg.layers)})
+        self.norm = RMSNorm(cfg.width, cfg.eps)
+        self.output = nn.Linear(cfg.width, cfg.vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for block in self.layers.values():
+            h = block(h)
+        return self.output(self.norm(h)) if self.output is not None else h
+
+
+def tiny_llama(cfg: LlamaConfig | None = None, seed: int = 0, moe_layer=None) -> TinyLlama:
+    """A :class:`TinyLlama` of ``cfg`` (default :class:`LlamaConfig`; ``moe_layer`` as there) drawn after
+    ``torch.manual_seed(seed)``: the same weights in every process and every layout (``capstone_train.py``).
+    fp32, on the CPU."""
+    torch.manual_seed(seed)
+    return TinyLlama(cfg or LlamaConfig(), moe_layer)
+
+
+def pipeline_stage(model: TinyLlama, s: int, n: int) -> TinyLlama:
+    """Stage ``s`` of ``n`` of ``model``, in place: blocks ``s L/n ... (s+1) L/n - 1`` (L = ``len(model.layers)``),
+    the embedding on the first stage, the final norm and output on the last (the capstone's pipelines).
+    Chained, the ``n`` stages of ``n`` copies compute the model's logits.
+
+    Raises:
+        ValueError: ``n`` does not divide the blocks, or ``s`` is not in 0 .. n-1.
+    """
+    per = len(model.layers) // n
+    if per * n != len(model.layers) or not 0 <= s < n:
+        raise ValueError(f"stage {s} of {n}: needs 0 <= stage < {n} and {n} dividing the {len(model.layers)} blocks")
+    for key in [k for k in model.layers if not s * per <= int(k) < (s + 1) * per]:
+        del model.layers[key]
+    if s > 0:
+        model.tok_embeddings = None
+    if s < n - 1:
+        model.norm = model.output = None
     return model

@@ -33,9 +33,13 @@ pytestmark = pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ or ROOT.name =
                                 reason="mutmut's copy of the repository: the files do not move")
 
 
+#: Lessons whose tests come before their notebook, with why: their tests are named as the notebook will be.
+PLANNED_LESSONS = {"13_capstone": "issue 59: the parity matrix first, the notebook when the lessons settle"}
+
+
 def lesson_names() -> set[str]:
-    """``NN_<name>`` of every lesson notebook."""
-    return {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    """``NN_<name>`` of every lesson notebook, and of the lessons planned (:data:`PLANNED_LESSONS`)."""
+    return {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")} | set(PLANNED_LESSONS)
 
 
 def module_names(under: Path, skip: tuple[str, ...] = ()) -> set[str]:
