@@ -108,6 +108,27 @@ def test_counted_all_reduce_keeps_its_wait_semantics(world_of_one):
     assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0)
 
 
+def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
+    """is_completed() once True is a wait (and delivers the result); a process group's own allreduce is waited
+    for when its Work is, not before; a wait() in a hook, inside backward, is recorded as such (03.7)."""
+    x, y, w = torch.ones(3), torch.ones(2), torch.ones(2, requires_grad=True)
+
+    def blocking(p):
+        dist.all_reduce(p.grad, async_op=True).wait()
+    w.register_post_accumulate_grad_hook(blocking)
+    with counted_all_reduce({"backward": False}) as calls:
+        work = dist.all_reduce(x, async_op=True)
+        while not work.is_completed():
+            pass
+        group_work = world_of_one.allreduce([y])
+        assert not calls[1]["waited"]
+        group_work.wait()
+        (w * 2).sum().backward()
+    assert calls[0]["waited"] and torch.equal(x, torch.ones(3)) and not calls[0].get("waited_in_backward")
+    assert calls[1]["below"] and calls[1]["waited"] and not calls[1].get("waited_in_backward")
+    assert calls[2]["waited_in_backward"] and torch.equal(w.grad, torch.full((2,), 2.0))
+
+
 def test_point_to_point_only_refuses_every_route(world_of_one, below_route):
     for name, run in _routes(world_of_one):
         with point_to_point_only("04.4"), pytest.raises(RuntimeError, match="allows point-to-point only"):
