@@ -238,16 +238,16 @@ def _group_call(name: str, method: str, obj, args, kwargs) -> LowCall:
                    returns_work=True)
 
 
-def _op_call(func, args, kwargs) -> LowCall | None:
+def _op_call(func, args, kwargs, p2p: bool = False) -> LowCall | None:
     """A collective C++ operator (``torch.ops.c10d.allreduce_``, ``torch.ops._c10d_functional.all_reduce``), or
-    None for anything else."""
+    None for anything else; with ``p2p``, send and recv too (named ``send``, ``recv``)."""
     schema = func._schema
     namespace, _, op = schema.name.partition("::")
     if namespace not in _OP_NAMESPACES:
         return None
     base = op[:-1] if op.endswith("_") else op
     base = base[:-4] if base.endswith("_out") else base
-    name = OPS.get(base)
+    name = OPS.get(base) or (base if p2p and base in ("send", "recv") else None)
     if name is None:
         return None
     values = {a.name: v for a, v in zip(schema.arguments, args)}
@@ -267,13 +267,13 @@ class _Depth(threading.local):
 class _BelowMode(TorchDispatchMode):
     """Sees the collective C++ operators called in this thread (torch without the groups' hooks)."""
 
-    def __init__(self, seen: Callable, depth: _Depth):
+    def __init__(self, seen: Callable, depth: _Depth, p2p: bool = False):
         super().__init__()
-        self.seen, self.depth = seen, depth
+        self.seen, self.depth, self.p2p = seen, depth, p2p
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        call = _op_call(func, args, kwargs) if self.depth.n == 0 else None
+        call = _op_call(func, args, kwargs, self.p2p) if self.depth.n == 0 else None
         if call is None:
             return func(*args, **kwargs)
         self.depth.n += 1
@@ -284,9 +284,11 @@ class _BelowMode(TorchDispatchMode):
             self.depth.n -= 1
 
 
-def _hook_call(pre, group) -> LowCall | None:
-    """A process group's pre-collective hook's arguments ``pre`` as a :class:`LowCall` (None: not a collective)."""
-    names = HOOK_NAMES.get(pre.name.name)
+def _hook_call(pre, group, p2p: bool = False) -> LowCall | None:
+    """A process group's pre-collective hook's arguments ``pre`` as a :class:`LowCall` (None: not a collective;
+    with ``p2p``, a send or recv is one, named ``send``, ``recv``)."""
+    names = HOOK_NAMES.get(pre.name.name) or (
+        (pre.name.name.lower(),) * 2 if p2p and pre.name.name in ("SEND", "RECV") else None)
     if names is None:
         return None
     inputs, outputs = list(pre.input_tensors), list(pre.output_tensors)
@@ -299,7 +301,7 @@ _hook_ids = itertools.count(1 << 40)
 
 
 @contextlib.contextmanager
-def patched_collectives(replace, fn=None, below: Callable | None = None):
+def patched_collectives(replace, fn=None, below: Callable | None = None, p2p: bool = False):
     """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
     student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
     the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``). A collective
@@ -307,7 +309,9 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
     reducer: :class:`LowCall`) goes to ``below(call)`` before it runs (which may raise; for a method, what it
     returns, if callable, is given the method's Work and returned in its place); without ``below``, to
     ``replace(name, a no-op)`` called with the tensor torch.distributed's function would name first and
-    ``group=``. Each call is seen once, by the outermost of these ways (a thread-local depth per block)."""
+    ``group=``. Each call is seen once, by the outermost of these ways (a thread-local depth per block). With
+    ``p2p``, ``below`` also sees point-to-point calls (``send``, ``recv``: isend, irecv, batch_isend_irecv too),
+    through the groups' hooks or the dispatch mode."""
     import torch.distributed.distributed_c10d as c10d
 
     depth = _Depth()
@@ -361,7 +365,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
             def pre(args, group=group):
                 if depth.n:
                     return
-                call = _hook_call(args, group)
+                call = _hook_call(args, group, p2p)
                 if call is not None:
                     depth.n += 1
                     try:
@@ -383,7 +387,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
             saved.append((vars(c10d), "_register_process_group", register))
             vars(c10d)["_register_process_group"] = registered
     else:
-        mode = _BelowMode(seen, depth)
+        mode = _BelowMode(seen, depth, p2p)
     try:
         if mode is not None:
             with mode:
@@ -520,12 +524,22 @@ def counted_all_reduce(state: dict, fn=None):
     (``waited_in_backward``: in a hook, no overlap); an async call's result reaches its tensor at wait() (or when
     its future completes), as promised, not before. A call reached below (``below``: True) counts as
     asynchronous; a process group's ``allreduce`` called from Python returns a Work whose waits are recorded
-    the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for."""
-    calls = []
+    the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for.
+    ``state["others"]`` becomes the names of the block's other collectives and point-to-point calls (``send``,
+    ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
+    way while the all-reduces carried them for show?"""
+    calls, others = [], []
+    state["others"] = others
+    unseen = ("all_reduce", "broadcast", "broadcast_object_list")
 
     def replace(name, real):
-        if name != "all_reduce":
+        if name in unseen[1:]:
             return real
+        if name != "all_reduce":
+            def other(*args, **kwargs):
+                others.append(name)
+                return real(*args, **kwargs)
+            return other
 
         def counting(tensor, *args, **kwargs):
             call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False,
@@ -548,7 +562,9 @@ def counted_all_reduce(state: dict, fn=None):
             calls.append(record)
             if call.returns_work:                          # its Work, to see whether it is waited for
                 return lambda work: _Handle(work, record)
-    with patched_collectives(replace, fn, below):
+        elif call.name not in unseen:
+            others.append(call.name)
+    with patched_collectives(replace, fn, below, p2p=True):
         yield calls
 
 
