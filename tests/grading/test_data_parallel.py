@@ -379,6 +379,19 @@ WRONG_037 = {
          "        self.pending.append((self.bucket, flat, dist.all_reduce(weights, async_op=True)))\n", P2P_037],
         r"rank \d: the gradients are right, but in step 1 your all-reduces \(3 call\(s\)\) carried the weights, not "
         r"rank \d's gradients"),
+    # the all-reduces carry the gradients, but their results are thrown away: the gradients travel another way
+    "a copy of each bucket all-reduced and dropped, the bucket all-gathered and summed": (
+        [SEND_037, WAIT_037],
+        ["        self.pending.append((self.bucket, flat, dist.all_reduce(flat.clone(), async_op=True)))\n",
+         "            work.wait()\n            parts = [torch.empty_like(flat) for _ in range(self.world)]\n"
+         "            dist.all_gather(parts, flat)\n            flat = torch.stack(parts).sum(0) / self.world\n"],
+        r"rank \d: besides your 3 all-reduce\(s\), the step made 3 call\(s\) of all_gather: DDP moves the "
+        r"gradients by all-reduce alone"),
+    "each bucket reversed and all-reduced for show, summed by send and recv": (
+        ["import torch.distributed as dist\n", SEND_037, FINISH_037],
+        ["import torch.distributed as dist\n" + P2P,
+         "        self.pending.append((self.bucket, flat, dist.all_reduce(flat.flip(0), async_op=True)))\n", P2P_037],
+        r"rank \d: besides your 3 all-reduce\(s\), the step made 12 call\(s\) of recv, send"),
 }
 
 

@@ -17,15 +17,16 @@ the same shards (:func:`against_ddp`), counts the all-reduce calls
 gradients travel some other way), refuses torch's own DDP built inside the student's code, and names a wrong
 gradient (:func:`what_the_gradient_is`). The rule of calls, their waits (each handle waited for before finish()
 returns, by wait(), its future or is_completed(); none waited for inside backward, where it stops the overlap) and
-what they carry are checked in every step, not in the first only. The hints of the problems they report, the
-exercises' records and the step times said on success are here too.
+what they carry are checked in every step, not in the first only; so is any other collective or send/recv made
+beside the all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. The
+hints of the problems they report, the exercises' records and the step times said on success are here too.
 
 Known limits (03.7): no model has an unused parameter (DDP needs find_unused_parameters for one), so a wrapper
 that counts hooks to close the last bucket, or asserts every gradient is there, passes; a wait on a bucket's
-future (``get_future().wait()``) inside backward, or a loop on is_completed() there, is not seen as a wait; an
-all-reduce kept for show while the gradients travel by another collective (all_gather, send/recv) of the same
-content, and state kept outside the wrapper (a module-level cache), are not told apart from a right solution;
-values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread locals) are not looked for.
+future (``get_future().wait()``) inside backward, or a loop on is_completed() there, is not seen as a wait;
+gradients moved by broadcasts beside all-reduces for show, and state kept outside the wrapper (a module-level
+list or cache), are not told apart from a right solution; values hidden in exotic places (mmap, ctypes,
+os.environ, the c10d store, thread locals) are not looked for.
 """
 
 from __future__ import annotations
@@ -199,6 +200,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             note(problems, {"rank": rank, "at": at, **bad})
         if step == 0 and carried:                         # the right gradients and calls, but not through them
             note(problems, {"rank": rank, **carried})
+        if calls and state["others"]:                     # all-reduces for show, the gradients moved another way?
+            note(problems, {"rank": rank, "kind": "others", "at": at, "calls": len(calls),
+                            "what": ", ".join(sorted(set(state["others"]))), "n": len(state["others"])})
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one:
         if found.item():                                  # a wrong solution may not survive more steps
@@ -525,6 +529,10 @@ HINTS: dict[str, list[tuple]] = {
     "unwaited": [(always, "rank {rank}{at}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
                           "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
                           "all-reduce has not written yet; keep each handle and wait for it in finish()")],
+    "others": [
+        (always, "rank {rank}{at}: besides your {calls} all-reduce(s), the step made {n} call(s) of {what}: DDP "
+                 "moves the gradients by all-reduce alone. All-reduce each bucket and use its result, the sum over "
+                 "the ranks that wait() leaves in the tensor you gave it (not in a copy sent for show)")],
     "waited_in_backward": [
         (always, "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were waited for (wait()) "
                  "during backward, in a hook: wait() blocks until the all-reduce is done, so backward stops there "
