@@ -387,6 +387,12 @@ WRONG_037 = {
          "            dist.all_gather(parts, flat)\n            flat = torch.stack(parts).sum(0) / self.world\n"],
         r"rank \d: besides your 3 all-reduce\(s\), the step made 3 call\(s\) of all_gather: DDP moves the "
         r"gradients by all-reduce alone"),
+    "every bucket kept in a module-level list (for debugging)": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import torch.distributed as dist\n\nSENT = []                                          # for debugging\n",
+         "        SENT.append(flat)\n" + SEND_037],
+        r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
+        r"13,864, 27,728, 41,592 bytes"),
     "each bucket reversed and all-reduced for show, summed by send and recv": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P,

@@ -18,15 +18,17 @@ gradients travel some other way), refuses torch's own DDP built inside the stude
 gradient (:func:`what_the_gradient_is`). The rule of calls, their waits (each handle waited for before finish()
 returns, by wait(), its future or is_completed(); none waited for inside backward, where it stops the overlap) and
 what they carry are checked in every step, not in the first only; so is any other collective or send/recv made
-beside the all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. The
+beside the all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What
+the wrapper, and the top level of the student's module, hold after each step must not grow. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
 
 Known limits (03.7): no model has an unused parameter (DDP needs find_unused_parameters for one), so a wrapper
 that counts hooks to close the last bucket, or asserts every gradient is there, passes; a wait on a bucket's
 future (``get_future().wait()``) inside backward, or a loop on is_completed() there, is not seen as a wait;
-gradients moved by broadcasts beside all-reduces for show, and state kept outside the wrapper (a module-level
-list or cache), are not told apart from a right solution; values hidden in exotic places (mmap, ctypes,
-os.environ, the c10d store, thread locals) are not looked for.
+gradients moved by broadcasts beside all-reduces for show, and state that grows in a functools cache or below
+the top level of another module, are not told apart from a right solution (a list or dict at the top level of
+the student's module is); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
+locals) are not looked for.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from mgpu_utils.data import load_data
 from mgpu_utils.costs import overlap
 from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, switched_off
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
-                                           named_content)
+                                           named_content, namespaces_of)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -146,7 +148,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times, held, later = {"yours_ms": [], "ddp_ms": []}, [], None
+    times, held, held_outside, later = {"yours_ms": [], "ddp_ms": []}, [], [], None
+    outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals
+               for space in (namespaces_of(fn) if fn is not None else [])]
     for step in range(3):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -162,6 +166,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             sync.finish()
         t1 = time.perf_counter()
         held.append(held_bytes(sync, exclude=list(mine.parameters())))   # what the wrapper keeps between steps
+        held_outside.append(held_bytes(outside, exclude=list(mine.parameters())))   # and its module, at top level
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
@@ -212,11 +217,18 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
     if worst > 1e-6:
         note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
-    elif len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024:
+    elif _grows(held):
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
+    elif _grows(held_outside):
+        note(problems, {"rank": rank, "kind": "growth", "bytes": held_outside, "outside": True})
     elif later is not None:                               # a later step's all-reduces carried something else
         note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def _grows(held: list) -> bool:
+    """Whether the bytes held after each of three steps grow every step, by more than 1 KiB in all."""
+    return len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024
 
 
 def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | None:
@@ -516,7 +528,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
          "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
         (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
-    "growth": [(always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
+    "growth": [(lambda p, W: p.get("outside"),
+                "rank {rank}: the result is right, but what your module holds at its top level (outside the "
+                "wrapper) grows: {bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something "
+                "is kept from every step in a global (a list of buckets kept for debugging?): in a long run it "
+                "fills the memory"),
+               (always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
                         "every step (a list of pending work never cleared?): in a long run it fills the memory")],
     "broadcast": [(lambda p, W: p.get("agree"),
