@@ -311,9 +311,9 @@ def frozen_mlp() -> torch.nn.Sequential:
     return model
 
 
-#: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the first three gradients of the MLP exactly (40 + 1,280
-#: + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the next gradient;
-#: 1 MiB leaves one bucket open when backward ends (only finish() can send it).
+#: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the MLP's first three gradients
+#: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
+#: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it).
 MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (TiedMLP, 2048), (TiedMLP, 1 << 20))
 
 
@@ -574,8 +574,8 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["all_async"],
          "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
          "ready order and buckets of {bucket_bytes} bytes"),
-        (always, "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
-                 "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
+        (always, "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} "
+                 "bytes in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
                  "(async_op=True)")],
     "torch_ddp": [(always, "rank {rank}: your code built {what} (world size {W}): its reducer all-reduces the "
                            "gradients for you, and the exercise is to write that yourself; average the gradients "
