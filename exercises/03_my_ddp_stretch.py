@@ -10,13 +10,15 @@ MyDDP(module, bucket_bytes), a torch.nn.Module that
   * in finish(), called after backward and before the optimizer step, sends what is left, waits for every
     bucket and leaves each gradient equal to its mean over the ranks;
   * works for any model, also one that uses a weight twice in a step (tied embeddings): such a gradient is
-    the sum of both uses, complete only after the second.
+    the sum of both uses, complete only after the second; and one with a frozen parameter
+    (requires_grad=False): it has no gradient and takes no hook, but is broadcast like the others.
 
-The grader trains three SGD steps on an MLP and on a model whose middle layer is applied twice, with bucket
-sizes of 2 KiB and 1 MiB, from ranks whose weights start apart, against DistributedDataParallel; it counts
-your all-reduce calls (one per bucket, however made: a process group's own allreduce counts too), checks that
-each was waited for and that together they carry this rank's gradients, and refuses torch's own
-DistributedDataParallel inside your class. Grade it from a notebook cell:
+The grader trains three SGD steps on an MLP with buckets of 1,448 bytes (its first three gradients exactly: that
+bucket is full), on the MLP with its first weight frozen (1 MiB) and on a model whose middle layer is applied
+twice (2 KiB and 1 MiB), from ranks whose weights start apart, against DistributedDataParallel; every step it
+counts your all-reduce calls (one per bucket, however made: a process group's own allreduce counts too), checks
+that each was waited for, in finish() and not during backward, and that together they carry this rank's
+gradients, and refuses torch's own DistributedDataParallel inside your class. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("03.7")
 """

@@ -175,7 +175,8 @@ class LowCall:
     ``inputs`` (the tensors this rank puts in) and ``outputs``, ``group`` (the ProcessGroup, or None: a backend,
     or an operator whose group is not known), ``what`` (how it was reached, said in a message), ``async_op``;
     ``first``: the tensor torch.distributed's function would name first (all_reduce: the tensor reduced; the
-    others: the output; several: one flattened copy of them all)."""
+    others: the output; several: one flattened copy of them all); ``returns_work``: a method called from Python,
+    whose Work the block may replace (what ``below`` returns, a function of the Work, is given it)."""
     name: str
     inputs: list
     outputs: list
@@ -183,6 +184,7 @@ class LowCall:
     what: str
     async_op: bool = True
     first: Any = field(default=None)
+    returns_work: bool = False
 
     def __post_init__(self):
         if self.first is None:                 # the tensor torch.distributed's function names first
@@ -232,19 +234,20 @@ def _group_call(name: str, method: str, obj, args, kwargs) -> LowCall:
     else:
         outputs, inputs = None, args[0] if args else (named[0] if named else None)
     group = obj if isinstance(obj, dist.ProcessGroup) else None
-    return LowCall(name, _tensors(inputs), _tensors(outputs), group, f"{type(obj).__name__}.{method}")
+    return LowCall(name, _tensors(inputs), _tensors(outputs), group, f"{type(obj).__name__}.{method}",
+                   returns_work=True)
 
 
-def _op_call(func, args, kwargs) -> LowCall | None:
+def _op_call(func, args, kwargs, p2p: bool = False) -> LowCall | None:
     """A collective C++ operator (``torch.ops.c10d.allreduce_``, ``torch.ops._c10d_functional.all_reduce``), or
-    None for anything else."""
+    None for anything else; with ``p2p``, send and recv too (named ``send``, ``recv``)."""
     schema = func._schema
     namespace, _, op = schema.name.partition("::")
     if namespace not in _OP_NAMESPACES:
         return None
     base = op[:-1] if op.endswith("_") else op
     base = base[:-4] if base.endswith("_out") else base
-    name = OPS.get(base)
+    name = OPS.get(base) or (base if p2p and base in ("send", "recv") else None)
     if name is None:
         return None
     values = {a.name: v for a, v in zip(schema.arguments, args)}
@@ -264,13 +267,13 @@ class _Depth(threading.local):
 class _BelowMode(TorchDispatchMode):
     """Sees the collective C++ operators called in this thread (torch without the groups' hooks)."""
 
-    def __init__(self, seen: Callable, depth: _Depth):
+    def __init__(self, seen: Callable, depth: _Depth, p2p: bool = False):
         super().__init__()
-        self.seen, self.depth = seen, depth
+        self.seen, self.depth, self.p2p = seen, depth, p2p
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        call = _op_call(func, args, kwargs) if self.depth.n == 0 else None
+        call = _op_call(func, args, kwargs, self.p2p) if self.depth.n == 0 else None
         if call is None:
             return func(*args, **kwargs)
         self.depth.n += 1
@@ -281,9 +284,11 @@ class _BelowMode(TorchDispatchMode):
             self.depth.n -= 1
 
 
-def _hook_call(pre, group) -> LowCall | None:
-    """A process group's pre-collective hook's arguments ``pre`` as a :class:`LowCall` (None: not a collective)."""
-    names = HOOK_NAMES.get(pre.name.name)
+def _hook_call(pre, group, p2p: bool = False) -> LowCall | None:
+    """A process group's pre-collective hook's arguments ``pre`` as a :class:`LowCall` (None: not a collective;
+    with ``p2p``, a send or recv is one, named ``send``, ``recv``)."""
+    names = HOOK_NAMES.get(pre.name.name) or (
+        (pre.name.name.lower(),) * 2 if p2p and pre.name.name in ("SEND", "RECV") else None)
     if names is None:
         return None
     inputs, outputs = list(pre.input_tensors), list(pre.output_tensors)
@@ -296,14 +301,17 @@ _hook_ids = itertools.count(1 << 40)
 
 
 @contextlib.contextmanager
-def patched_collectives(replace, fn=None, below: Callable | None = None):
+def patched_collectives(replace, fn=None, below: Callable | None = None, p2p: bool = False):
     """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
     student's code reaches it: ``dist.all_gather``, ``dist.distributed_c10d.all_gather``, or a name imported into
     the module of ``fn`` (a function or a class: ``from torch.distributed import all_gather``). A collective
     reached below those functions (a process group's or its backend's method, torch's functional collectives, DDP's
-    reducer: :class:`LowCall`) goes to ``below(call)`` before it runs (which may raise); without ``below``, to
+    reducer: :class:`LowCall`) goes to ``below(call)`` before it runs (which may raise; for a method, what it
+    returns, if callable, is given the method's Work and returned in its place); without ``below``, to
     ``replace(name, a no-op)`` called with the tensor torch.distributed's function would name first and
-    ``group=``. Each call is seen once, by the outermost of these ways (a thread-local depth per block)."""
+    ``group=``. Each call is seen once, by the outermost of these ways (a thread-local depth per block). With
+    ``p2p``, ``below`` also sees point-to-point calls (``send``, ``recv``: isend, irecv, batch_isend_irecv too),
+    through the groups' hooks or the dispatch mode."""
     import torch.distributed.distributed_c10d as c10d
 
     depth = _Depth()
@@ -344,8 +352,9 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
                 continue
 
             def record(obj, *args, _m=method, _n=name, _o=original, **kwargs):
-                seen(_group_call(_n, _m, obj, args, kwargs))
-                return _o(obj, *args, **kwargs)
+                wrap = seen(_group_call(_n, _m, obj, args, kwargs))
+                work = _o(obj, *args, **kwargs)
+                return wrap(work) if callable(wrap) else work
             saved.append((cls, method, original))
             setattr(cls, method, outermost(record, original))
 
@@ -356,7 +365,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
             def pre(args, group=group):
                 if depth.n:
                     return
-                call = _hook_call(args, group)
+                call = _hook_call(args, group, p2p)
                 if call is not None:
                     depth.n += 1
                     try:
@@ -378,7 +387,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None):
             saved.append((vars(c10d), "_register_process_group", register))
             vars(c10d)["_register_process_group"] = registered
     else:
-        mode = _BelowMode(seen, depth)
+        mode = _BelowMode(seen, depth, p2p)
     try:
         if mode is not None:
             with mode:
@@ -448,25 +457,38 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
 
 
 class _Handle:
-    """A Work handle that records whether the student waited for it (``wait()`` or ``get_future()``). With
+    """A Work handle that records whether the student waited for it (``wait()``, ``get_future()``, or
+    ``is_completed()`` once it says True) and whether a ``wait()`` ran inside backward (``waited_in_backward``:
+    from a hook, while autograd runs a node, where it stops backward until the bucket has travelled). With
     ``into``: the collective works on a copy, and its result reaches the student's tensor ``into`` only when
-    wait() returns or the future completes: the only moment the result is promised, so that reading the
-    tensor before wait() fails every time, not when the network happens to be slow."""
+    wait() returns, the future completes or is_completed() says True: the only moments the result is promised,
+    so that reading the tensor before fails every time, not when the network happens to be slow."""
 
     def __init__(self, work, call, into=None, copy=None):
         self._work, self._call, self._into, self._copy = work, call, into, copy
+        self._delivered = False
 
     def _deliver(self):
-        if self._into is not None:
+        if self._into is not None and not self._delivered:
+            self._delivered = True
             if self._into._version != self._call.get("version", self._into._version):
                 self._call["touched"] = True               # written (divided?) before the result was promised
             self._into.copy_(self._copy)
 
     def wait(self, *args, **kwargs):
         self._call["waited"] = True
+        if _in_backward():
+            self._call["waited_in_backward"] = True
         out = self._work.wait(*args, **kwargs)
         self._deliver()
         return out
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        if done:                                           # polled until done: as good as wait()
+            self._call["waited"] = True
+            self._deliver()
+        return done
 
     def get_future(self):
         self._call["waited"] = True
@@ -484,6 +506,12 @@ class _Handle:
         return getattr(self._work, name)
 
 
+def _in_backward() -> bool:
+    """Whether autograd is running a node in this thread (a hook of backward, not its final callbacks)."""
+    node = getattr(torch._C, "_current_autograd_node", None)
+    return node is not None and node() is not None
+
+
 @contextlib.contextmanager
 def counted_all_reduce(state: dict, fn=None):
     """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
@@ -492,14 +520,26 @@ def counted_all_reduce(state: dict, fn=None):
     storage (``storage``, its data pointer: the weights all-reduced instead of the gradient?), ``elements`` and
     ``content`` (:func:`content_of` the tensor before the call: the gradients, or zeros sent for show?), and for
     an async call whether its handle was waited for and whether the tensor was written before the result was
-    delivered (``touched``: divided before wait()); an async call's result reaches its tensor at wait() (or when
-    its future completes), as promised, not before. A call reached below (``below``: True; a process group's
-    ``allreduce``, DDP's reducer) counts as asynchronous and waited for."""
-    calls = []
+    delivered (``touched``: divided before wait()) and whether it was waited for inside backward
+    (``waited_in_backward``: in a hook, no overlap); an async call's result reaches its tensor at wait() (or when
+    its future completes), as promised, not before. A call reached below (``below``: True) counts as
+    asynchronous; a process group's ``allreduce`` called from Python returns a Work whose waits are recorded
+    the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for.
+    ``state["others"]`` becomes the names of the block's other collectives and point-to-point calls (``send``,
+    ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
+    way while the all-reduces carried them for show?"""
+    calls, others = [], []
+    state["others"] = others
+    unseen = ("all_reduce", "broadcast", "broadcast_object_list")
 
     def replace(name, real):
-        if name != "all_reduce":
+        if name in unseen[1:]:
             return real
+        if name != "all_reduce":
+            def other(*args, **kwargs):
+                others.append(name)
+                return real(*args, **kwargs)
+            return other
 
         def counting(tensor, *args, **kwargs):
             call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False,
@@ -516,10 +556,15 @@ def counted_all_reduce(state: dict, fn=None):
     def below(call: LowCall):
         if call.name == "all_reduce":
             first = call.inputs[0] if call.inputs else None
-            calls.append({"async": True, "in_backward": state["backward"], "waited": True, "below": True,
-                          "storage": first.untyped_storage().data_ptr() if first is not None else 0,
-                          "elements": call.elements, "content": content_of(call.inputs, call.name)})
-    with patched_collectives(replace, fn, below):
+            record = {"async": True, "in_backward": state["backward"], "waited": not call.returns_work,
+                      "below": True, "storage": first.untyped_storage().data_ptr() if first is not None else 0,
+                      "elements": call.elements, "content": content_of(call.inputs, call.name)}
+            calls.append(record)
+            if call.returns_work:                          # its Work, to see whether it is waited for
+                return lambda work: _Handle(work, record)
+        elif call.name not in unseen:
+            others.append(call.name)
+    with patched_collectives(replace, fn, below, p2p=True):
         yield calls
 
 

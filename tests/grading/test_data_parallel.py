@@ -303,9 +303,36 @@ class MyDDP(torch.nn.Module):
 RIGHT_037.update({
     "each bucket all-reduced through the process group object (group.allreduce, a Work to wait for)": (
         SEND_037, f"        self.pending.append((self.bucket, flat, {GROUP}.allreduce([flat])))\n"),
+    "waited by polling is_completed()": (
+        WAIT_037, "            while not work.is_completed():\n                pass\n            flat /= self.world\n"),
 })
 
+FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
 WRONG_037 = {
+    "each bucket waited for in the hook that sent it": (
+        SEND_037, "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()\n"
+                  "        self.pending.append((self.bucket, flat, work))\n",
+        r"rank \d: 3 of the 3 asynchronous all-reduces were waited for \(wait\(\)\) during backward, in a hook"),
+    "a bucket sent when it holds more than bucket_bytes (>, not >=)": (
+        FULL_037, FULL_037.replace(">=", ">"),
+        r"rank \d: 2 all-reduce call\(s\); the rule gives 3 for gradients of \[40, 1280, 128, 4096, 128, 8192\] "
+        r"bytes in ready order and buckets of 1448 bytes: a bucket is full when it holds at least bucket_bytes "
+        r"\(>=, not >\)"),
+    "buckets during backward in step 1 only, then everything in finish()": (
+        ["        self.bucket, self.pending = [], []", FULL_037, "        if self.bucket:\n            self.send()\n"],
+        ["        self.bucket, self.pending, self.steps = [], [], 0",
+         "        if self.steps:                                    # after step 1: all in finish()\n"
+         "            return\n" + FULL_037,
+         "        self.steps += 1\n        if self.bucket:\n            self.send()\n"],
+        r"rank \d in step 2 of 3, after step 1 passed: 1 all-reduce call\(s\); the rule gives 3"),
+    "the process group's allreduce, its Work never waited for": (
+        [SEND_037, WAIT_037],
+        [f"        self.pending.append((self.bucket, flat, {GROUP}.allreduce([flat])))\n",
+         "            flat /= self.world\n"],
+        r"rank \d: 3 of the 3 asynchronous all-reduces were never waited for \(work.wait\(\)\)"),
+    "a hook on every parameter, the frozen one too": (
+        HOOKS_037, "            p.register_post_accumulate_grad_hook(self.ready)\n",
+        r"rank \d: your wrapper raised .* on a model whose 0.weight is frozen \(requires_grad=False"),
     "buffers broadcast, the parameters averaged": (
         BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
                    "            for p in module.parameters():\n                dist.all_reduce(p)\n"
@@ -313,45 +340,64 @@ WRONG_037 = {
         r"after your wrapper was built every rank held the same weights, but not rank 0's \(world size 3\)"),
     "buckets counted in elements": (
         "q.grad.numel() * q.grad.element_size() for", "q.grad.numel() for",
-        r"1 all-reduce call\(s\); the rule gives 2 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
+        r"1 all-reduce call\(s\); the rule gives 3 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),
     # collectives through the process group object, or torch's functional collectives, count as all-reduces
     "zeros per bucket, the whole gradient all-reduced in finish() by the process group object": (
         [SEND_037, FINISH_037],
         [ZEROS_037, WHOLE_037.format(reduce=f"        {GROUP}.allreduce([flat]).wait()\n        flat /= self.world\n")],
-        r"rank \d: 3 all-reduce call\(s\), 2 of them carrying nothing but zeros; the rule gives 2"),
+        r"rank \d: 4 all-reduce call\(s\), 3 of them carrying nothing but zeros; the rule gives 3"),
     "zeros per bucket, the whole gradient all-reduced in finish() by torch's functional collectives": (
         [SEND_037, FINISH_037],
         [ZEROS_037, WHOLE_037.format(
             reduce="        import torch.distributed._functional_collectives as funcol\n"
                    "        flat = funcol.all_reduce(flat, 'sum', dist.group.WORLD) / self.world\n")],
-        r"rank \d: 3 all-reduce call\(s\), 2 of them carrying nothing but zeros; the rule gives 2"),
+        r"rank \d: 4 all-reduce call\(s\), 3 of them carrying nothing but zeros; the rule gives 3"),
     "every bucket all-reduced in finish() by the process group's backend, none during backward": (
         [SEND_037, WAIT_037],
         ["        self.pending.append((self.bucket, flat, None))\n",
          f"            {GROUP}._get_backend(torch.device('cpu')).allreduce([flat]).wait()\n"
          "            flat /= self.world\n"],
-        r"rank \d: 2 bucket\(s\) of 2048 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
+        r"rank \d: 3 bucket\(s\) of 1448 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
     # the all-reduces counted carry something else while the gradients travel another way
     "torch's DistributedDataParallel inside, an all-reduce of one zero per bucket": (
         None, TORCH_DDP_037, r"rank \d: your code built torch's DistributedDataParallel \(world size 3\)"),
     "the gradients averaged by send and recv, zeros all-reduced per bucket": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P, ZEROS_037, P2P_037],
-        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\), 3,466 elements\) carried "
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(3 call\(s\), 3,466 elements\) carried "
         r"zeros, not rank \d's gradients \(world size 3\)"),
     "the gradients averaged by send and recv, one zero all-reduced per bucket": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P,
          "        self.pending.append((self.bucket, flat, dist.all_reduce(torch.zeros(1), async_op=True)))\n",
          P2P_037],
-        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\), 2 elements\) carried zeros"),
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(3 call\(s\), 3 elements\) carried zeros"),
     "the gradients averaged by send and recv, the weights all-reduced per bucket": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P,
          "        weights = torch.cat([p.detach().reshape(-1) for p in self.bucket]) / self.world\n"
          "        self.pending.append((self.bucket, flat, dist.all_reduce(weights, async_op=True)))\n", P2P_037],
-        r"rank \d: the gradients are right, but in step 1 your all-reduces \(2 call\(s\)\) carried the weights, not "
+        r"rank \d: the gradients are right, but in step 1 your all-reduces \(3 call\(s\)\) carried the weights, not "
         r"rank \d's gradients"),
+    # the all-reduces carry the gradients, but their results are thrown away: the gradients travel another way
+    "a copy of each bucket all-reduced and dropped, the bucket all-gathered and summed": (
+        [SEND_037, WAIT_037],
+        ["        self.pending.append((self.bucket, flat, dist.all_reduce(flat.clone(), async_op=True)))\n",
+         "            work.wait()\n            parts = [torch.empty_like(flat) for _ in range(self.world)]\n"
+         "            dist.all_gather(parts, flat)\n            flat = torch.stack(parts).sum(0) / self.world\n"],
+        r"rank \d: besides your 3 all-reduce\(s\), the step made 3 call\(s\) of all_gather: DDP moves the "
+        r"gradients by all-reduce alone"),
+    "every bucket kept in a module-level list (for debugging)": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import torch.distributed as dist\n\nSENT = []                                          # for debugging\n",
+         "        SENT.append(flat)\n" + SEND_037],
+        r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
+        r"13,864, 27,728, 41,592 bytes"),
+    "each bucket reversed and all-reduced for show, summed by send and recv": (
+        ["import torch.distributed as dist\n", SEND_037, FINISH_037],
+        ["import torch.distributed as dist\n" + P2P,
+         "        self.pending.append((self.bucket, flat, dist.all_reduce(flat.flip(0), async_op=True)))\n", P2P_037],
+        r"rank \d: besides your 3 all-reduce\(s\), the step made 12 call\(s\) of recv, send"),
 }
 
 

@@ -111,7 +111,7 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
          "            self.closed.append(self.bucket)\n            self.bucket = []\n\n    def send",
          "        for b in self.closed:\n            self.bucket = b\n            self.send()\n        self.closed = []\n"
          "        if self.bucket:\n            self.send()\n"],
-        r"2 bucket\(s\) of 2048 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
+        r"3 bucket\(s\) of 1448 bytes fill up during backward, but 0 all-reduce\(s\) started there"),
     "03.7 without the broadcast": ("03.7", "                dist.broadcast(t, src=0)  ", "                pass  ",
                                    r"the ranks' weights still differed .* DDP broadcasts rank 0's parameters"),
     "03.7 hooks per module, a tied weight twice": (
@@ -121,7 +121,7 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
     "03.7 buffers left out of the broadcast": ("03.7", "list(module.parameters()) + list(module.buffers())",
                                                "list(module.parameters())",
                                                r"the ranks' weights still differed .* \(and buffers\)"),
-    "03.7 never waited": ("03.7", "            work.wait()\n", "", r"2 of the 2 asynchronous all-reduces were never"),
+    "03.7 never waited": ("03.7", "            work.wait()\n", "", r"3 of the 3 asynchronous all-reduces were never"),
     "03.7 the open bucket forgotten": ("03.7", "        if self.bucket:\n            self.send()\n", "",
                                        r"is still this rank's own .* all-reduce it"),
     "07.6 all-reduce, then a slice": ("07.6", "        reduce_scatter_single(out, flat)  ",

@@ -108,6 +108,43 @@ def test_counted_all_reduce_keeps_its_wait_semantics(world_of_one):
     assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0)
 
 
+def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
+    """is_completed() once True is a wait (and delivers the result); a process group's own allreduce is waited
+    for when its Work is, not before; a wait() in a hook, inside backward, is recorded as such (03.7)."""
+    x, y, w = torch.ones(3), torch.ones(2), torch.ones(2, requires_grad=True)
+
+    def blocking(p):
+        dist.all_reduce(p.grad, async_op=True).wait()
+    w.register_post_accumulate_grad_hook(blocking)
+    with counted_all_reduce({"backward": False}) as calls:
+        work = dist.all_reduce(x, async_op=True)
+        while not work.is_completed():
+            pass
+        group_work = world_of_one.allreduce([y])
+        assert not calls[1]["waited"]
+        group_work.wait()
+        (w * 2).sum().backward()
+    assert calls[0]["waited"] and torch.equal(x, torch.ones(3)) and not calls[0].get("waited_in_backward")
+    assert calls[1]["below"] and calls[1]["waited"] and not calls[1].get("waited_in_backward")
+    assert calls[2]["waited_in_backward"] and torch.equal(w.grad, torch.full((2,), 2.0))
+
+
+def test_counted_all_reduce_names_the_other_collectives(world_of_one, below_route):
+    """Besides the all-reduces, the block's other collectives are named in state["others"], however reached (a
+    broadcast excepted: DDP broadcasts buffers at every forward); 03.7 asks why the gradients needed them."""
+    import torch.distributed._functional_collectives as funcol
+
+    state, x = {"backward": False}, torch.ones(2)
+    with counted_all_reduce(state) as calls:
+        dist.all_reduce(x)
+        dist.broadcast(x, src=0)
+        dist.all_gather([torch.empty(2)], x)
+        world_of_one._allgather_base(torch.empty(2), x).wait()
+        _quietly(funcol.reduce_scatter_tensor, x, "sum", 0, world_of_one).wait()
+    assert len(calls) == 1
+    assert state["others"] == ["all_gather", "all_gather_into_tensor", "reduce_scatter_tensor"]
+
+
 def test_point_to_point_only_refuses_every_route(world_of_one, below_route):
     for name, run in _routes(world_of_one):
         with point_to_point_only("04.4"), pytest.raises(RuntimeError, match="allows point-to-point only"):

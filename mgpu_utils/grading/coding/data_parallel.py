@@ -15,8 +15,20 @@ the same shards (:func:`against_ddp`), counts the all-reduce calls
 ``allreduce`` too) against the exercise's rule (one per parameter inside backward, or one per bucket:
 :func:`bucket_calls_ok`), checks that they carry this rank's own gradients (not zeros sent for show while the
 gradients travel some other way), refuses torch's own DDP built inside the student's code, and names a wrong
-gradient (:func:`what_the_gradient_is`). The hints of the problems they report, the exercises' records and the step
-times said on success are here too.
+gradient (:func:`what_the_gradient_is`). The rule of calls, their waits (each handle waited for before finish()
+returns, by wait(), its future or is_completed(); none waited for inside backward, where it stops the overlap) and
+what they carry are checked in every step, not in the first only; so is any other collective or send/recv made
+beside the all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What
+the wrapper, and the top level of the student's module, hold after each step must not grow. The
+hints of the problems they report, the exercises' records and the step times said on success are here too.
+
+Known limits (03.7): no model has an unused parameter (DDP needs find_unused_parameters for one), so a wrapper
+that counts hooks to close the last bucket, or asserts every gradient is there, passes; a wait on a bucket's
+future (``get_future().wait()``) inside backward, or a loop on is_completed() there, is not seen as a wait;
+gradients moved by broadcasts beside all-reduces for show, and state that grows in a functools cache or below
+the top level of another module, are not told apart from a right solution (a list or dict at the top level of
+the student's module is); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
+locals) are not looked for.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from mgpu_utils.data import load_data
 from mgpu_utils.costs import overlap
 from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, switched_off
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
-                                           named_content)
+                                           named_content, namespaces_of)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -58,7 +70,7 @@ def every_rank_gradients(model, x, y, world) -> list[dict]:
     for r in range(world):
         m = copy.deepcopy(model)
         F.cross_entropy(m(x[r::world]), y[r::world]).backward()
-        grads.append({n: q.grad.detach().clone() for n, q in m.named_parameters()})
+        grads.append({n: q.grad.detach().clone() for n, q in m.named_parameters() if q.grad is not None})
     return grads
 
 
@@ -104,7 +116,8 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
         ready.append(q.grad.numel() * q.grad.element_size())
         own.append(content_of(q.grad))                    # this rank's own gradient, before the student's hooks
     for q in mine.parameters():
-        q.register_post_accumulate_grad_hook(accumulated)
+        if q.requires_grad:                               # a frozen parameter has no gradient, and no hook
+            q.register_post_accumulate_grad_hook(accumulated)
     with built(TORCH_DDP) as torch_built:                 # torch's DDP built by the student's code (ours is built)
         return _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready, own, state,
                       torch_built)
@@ -113,7 +126,13 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
 def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready, own, state, torch_built):
     """against_ddp's three steps, the wrapper built first (see there)."""
     world, rank = ctx.world_size, ctx.rank
-    sync = make_sync(mine)
+    frozen = [n for n, q in mine.named_parameters() if not q.requires_grad]
+    try:
+        sync = make_sync(mine)
+    except RuntimeError as e:                             # a hook on a frozen parameter: torch refuses it
+        if not frozen or "require" not in str(e):
+            raise
+        return note(problems, {"rank": rank, "kind": "frozen", "param": frozen[0], "error": str(e).splitlines()[0]})
     if perturb:                                           # after the wrapper: every rank holds rank 0's weights?
         pairs = list(zip(mine.parameters(), ddp.module.parameters())) + list(zip(mine.buffers(),
                                                                                 ddp.module.buffers()))
@@ -129,7 +148,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times, held, later = {"yours_ms": [], "ddp_ms": []}, [], None
+    times, held, held_outside, later = {"yours_ms": [], "ddp_ms": []}, [], [], None
+    outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals
+               for space in (namespaces_of(fn) if fn is not None else [])]
     for step in range(3):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -145,21 +166,25 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             sync.finish()
         t1 = time.perf_counter()
         held.append(held_bytes(sync, exclude=list(mine.parameters())))   # what the wrapper keeps between steps
+        held_outside.append(held_bytes(outside, exclude=list(mine.parameters())))   # and its module, at top level
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
         carried = _carried(calls, own, before, world, step)
         if carried and later is None:
             later = {"rank": rank, **carried}
+        at = ("", " in step 2 of 3, after step 1 passed", " in step 3 of 3, after steps 1 and 2 passed")[step]
+        if step == 0 and torch_built:                     # its reducer's all-reduces may leave nothing else wrong
+            note(problems, {"rank": rank, "kind": "torch_ddp", "what": torch_built[0]})
+        unwaited = sum(c["async"] and not c["waited"] for c in calls)
+        if unwaited:                                      # first: unwaited work can also leave a gradient wrong
+            note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
+                            "unwaited": unwaited, "at": at})
         if step == 0:
-            if torch_built:                               # its reducer's all-reduces may leave nothing else wrong
-                note(problems, {"rank": rank, "kind": "torch_ddp", "what": torch_built[0]})
-            unwaited = sum(c["async"] and not c["waited"] for c in calls)
-            if unwaited:                                  # first: unwaited work can also leave a gradient wrong
-                note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
-                                "unwaited": unwaited})
             weights = {q.untyped_storage().data_ptr() for q in mine.parameters()}
             for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
+                if d.grad is None:                        # frozen: DDP leaves it alone (the weights are compared)
+                    continue
                 if q.grad is None or diff(q.grad, d.grad) > 1e-6:
                     got = q.grad if q.grad is not None else torch.zeros_like(d.grad)
                     note(problems, {"rank": rank, "kind": "grad", "param": name, "max_diff": diff(got, d.grad),
@@ -169,27 +194,41 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
                                     "touched": any(c.get("touched") for c in calls),
                                     "on_weights": sum(c["storage"] in weights for c in calls),
                                     "carried": sum(c["elements"] for c in calls),
-                                    "total": sum(p.numel() for p in mine.parameters()),
+                                    "total": sum(p.numel() for p in mine.parameters() if p.requires_grad),
                                     **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
-            bad = check_calls(calls, list(ready))
-            if bad:
-                note(problems, {"rank": rank, **bad})
-            if carried:                                   # the right gradients and calls, but not through them
-                note(problems, {"rank": rank, **carried})
-            found = torch.tensor([float(bool(problems))])
-            dist.all_reduce(found)                        # every rank stops together once any rank found one:
-            if found.item():                              # a wrong solution may not survive more steps
-                break
+        blocked = sum(bool(c.get("waited_in_backward")) for c in calls)
+        if blocked:                                       # waited in a hook: backward stopped, nothing overlapped
+            note(problems, {"rank": rank, "kind": "waited_in_backward", "blocked": blocked, "at": at,
+                            "started": sum(c["async"] for c in calls)})
+        bad = check_calls(calls, list(ready))             # every step: a rule kept in step 1 only is not kept
+        if bad:
+            note(problems, {"rank": rank, "at": at, **bad})
+        if step == 0 and carried:                         # the right gradients and calls, but not through them
+            note(problems, {"rank": rank, **carried})
+        if calls and state["others"]:                     # all-reduces for show, the gradients moved another way?
+            note(problems, {"rank": rank, "kind": "others", "at": at, "calls": len(calls),
+                            "what": ", ".join(sorted(set(state["others"]))), "n": len(state["others"])})
+        found = torch.tensor([float(bool(problems))])
+        dist.all_reduce(found)                            # every rank stops together once any rank found one:
+        if found.item():                                  # a wrong solution may not survive more steps
+            break
         for opt in opts:
             opt.step()
     worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
     if worst > 1e-6:
         note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
-    elif len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024:
+    elif _grows(held):
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
+    elif _grows(held_outside):
+        note(problems, {"rank": rank, "kind": "growth", "bytes": held_outside, "outside": True})
     elif later is not None:                               # a later step's all-reduces carried something else
         note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def _grows(held: list) -> bool:
+    """Whether the bytes held after each of three steps grow every step, by more than 1 KiB in all."""
+    return len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024
 
 
 def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | None:
@@ -217,13 +256,14 @@ def check_overlap(cls, ctx, problems):
     return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
 
 
-def expected_buckets(ready_bytes: list, bucket_bytes: int) -> int:
+def expected_buckets(ready_bytes: list, bucket_bytes: int, strict: bool = False) -> int:
     """All-reduce calls under 03.6's rule: gradients join the open bucket in ready order; it is sent when it
-    holds at least ``bucket_bytes``; what is left is sent at the end."""
+    holds at least ``bucket_bytes``; what is left is sent at the end. ``strict``: sent only when it holds more
+    than ``bucket_bytes`` (``>``, a mistake: a bucket that reaches it exactly stays open)."""
     calls = held = 0
     for b in ready_bytes:
         held += b
-        if held >= bucket_bytes:
+        if held > bucket_bytes or (held == bucket_bytes and not strict):
             calls, held = calls + 1, 0
     return calls + (held > 0)
 
@@ -236,6 +276,7 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
     if len(calls) != want or not all(c["async"] for c in calls):
         return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
                 "ready_bytes": ready, "all_async": all(c["async"] for c in calls),
+                "strict": len(calls) == expected_buckets(ready, bucket_bytes, strict=True) != want,
                 "zero_calls": sum(c["content"].absolute == 0 for c in calls if "content" in c)}
     full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
     inside = sum(c["in_backward"] for c in calls)
@@ -262,19 +303,33 @@ def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     return times[0]
 
 
-def check_my_ddp(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
+def frozen_mlp() -> torch.nn.Sequential:
+    """03.7's MLP with its first layer's weight frozen (``requires_grad=False``, as in fine-tuning): it has no
+    gradient, DDP leaves it out of its buckets (and still broadcasts it), and so must a wrapper."""
+    model = make_mlp(32, 2)
+    model[0].weight.requires_grad_(False)
+    return model
+
+
+#: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the MLP's first three gradients
+#: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
+#: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it).
+MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (TiedMLP, 2048), (TiedMLP, 1 << 20))
+
+
+def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
-    on an MLP and on :class:`TiedMLP`, with every rank but 0 starting from other weights."""
-    for model_fn in (None, TiedMLP):
-        for b in bucket_bytes:
-            found = torch.tensor([float(bool(problems))])
-            dist.all_reduce(found)                        # every rank stops together once any rank found one
-            if found.item():
-                return
-            times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
-                                model_fn=model_fn, perturb=True, fn=cls)
-            if problems and model_fn is TiedMLP:
-                problems[0]["tied"] = True
+    for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`), with every
+    rank but 0 starting from other weights."""
+    for model_fn, b in rounds:
+        found = torch.tensor([float(bool(problems))])
+        dist.all_reduce(found)                            # every rank stops together once any rank found one
+        if found.item():
+            return
+        times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
+                            model_fn=model_fn, perturb=True, fn=cls)
+        if problems and model_fn is TiedMLP:
+            problems[0]["tied"] = True
     return times
 
 
@@ -473,7 +528,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
          "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
         (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
-    "growth": [(always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
+    "growth": [(lambda p, W: p.get("outside"),
+                "rank {rank}: the result is right, but what your module holds at its top level (outside the "
+                "wrapper) grows: {bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something "
+                "is kept from every step in a global (a list of buckets kept for debugging?): in a long run it "
+                "fills the memory"),
+               (always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
                         "every step (a list of pending work never cleared?): in a long run it fills the memory")],
     "broadcast": [(lambda p, W: p.get("agree"),
@@ -483,22 +543,39 @@ HINTS: dict[str, list[tuple]] = {
                   (always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
                            "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
                            "wraps the model; do the same in __init__")],
-    "unwaited": [(always, "rank {rank}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
+    "unwaited": [(always, "rank {rank}{at}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
                           "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
                           "all-reduce has not written yet; keep each handle and wait for it in finish()")],
-    "overlap": [(always, "rank {rank}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
+    "others": [
+        (always, "rank {rank}{at}: besides your {calls} all-reduce(s), the step made {n} call(s) of {what}: DDP "
+                 "moves the gradients by all-reduce alone. All-reduce each bucket and use its result, the sum over "
+                 "the ranks that wait() leaves in the tensor you gave it (not in a copy sent for show)")],
+    "waited_in_backward": [
+        (always, "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were waited for (wait()) "
+                 "during backward, in a hook: wait() blocks until the all-reduce is done, so backward stops there "
+                 "and nothing overlaps it, as with a blocking all-reduce; keep each handle and wait for them all in "
+                 "finish(), after backward")],
+    "frozen": [(always, "rank {rank}: your wrapper raised \"{error}\" on a model whose {param} is frozen "
+                        "(requires_grad=False, as in fine-tuning): a frozen parameter has no gradient and takes no "
+                        "hook. DDP leaves it out of its buckets (and still broadcasts it): hook only the parameters "
+                        "with p.requires_grad")],
+    "overlap": [(always, "rank {rank}{at}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
                          "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                          "finish()")],
     "buckets": [
         (lambda p, W: p.get("zero_calls"),
-         "rank {rank}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
+         "rank {rank}{at}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
          "{want} for gradients of {ready_bytes} bytes in ready order and buckets of {bucket_bytes} bytes: all-reduce "
          "each bucket's gradients once, and nothing for show"),
+        (lambda p, W: p["all_async"] and p.get("strict"),
+         "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
+         "ready order and buckets of {bucket_bytes} bytes: a bucket is full when it holds at least bucket_bytes "
+         "(>=, not >), so one that reaches exactly {bucket_bytes} bytes is sent then, not after the next gradient"),
         (lambda p, W: p["all_async"],
-         "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
+         "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
          "ready order and buckets of {bucket_bytes} bytes"),
-        (always, "rank {rank}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes "
-                 "in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
+        (always, "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} "
+                 "bytes in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
                  "(async_op=True)")],
     "torch_ddp": [(always, "rank {rank}: your code built {what} (world size {W}): its reducer all-reduces the "
                            "gradients for you, and the exercise is to write that yourself; average the gradients "
@@ -515,7 +592,7 @@ HINTS: dict[str, list[tuple]] = {
                  "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
                  "the gradients' {want:.4g} (world size {W}). Each all-reduce must carry gradients (divided by the "
                  "world size or not), every gradient once, and nothing else")],
-    "late_buckets": [(always, "rank {rank}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
+    "late_buckets": [(always, "rank {rank}{at}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
                               "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
                               "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
                               "only sends the bucket still open at the end")],
