@@ -218,6 +218,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
+    padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
     start, comm, wrong_carried = _flat(mine.parameters()), None, None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
@@ -244,8 +245,13 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
             group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
         reduced = sum(n for call, n in carried if call == "all_reduce")
+        moved = _traffic(carried, content)
         if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
             comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
+        elif sum(moved.values()) > _traffic_bound(padded, world) and comm is None:
+            comm = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
+                    "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
+                    "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
         if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
             note(problems, {**base, "kind": "any_nograd", "what": "frozen", "step": s + 1,
                             "got": mine.scale.detach().mean().item()})
@@ -253,14 +259,15 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
-    held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
+    held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
     allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
     found = {"tensors": 0, "python": 0, "files": []}
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before,
                             limit=allowed + PYTHON_SLACK - held)
-        held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(found["optimizers"]))
+        inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
+        held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
     if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
     if diff(got, want) > 1e-5:
@@ -282,6 +289,53 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
+
+
+#: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
+#: their output; the others' is what they put in (all_reduce, broadcast, reduce, gather).
+OUTPUT_FIRST = ("all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "scatter")
+
+
+def _traffic(carried: list, content: list) -> dict:
+    """{collective: elements in and out of this rank} over a step's calls (``carried`` and ``content`` of
+    :func:`~mgpu_utils.measure.comm_calls.counted_collectives`, one entry per call): what this rank puts in, plus
+    the output of those that have one (:data:`OUTPUT_FIRST`), an all-reduced tensor twice (in and out), a
+    broadcast or reduced one once (sent by one rank or received by the others; sent by every rank), a gather's
+    input only. A right ZeRO-1 step: 2 x (1 + 1/world) x the parameters (a reduce-scatter, an all-gather)."""
+    moved = collections.Counter()
+    for (name, first), put in zip(carried, content):
+        moved[name] += put.elements + (first if name in OUTPUT_FIRST or name == "all_reduce" else 0)
+    return dict(moved)
+
+
+def _traffic_bound(padded: int, world: int) -> float:
+    """The most elements a right ZeRO-1 step may move in and out of a rank (:func:`_traffic`), ``padded`` the
+    trainable parameters each padded to a multiple of the world: a reduce-scatter and an all-gather of each,
+    2 x (1 + 1/world) x padded, and a quarter of the parameters more; a whole gradient that reached every rank
+    (all-gathered: (world + 1) x; reduced then broadcast: 2 x; broadcast by each rank: world x; all-gathered
+    after the reduce-scatter: another (1 + 1/world) x) passes it at world 2 and 3."""
+    return 2 * padded * (1 + 1 / world) + padded / 4
+
+
+def _shards_only(params: list, model, world: int) -> list:
+    """Of ``params`` (the parameters of the optimizers inside the student's, :func:`inner_parameters`), those
+    that may be left out of the state held: the model's own parameters, and others up to a rank's shard of
+    every parameter (their storages' bytes, in float32): an idle optimizer over the state tensors does not make
+    them parameters."""
+    own = {id(p) for p in model.parameters()}
+    budget = 4 * (sum(-(-p.numel() // world) for p in model.parameters()) + world)
+    out, seen = [], set()
+    for t in params:
+        ptr = t.untyped_storage().data_ptr()
+        if id(t) in own or ptr in seen:
+            out.append(t)
+            continue
+        if t.untyped_storage().nbytes() <= budget:
+            budget -= t.untyped_storage().nbytes()
+            seen.add(ptr)
+            out.append(t)
+    return out
 
 
 def check_sharded_any(cls, ctx, problems, steps=3):
@@ -438,6 +492,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
+                elif _module_bytes(model) > 4 * full / world + 1024:   # kept where the wrapper does not reach
+                    note(problems, {**base, "what": "module", "step": s + 1, "bytes": _module_bytes(model),
+                                    "full_bytes": full * 4})
                 seen.clear()
                 if grouped:
                     params = _full_parameters(wrapper, names, base, problems, shapes)
@@ -459,6 +516,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
             params = _full_parameters(wrapper, names, base, problems, shapes)
+            if params is not None and dtype is not None and all(
+                    torch.equal(t, t.to(dtype).float()) for t in params.values()):
+                note(problems, {**base, "what": "full_rounded"})   # gathered in the compute dtype, cast back
+                params = None
             for name, want in refs["right"].named_parameters():
                 if params is not None and not close(params[name].float(), want.detach()):
                     note(problems, {**base, "what": "full_params", "steps": steps, "name": name,
@@ -512,6 +573,13 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
                         "shard": round(full / world), "full_bytes": full})
 
 
+def _module_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the storages of ``model.parameters()`` (each once): 07.6's module, whose whole parameters the
+    wrapper must free once sharded, wherever the module is kept (a module-level dict, a weakref)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
 def _own_gradients(model, x, y, dtype) -> list:
     """The content of this rank's own gradients (rows ``x``, ``y``) of a copy of ``model`` (one process's model,
     with the weights the student's should have), computing in ``dtype`` as :func:`_fsdp_reference` does; and,
@@ -555,6 +623,9 @@ def _fsdp_carried(content: list, shards: list, required: list, most, grads, worl
     if gathered.elements and not carries_some(gathered, shards, required, rtol, most):
         return {**problem, "carried": "gathers", "content": named_content(gathered, world, rtol),
                 "elements": gathered.elements}
+    scattered = add_content(c for c in content if c.name in SCATTERS)
+    if scattered.elements and scattered.squares == 0:      # zeros for show, the gradients summed another way
+        return {**problem, "carried": "gradients", "content": "zeros", "elements": scattered.elements}
     reduced = add_content(c for c in content if c.name in SCATTERS + ("reduce",))
     if reduced.elements and not any(carries(reduced, g, world, rtol) for g in grads):
         return {**problem, "carried": "gradients", "content": named_content(reduced, world, rtol),
@@ -667,7 +738,14 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
                  "second (half the lr, weight_decay 0.05) differs by {max_diff:.3g}: each group's own options must reach "
                  "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
-    "any_comm": [(always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
+    "any_comm": [(lambda p, W: p.get("what") == "traffic",
+                  "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
+                  "of this rank ({calls}), and the model trains {full:,}: a whole gradient reached every rank "
+                  "(all-gathered, reduced then broadcast, broadcast by each rank, or all-gathered again after the "
+                  "reduce-scatter), as in DDP, though each rank updates its slice only. ZeRO-1 reduce-scatters the "
+                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, about "
+                  "{right:,} elements in and out; send no whole gradient anywhere"),
+                 (always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
                           "model trains {full:,}: every rank received every gradient, as in DDP, though it updates "
                           "its slice only. ZeRO-1 reduce-scatters (each rank receives its slice's gradient, summed: "
                           "reduce_scatter_single) and all-gathers the updated slices: 2 x the parameters per step, "
@@ -745,6 +823,15 @@ HINTS: dict[str, list[tuple]] = {
          "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
+        (lambda p, W: p["what"] == "module",
+         "rank {rank} ({model}, {dtype}): after step {step} the module given to your wrapper still holds "
+         "{bytes:,} bytes in its parameters (module.parameters()), and the whole model is {full_bytes:,}: kept "
+         "where your wrapper does not reach it (a module-level dict, a weakref), it is still on this rank. Free "
+         "the module's own parameters once sharded (p.data = torch.empty(0)) and gather them for each forward"),
+        (lambda p, W: p["what"] == "full_rounded",
+         "rank {rank} ({model}, {dtype}): every value full_parameters() returned is a {dtype} number cast to "
+         "float32: the parameters were gathered in the compute dtype, which rounds each to 8 bits. Gather the "
+         "float32 shards for full_parameters(); cast to compute_dtype only what the forward uses"),
         (lambda p, W: p["what"] == "file" and p["how"] == "wrote",
          "rank {rank} ({model}): the sharded parameters must live in this process's memory: your code wrote "
          "{path} during the steps. A file keeps whole parameters out of sight, but this rank still holds them; "
