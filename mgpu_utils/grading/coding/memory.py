@@ -12,6 +12,11 @@ code is refused. 07.6 also reads the dtype the Linear layers compute in (:class:
 outside the graded object (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages elsewhere,
 Python objects such as bytes, BytesIO or numpy arrays, files written); 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
+
+Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
+anonymous mmap, ctypes memory, os.environ, the c10d store, a helper thread's locals, a str or int encoding, a
+buffer made at import hung on a function attribute, floats written into a list made before the round; in 07.6
+a tuple of floats) are not seen.
 """
 
 from __future__ import annotations
@@ -195,7 +200,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     """One optimizer of 07.5: the student's and the reference trained side by side; see check_sharded_any.
     ``watch``: an :class:`~mgpu_utils.grading.common.OutsideState` (begun here, stopped by the caller): the MLP
     has :data:`WIDE` hidden units instead of 24, and the state kept outside the optimizer's tensors counts too
-    (tensors and storages elsewhere in the process, Python objects, files)."""
+    (tensors and storages elsewhere in the process, Python objects, files). Returns the problem of a step whose
+    collectives moved more than :func:`_traffic_bound` (the caller tells it after every round: state kept
+    outside, found in the last round only, comes first), or None."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -214,12 +221,12 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
-        return
+        return None
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
-    start, comm, wrong_carried = _flat(mine.parameters()), None, None
+    start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
@@ -248,8 +255,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         moved = _traffic(carried, content)
         if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
             comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
-        elif sum(moved.values()) > _traffic_bound(padded, world) and comm is None:
-            comm = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
+        elif sum(moved.values()) > _traffic_bound(padded, world) and traffic is None:
+            traffic = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
                     "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
                     "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
         if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
@@ -289,6 +296,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
+    return traffic
 
 
 #: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
@@ -343,9 +351,13 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
     steps, the extra head unused in steps 2 and 4), each on this rank's share of the batch against the optimizer
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
-    model or more (the elements each collective carries), a frozen or unused parameter that moved, the second
-    group's options ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the
-    model's parameters and its inner optimizers' parameters) against the reference's state over the world;
+    model or more (the elements each collective carries), or whose collectives move more elements in and out
+    of the rank than a reduce-scatter and an all-gather of the parameters do (:func:`_traffic_bound`: a whole
+    gradient all-gathered, reduced and broadcast, broadcast by each rank, or all-gathered after the
+    reduce-scatter), a frozen or unused parameter that moved, the second group's options ignored, the
+    parameters after the steps, and the state held (:func:`held_bytes` without the model's parameters and its
+    inner optimizers' parameters up to a rank's share, :func:`_shards_only`) against the reference's state
+    over the world;
     reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
     and torch's ZeroRedundancyOptimizer built, each a problem of its own. A last round, SGD with momentum on an
     MLP of :data:`WIDE` hidden units, also counts the state kept outside the optimizer
@@ -354,15 +366,19 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
+    traffic = None                 # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
         watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
         try:
-            _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
+            found = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
         finally:
             if watch is not None:
                 watch.stop()
+        traffic = traffic or found
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
+    if traffic is not None:
+        note(problems, traffic)
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -403,8 +419,11 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
     the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
-    reduce-scatters its own gradients), and torch's FSDP or fully_shard built, each a problem of its own; then
-    what the process keeps outside the wrapper (:func:`_fsdp_outside`)."""
+    reduce-scatters its own gradients, not zeros while the gradients are summed another way), and torch's FSDP
+    or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
+    parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
+    values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
+    wrapper (:func:`_fsdp_outside`)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -777,8 +796,10 @@ HINTS: dict[str, list[tuple]] = {
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
          "slice only, in tensors, about 1/{W}"),
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
-                            "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
-                            "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
+                            "tensor it can reach but the model's parameters and, up to a rank's share of the model, "
+                            "the parameters an optimizer inside it updates: state listed as an optimizer's "
+                            "parameters is still state); the optimizer in one process holds {full:,}: keep the "
+                            "state of this rank's slice only, about 1/{W}")],
     "fsdp": [
         (lambda p, W: p["what"] == "torch_fsdp",
          "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
