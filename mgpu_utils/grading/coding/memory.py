@@ -16,7 +16,8 @@ The hints of the problems they report, the exercises' records and the bytes said
 Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
 anonymous mmap, ctypes memory, os.environ, the c10d store, a helper thread's locals, a str or int encoding, a
 buffer made at import hung on a function attribute, floats written into a list made before the round; in 07.6
-a tuple of floats) are not seen.
+a tuple of floats) are not seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every
+rank, which the bound on a step's collectives (:func:`_traffic_bound`) sees, unless they travel by send/recv.
 """
 
 from __future__ import annotations
@@ -730,6 +731,11 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
          "call(s)) carried the parameters, not rank {rank}'s gradients (world size {W}): reduce-scatter the "
          "gradients themselves"),
+        (lambda p, W: not p["got"] <= 100 * p["want"],      # nan too: what torch.empty left in memory
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
+         "call(s), {elements:,} elements) carried a sum of squares of {got:.4g}, the gradients' {want:.4g} (world "
+         "size {W}): is the padding zeros? torch.empty leaves whatever was in memory, and it is summed and sent "
+         "with the gradients (a NaN there reaches the optimizer's state); pad with zeros (torch.zeros, new_zeros)"),
         (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters "
                  "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
                  "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
