@@ -298,6 +298,9 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
                    "            for r in range(self.world):\n                part = full[r * size:(r + 1) * size]\n"
                    "                if r == self.rank:\n                    part.copy_(shard.detach())\n"
                    "                dist.broadcast(part, src=r)\n"]),
+    "an all-to-all and a local sum instead of a reduce-scatter": (
+        RS, "            parts = torch.empty_like(flat)\n            dist.all_to_all_single(parts, flat)\n"
+            "            g = parts.view(self.world, size).sum(0)\n"),
     "frozen parameters left out of the inner optimizer": (
         "                mine.append(shard)\n", "                if p.requires_grad:\n                    "
                                              "mine.append(shard)\n"),

@@ -253,7 +253,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
             group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
         reduced = sum(n for call, n in carried if call == "all_reduce")
-        moved = _traffic(carried, content)
+        moved = _traffic(carried, content, world)
         if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
             comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
         elif sum(moved.values()) > _traffic_bound(padded, world) and traffic is None:
@@ -301,20 +301,25 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
 
 
 #: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
-#: their output; the others' is what they put in (all_reduce, broadcast, reduce, gather).
+#: their output; the others' is what they put in (all_reduce, broadcast, reduce, gather; all-to-all: see
+#: :func:`_traffic`).
 OUTPUT_FIRST = ("all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
-                "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "scatter")
+                "reduce_scatter_tensor", "reduce_scatter_single", "scatter")
 
 
-def _traffic(carried: list, content: list) -> dict:
+def _traffic(carried: list, content: list, world: int) -> dict:
     """{collective: elements in and out of this rank} over a step's calls (``carried`` and ``content`` of
     :func:`~mgpu_utils.measure.comm_calls.counted_collectives`, one entry per call): what this rank puts in, plus
     the output of those that have one (:data:`OUTPUT_FIRST`), an all-reduced tensor twice (in and out), a
     broadcast or reduced one once (sent by one rank or received by the others; sent by every rank), a gather's
-    input only. A right ZeRO-1 step: 2 x (1 + 1/world) x the parameters (a reduce-scatter, an all-gather)."""
+    input only, an all-to-all's input and 1/world of it (the reduce-scatter it stands for: its output is summed
+    locally into a slice; it puts on the wire what a reduce-scatter does). A right ZeRO-1 step: 2 x (1 + 1/world)
+    x the parameters (a reduce-scatter, an all-gather)."""
     moved = collections.Counter()
     for (name, first), put in zip(carried, content):
-        moved[name] += put.elements + (first if name in OUTPUT_FIRST or name == "all_reduce" else 0)
+        out = (first if name in OUTPUT_FIRST or name == "all_reduce" else
+               put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
+        moved[name] += round(put.elements + out)
     return dict(moved)
 
 
@@ -637,7 +642,8 @@ def _fsdp_carried(content: list, shards: list, required: list, most, grads, worl
     the dtype they are kept: each 0 to ``most`` times (2 per use, :func:`_uses`), at least once where
     ``required``: gathered again for the backward, or not at all when unused) or its reduce-scatters (all-to-alls,
     scatters) not this rank's own gradients (one of ``grads``, :func:`_own_gradients`; divided by the world size
-    first or not); ``rtol``: 5e-2 in bfloat16, whose gradients
+    first or not; reduce-scatters of zeros only, while a reduce and a broadcast carry the gradients, are not
+    padding); ``rtol``: 5e-2 in bfloat16, whose gradients
     come from weights that differ a little from one process's after a step. None when both did."""
     gathered = add_content(c for c in content if c.name in GATHERS)
     if gathered.elements and not carries_some(gathered, shards, required, rtol, most):
