@@ -248,6 +248,39 @@ KEPT = {
         "def load(self):\n    return tensors(_WHERE[id(self)], lambda k: _BUF[k[0]:k[0] + k[1].numel()].view(k[1])"
         ".to(k[2]).clone())\n"),
 }
+#: A whole optimizer, its gradients reduce-scattered and all-gathered whole, its state hidden as the parameters of
+#: an optimizer that never steps.
+IDLE = '''import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        self.world = dist.get_world_size()
+        self.inner = optimizer_class(list(params), **defaults)
+        self.params = [p for g in self.inner.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if p.grad is None:
+                continue
+            size = -(-p.numel() // self.world)
+            flat = torch.cat([p.grad.reshape(-1), p.grad.new_zeros(size * self.world - p.numel())])
+            g, whole = torch.empty(size), torch.empty(size * self.world)
+            reduce_scatter_single(g, flat)
+            all_gather_single(whole, g)
+            p.grad = whole[:p.numel()].view_as(p) / self.world
+        self.inner.step()
+        kept = [t for s in self.inner.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+        self.ledger = torch.optim.SGD(kept, lr=0.0)              # never steps
+
+    def zero_grad(self):
+        self.inner.zero_grad(set_to_none=True)
+'''
+TRAFFIC = r"with SGD with momentum, step 1's collectives moved [\d,]+ elements in and out of this rank "
 OUT = r"with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds \(0\): "
 
 RIGHT_075 = {   # name: (text of the solution, replaced by)
@@ -257,6 +290,17 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
         RS, "            for r, chunk in enumerate(flat.chunk(self.world)):\n"
             "                chunk = chunk.clone()\n                dist.reduce(chunk, dst=r)\n"
             "                if r == self.rank:\n                    g = chunk\n"),
+    "each chunk's gradients gathered to its owner, each updated chunk broadcast back": (
+        [RS, AG], ["            for r, chunk in enumerate(flat.chunk(self.world)):\n"
+                   "                got = [torch.empty(size) for _ in range(self.world)] if r == self.rank else None\n"
+                   "                dist.gather(chunk.contiguous(), got, dst=r)\n"
+                   "                if r == self.rank:\n                    g = torch.stack(got).sum(0)\n",
+                   "            for r in range(self.world):\n                part = full[r * size:(r + 1) * size]\n"
+                   "                if r == self.rank:\n                    part.copy_(shard.detach())\n"
+                   "                dist.broadcast(part, src=r)\n"]),
+    "an all-to-all and a local sum instead of a reduce-scatter": (
+        RS, "            parts = torch.empty_like(flat)\n            dist.all_to_all_single(parts, flat)\n"
+            "            g = parts.view(self.world, size).sum(0)\n"),
     "frozen parameters left out of the inner optimizer": (
         "                mine.append(shard)\n", "                if p.requires_grad:\n                    "
                                              "mine.append(shard)\n"),
@@ -313,6 +357,29 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
          "            self.group.allreduce([flat]).wait()\n"
          "            g = flat[self.rank * size:(self.rank + 1) * size]\n"],
         r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
+    # whole gradients moved by other collectives than an all-reduce: what a step moves in and out of a rank
+    "every rank all-gathers every rank's whole gradient": (
+        RS, "            parts = [torch.empty_like(flat) for _ in range(self.world)]\n"
+            "            dist.all_gather(parts, flat)\n"
+            "            g = sum(parts)[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(all_gather [\d,]+, .*\), and the model trains 1,\d{3}: a whole gradient reached every rank"),
+    "the whole gradient reduced to rank 0, then broadcast": (
+        RS, "            dist.reduce(flat, dst=0)\n            dist.broadcast(flat, src=0)\n"
+            "            g = flat[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(.*broadcast [\d,]+, reduce [\d,]+\)"),
+    "every rank's whole gradient broadcast in turn": (
+        RS, "            g = flat.clone()\n            for r in range(self.world):\n"
+            "                part = flat.clone()\n                dist.broadcast(part, src=r)\n"
+            "                if r != self.rank:\n                    g += part\n"
+            "            g = g[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(.*broadcast [\d,]+\)"),
+    "the summed chunks all-gathered again after the reduce-scatter": (
+        RS, RS + "            whole = torch.empty(size * self.world)\n            all_gather_single(whole, g)\n"
+                 "            g = whole[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(all_gather\w* [\d,]+, reduce_scatter\w* [\d,]+\)"),
+    "the whole optimizer's state listed as the parameters of an idle optimizer": (
+        None, IDLE, r"with SGD with momentum, your optimizer holds [\d,]+ bytes of state .* the optimizer in one "
+                    r"process holds 7,240"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),
@@ -537,6 +604,22 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         FULL, "        return {n: GatherShard.apply(s, shape, self.compute_dtype or torch.float32).clone()\n"
               "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
         r"\(MLP, bfloat16\): full_parameters\(\) returned \(24, 64\) bfloat16 for '0.weight'"),
+    "the module kept in a module-level dict, its parameters never freed": (
+        [KEEP, "        self.inner = [module]", "            p.data = torch.empty(0)", "self.inner[0]"],
+        ["_MODULES = {}\n\n\n" + KEEP, "        _MODULES[id(self)] = module\n        self.inner = None  #",
+         "            pass  #", "_MODULES[id(self)]"],
+        r"\(MLP, float32\): after step 1 the module given to your wrapper still holds 7,240 bytes in its parameters"
+        r".*Free the module's own parameters once sharded"),
+    "full_parameters gathered in the compute dtype, then cast to float32": (
+        FULL, "        return {n: GatherShard.apply(s, shape, self.compute_dtype or torch.float32).float()\n"
+              "                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
+        r"\(MLP, bfloat16\): every value full_parameters\(\) returned is a bfloat16 number cast to float32"),
+    "the gradient reduced and broadcast whole, zeros reduce-scattered": (
+        RS_076, "        dist.reduce(flat, dst=0)\n        dist.broadcast(flat, src=0)\n"
+                "        reduce_scatter_single(out, torch.zeros_like(flat))\n"
+                "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()\n",
+        r"\(MLP, float32\): in step 1 your reduce-scatters \([\d,]+ elements\) carried zeros, not rank \d's "
+        r"gradients"),
     "the gathered parameters kept in a module-level dict": (
         [KEEP, FORWARD_END], ["_KEPT = {}\n\n\n" + KEEP,
                               "        _KEPT.update({n: t.detach() for n, t in full.items()})\n" + FORWARD_END],

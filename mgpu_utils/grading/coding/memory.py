@@ -12,6 +12,12 @@ code is refused. 07.6 also reads the dtype the Linear layers compute in (:class:
 outside the graded object (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages elsewhere,
 Python objects such as bytes, BytesIO or numpy arrays, files written); 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
+
+Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
+anonymous mmap, ctypes memory, os.environ, the c10d store, a helper thread's locals, a str or int encoding, a
+buffer made at import hung on a function attribute, floats written into a list made before the round; in 07.6
+a tuple of floats) are not seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every
+rank, which the bound on a step's collectives (:func:`_traffic_bound`) sees, unless they travel by send/recv.
 """
 
 from __future__ import annotations
@@ -195,7 +201,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     """One optimizer of 07.5: the student's and the reference trained side by side; see check_sharded_any.
     ``watch``: an :class:`~mgpu_utils.grading.common.OutsideState` (begun here, stopped by the caller): the MLP
     has :data:`WIDE` hidden units instead of 24, and the state kept outside the optimizer's tensors counts too
-    (tensors and storages elsewhere in the process, Python objects, files)."""
+    (tensors and storages elsewhere in the process, Python objects, files). Returns the problem of a step whose
+    collectives moved more than :func:`_traffic_bound` (the caller tells it after every round: state kept
+    outside, found in the last round only, comes first), or None."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -214,11 +222,12 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
-        return
+        return None
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
-    start, comm, wrong_carried = _flat(mine.parameters()), None, None
+    padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
+    start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
@@ -244,8 +253,13 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
             group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
         reduced = sum(n for call, n in carried if call == "all_reduce")
+        moved = _traffic(carried, content, world)
         if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
             comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
+        elif sum(moved.values()) > _traffic_bound(padded, world) and traffic is None:
+            traffic = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
+                    "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
+                    "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
         if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
             note(problems, {**base, "kind": "any_nograd", "what": "frozen", "step": s + 1,
                             "got": mine.scale.detach().mean().item()})
@@ -253,14 +267,15 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
-    held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(opt))
+    held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
     allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
     found = {"tensors": 0, "python": 0, "files": []}
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before,
                             limit=allowed + PYTHON_SLACK - held)
-        held = held_bytes(opt, exclude=list(mine.parameters()) + inner_parameters(found["optimizers"]))
+        inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
+        held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
     if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
     if diff(got, want) > 1e-5:
@@ -282,6 +297,59 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
+    return traffic
+
+
+#: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
+#: their output; the others' is what they put in (all_reduce, broadcast, reduce, gather; all-to-all: see
+#: :func:`_traffic`).
+OUTPUT_FIRST = ("all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce_scatter_single", "scatter")
+
+
+def _traffic(carried: list, content: list, world: int) -> dict:
+    """{collective: elements in and out of this rank} over a step's calls (``carried`` and ``content`` of
+    :func:`~mgpu_utils.measure.comm_calls.counted_collectives`, one entry per call): what this rank puts in, plus
+    the output of those that have one (:data:`OUTPUT_FIRST`), an all-reduced tensor twice (in and out), a
+    broadcast or reduced one once (sent by one rank or received by the others; sent by every rank), a gather's
+    input only, an all-to-all's input and 1/world of it (the reduce-scatter it stands for: its output is summed
+    locally into a slice; it puts on the wire what a reduce-scatter does). A right ZeRO-1 step: 2 x (1 + 1/world)
+    x the parameters (a reduce-scatter, an all-gather)."""
+    moved = collections.Counter()
+    for (name, first), put in zip(carried, content):
+        out = (first if name in OUTPUT_FIRST or name == "all_reduce" else
+               put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
+        moved[name] += round(put.elements + out)
+    return dict(moved)
+
+
+def _traffic_bound(padded: int, world: int) -> float:
+    """The most elements a right ZeRO-1 step may move in and out of a rank (:func:`_traffic`), ``padded`` the
+    trainable parameters each padded to a multiple of the world: a reduce-scatter and an all-gather of each,
+    2 x (1 + 1/world) x padded, and a quarter of the parameters more; a whole gradient that reached every rank
+    (all-gathered: (world + 1) x; reduced then broadcast: 2 x; broadcast by each rank: world x; all-gathered
+    after the reduce-scatter: another (1 + 1/world) x) passes it at world 2 and 3."""
+    return 2 * padded * (1 + 1 / world) + padded / 4
+
+
+def _shards_only(params: list, model, world: int) -> list:
+    """Of ``params`` (the parameters of the optimizers inside the student's, :func:`inner_parameters`), those
+    that may be left out of the state held: the model's own parameters, and others up to a rank's shard of
+    every parameter (their storages' bytes, in float32): an idle optimizer over the state tensors does not make
+    them parameters."""
+    own = {id(p) for p in model.parameters()}
+    budget = 4 * (sum(-(-p.numel() // world) for p in model.parameters()) + world)
+    out, seen = [], set()
+    for t in params:
+        ptr = t.untyped_storage().data_ptr()
+        if id(t) in own or ptr in seen:
+            out.append(t)
+            continue
+        if t.untyped_storage().nbytes() <= budget:
+            budget -= t.untyped_storage().nbytes()
+            seen.add(ptr)
+            out.append(t)
+    return out
 
 
 def check_sharded_any(cls, ctx, problems, steps=3):
@@ -289,9 +357,13 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
     steps, the extra head unused in steps 2 and 4), each on this rank's share of the batch against the optimizer
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
-    model or more (the elements each collective carries), a frozen or unused parameter that moved, the second
-    group's options ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the
-    model's parameters and its inner optimizers' parameters) against the reference's state over the world;
+    model or more (the elements each collective carries), or whose collectives move more elements in and out
+    of the rank than a reduce-scatter and an all-gather of the parameters do (:func:`_traffic_bound`: a whole
+    gradient all-gathered, reduced and broadcast, broadcast by each rank, or all-gathered after the
+    reduce-scatter), a frozen or unused parameter that moved, the second group's options ignored, the
+    parameters after the steps, and the state held (:func:`held_bytes` without the model's parameters and its
+    inner optimizers' parameters up to a rank's share, :func:`_shards_only`) against the reference's state
+    over the world;
     reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
     and torch's ZeroRedundancyOptimizer built, each a problem of its own. A last round, SGD with momentum on an
     MLP of :data:`WIDE` hidden units, also counts the state kept outside the optimizer
@@ -300,15 +372,19 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
+    traffic = None                 # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
         watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
         try:
-            _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
+            found = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
         finally:
             if watch is not None:
                 watch.stop()
+        traffic = traffic or found
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
+    if traffic is not None:
+        note(problems, traffic)
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -349,8 +425,11 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
     the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
-    reduce-scatters its own gradients), and torch's FSDP or fully_shard built, each a problem of its own; then
-    what the process keeps outside the wrapper (:func:`_fsdp_outside`)."""
+    reduce-scatters its own gradients, not zeros while the gradients are summed another way), and torch's FSDP
+    or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
+    parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
+    values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
+    wrapper (:func:`_fsdp_outside`)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -438,6 +517,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
+                elif _module_bytes(model) > 4 * full / world + 1024:   # kept where the wrapper does not reach
+                    note(problems, {**base, "what": "module", "step": s + 1, "bytes": _module_bytes(model),
+                                    "full_bytes": full * 4})
                 seen.clear()
                 if grouped:
                     params = _full_parameters(wrapper, names, base, problems, shapes)
@@ -459,6 +541,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
             params = _full_parameters(wrapper, names, base, problems, shapes)
+            if params is not None and dtype is not None and all(
+                    torch.equal(t, t.to(dtype).float()) for t in params.values()):
+                note(problems, {**base, "what": "full_rounded"})   # gathered in the compute dtype, cast back
+                params = None
             for name, want in refs["right"].named_parameters():
                 if params is not None and not close(params[name].float(), want.detach()):
                     note(problems, {**base, "what": "full_params", "steps": steps, "name": name,
@@ -512,6 +598,13 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
                         "shard": round(full / world), "full_bytes": full})
 
 
+def _module_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the storages of ``model.parameters()`` (each once): 07.6's module, whose whole parameters the
+    wrapper must free once sharded, wherever the module is kept (a module-level dict, a weakref)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
 def _own_gradients(model, x, y, dtype) -> list:
     """The content of this rank's own gradients (rows ``x``, ``y``) of a copy of ``model`` (one process's model,
     with the weights the student's should have), computing in ``dtype`` as :func:`_fsdp_reference` does; and,
@@ -549,12 +642,16 @@ def _fsdp_carried(content: list, shards: list, required: list, most, grads, worl
     the dtype they are kept: each 0 to ``most`` times (2 per use, :func:`_uses`), at least once where
     ``required``: gathered again for the backward, or not at all when unused) or its reduce-scatters (all-to-alls,
     scatters) not this rank's own gradients (one of ``grads``, :func:`_own_gradients`; divided by the world size
-    first or not); ``rtol``: 5e-2 in bfloat16, whose gradients
+    first or not; reduce-scatters of zeros only, while a reduce and a broadcast carry the gradients, are not
+    padding); ``rtol``: 5e-2 in bfloat16, whose gradients
     come from weights that differ a little from one process's after a step. None when both did."""
     gathered = add_content(c for c in content if c.name in GATHERS)
     if gathered.elements and not carries_some(gathered, shards, required, rtol, most):
         return {**problem, "carried": "gathers", "content": named_content(gathered, world, rtol),
                 "elements": gathered.elements}
+    scattered = add_content(c for c in content if c.name in SCATTERS)
+    if scattered.elements and scattered.squares == 0:      # zeros for show, the gradients summed another way
+        return {**problem, "carried": "gradients", "content": "zeros", "elements": scattered.elements}
     reduced = add_content(c for c in content if c.name in SCATTERS + ("reduce",))
     if reduced.elements and not any(carries(reduced, g, world, rtol) for g in grads):
         return {**problem, "carried": "gradients", "content": named_content(reduced, world, rtol),
@@ -640,6 +737,11 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
          "call(s)) carried the parameters, not rank {rank}'s gradients (world size {W}): reduce-scatter the "
          "gradients themselves"),
+        (lambda p, W: not p["got"] <= 100 * p["want"],      # nan too: what torch.empty left in memory
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters ({calls} "
+         "call(s), {elements:,} elements) carried a sum of squares of {got:.4g}, the gradients' {want:.4g} (world "
+         "size {W}): is the padding zeros? torch.empty leaves whatever was in memory, and it is summed and sent "
+         "with the gradients (a NaN there reaches the optimizer's state); pad with zeros (torch.zeros, new_zeros)"),
         (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters "
                  "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
                  "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
@@ -667,7 +769,14 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
                  "second (half the lr, weight_decay 0.05) differs by {max_diff:.3g}: each group's own options must reach "
                  "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
-    "any_comm": [(always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
+    "any_comm": [(lambda p, W: p.get("what") == "traffic",
+                  "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
+                  "of this rank ({calls}), and the model trains {full:,}: a whole gradient reached every rank "
+                  "(all-gathered, reduced then broadcast, broadcast by each rank, or all-gathered again after the "
+                  "reduce-scatter), as in DDP, though each rank updates its slice only. ZeRO-1 reduce-scatters the "
+                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, about "
+                  "{right:,} elements in and out; send no whole gradient anywhere"),
+                 (always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
                           "model trains {full:,}: every rank received every gradient, as in DDP, though it updates "
                           "its slice only. ZeRO-1 reduce-scatters (each rank receives its slice's gradient, summed: "
                           "reduce_scatter_single) and all-gathers the updated slices: 2 x the parameters per step, "
@@ -699,8 +808,10 @@ HINTS: dict[str, list[tuple]] = {
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
          "slice only, in tensors, about 1/{W}"),
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
-                            "tensor it can reach but the parameters an optimizer inside it updates); the optimizer "
-                            "in one process holds {full:,}: keep the state of this rank's slice only, about 1/{W}")],
+                            "tensor it can reach but the model's parameters and, up to a rank's share of the model, "
+                            "the parameters an optimizer inside it updates: state listed as an optimizer's "
+                            "parameters is still state); the optimizer in one process holds {full:,}: keep the "
+                            "state of this rank's slice only, about 1/{W}")],
     "fsdp": [
         (lambda p, W: p["what"] == "torch_fsdp",
          "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
@@ -745,6 +856,15 @@ HINTS: dict[str, list[tuple]] = {
          "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
+        (lambda p, W: p["what"] == "module",
+         "rank {rank} ({model}, {dtype}): after step {step} the module given to your wrapper still holds "
+         "{bytes:,} bytes in its parameters (module.parameters()), and the whole model is {full_bytes:,}: kept "
+         "where your wrapper does not reach it (a module-level dict, a weakref), it is still on this rank. Free "
+         "the module's own parameters once sharded (p.data = torch.empty(0)) and gather them for each forward"),
+        (lambda p, W: p["what"] == "full_rounded",
+         "rank {rank} ({model}, {dtype}): every value full_parameters() returned is a {dtype} number cast to "
+         "float32: the parameters were gathered in the compute dtype, which rounds each to 8 bits. Gather the "
+         "float32 shards for full_parameters(); cast to compute_dtype only what the forward uses"),
         (lambda p, W: p["what"] == "file" and p["how"] == "wrote",
          "rank {rank} ({model}): the sharded parameters must live in this process's memory: your code wrote "
          "{path} during the steps. A file keeps whole parameters out of sight, but this rank still holds them; "
