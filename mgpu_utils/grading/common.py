@@ -327,8 +327,11 @@ class OutsideState:
     * Python objects made within the block and still alive, with what they hold (:meth:`_python_bytes`: bytes
       or BytesIO of a torch.save, numpy arrays, lists of floats, strings; inside the object or not), and the
       buffers the student's module reaches that were made or changed within the block (bytes, bytearray,
-      BytesIO, numpy arrays). The Python objects of the student's object and of the grader's are counted too,
-      10 to 20 kB: the limits allow for them. Not seen: a buffer made within the block and hung directly on an
+      BytesIO, numpy arrays), and the objects it reaches that were not there at the start and that the garbage
+      collector does not track (gc.collect untracks a tuple of floats and a dict of only such tuples, so
+      gc.get_objects() does not list them; a str, an int, a float: an old list's new floats). The Python
+      objects of the student's object and of the grader's are counted too, 10 to 20 kB: the limits allow for
+      them. Not seen: a buffer made within the block and hung directly on an
       object older than it that the student's module does not reach (``builtins.x = some_bytes``);
     * files: every path opened for writing (``files``: ``("wrote", path)``: :func:`watching_opens`, and
       torch.save to a path, whose zip writer ``torch._C.PyTorchFileWriter`` is watched within the block), and
@@ -355,11 +358,14 @@ class OutsideState:
         """Start watching (what :meth:`__enter__` does): from here on, what appears counts."""
         self.start = time.time() - 0.05                      # a file's mtime is the kernel's coarse clock
         self.reached = {}                                    # id -> (object, kind, its content now)
-        for o, kind in self._module_reach():
+        walked: list = []
+        for o, kind in self._module_reach(visited=walked):
             try:
                 self.reached[id(o)] = (o, kind, self._content(o, kind))
             except (TypeError, ValueError, RuntimeError, BufferError):
                 pass
+        self.walked = {id(o): o for o in walked}             # kept alive: a new object cannot take their ids
+        del walked
         gc.freeze()                                          # from now on gc.get_objects() lists new objects only
         self._watch = watching_opens(self._opened)
         self._watch.__enter__()
@@ -387,7 +393,7 @@ class OutsideState:
         if isinstance(self._writer, type):
             torch._C.PyTorchFileWriter = self._writer
         gc.unfreeze()
-        self.reached = {}
+        self.reached, self.walked = {}, {}
 
     def _opened(self, path: str, writes: bool) -> None:
         """:func:`watching_opens`'s callback: note a path written, or read after a change within the block."""
@@ -403,16 +409,22 @@ class OutsideState:
         except OSError:
             pass
 
-    def _module_reach(self, depth: int = 8) -> list:
+    def _module_reach(self, depth: int = 8, visited: list | None = None) -> list:
         """``[(object, kind), ...]``: the tensors (kind 1), storage objects (2) and Python buffers (3: bytes,
         bytearray, memoryview, BytesIO, numpy arrays) that the student's module reaches: its globals, its classes'
-        attributes, its functions' defaults and closures, and what they hold (``depth`` levels down)."""
+        attributes, its functions' defaults and closures, and what they hold (``depth`` levels down). Every
+        object walked goes to ``visited`` too (strings and numbers included): :meth:`count` counts those made
+        within the block that the garbage collector does not track (a tuple of floats, a str)."""
         name, found, seen = self.space.get("__name__"), [], set()
 
         def walk(o, d):
-            if id(o) in seen or d < 0 or isinstance(o, (str, int, float, bool, type(None), types.ModuleType)):
+            if id(o) in seen or d < 0:
                 return
             seen.add(id(o))
+            if visited is not None:
+                visited.append(o)
+            if isinstance(o, (str, int, float, bool, type(None), types.ModuleType)):
+                return
             if isinstance(o, torch.Tensor):
                 found.append((o, 1))
                 if o.grad is not None:
@@ -462,10 +474,10 @@ class OutsideState:
         """Two contents of :meth:`_content` are equal."""
         return torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
 
-    def _python_bytes(self, young: list, counted: set) -> int:
+    def _python_bytes(self, young: list, counted: set, referents: bool = True) -> int:
         """Bytes of the Python objects in ``young`` (the objects the garbage collector tracks that were made within
-        the block) and of the objects they hold that it does not track (bytes, str, numpy arrays, floats), each
-        once (ids go to ``counted``); tensors and storages are counted apart."""
+        the block) and, with ``referents``, of the objects they hold that it does not track (bytes, str, numpy
+        arrays, floats), each once (ids go to ``counted``); tensors and storages are counted apart."""
         total = 0
 
         def add(o):
@@ -483,7 +495,7 @@ class OutsideState:
                 add(inner)
         for o in young:
             add(o)
-        for o in gc.get_referents(*young):
+        for o in gc.get_referents(*young) if referents else ():
             if not gc.is_tracked(o):
                 add(o)
         return total
@@ -506,8 +518,8 @@ class OutsideState:
             optimizers = [o for o in young if isinstance(o, torch.optim.Optimizer)]
             del young
             knew = reachable_storages(*known)
-            reach = []                                       # what the module holds, made or changed within
-            for o, kind in self._module_reach():
+            reach, walked = [], []                           # what the module holds, made or changed within
+            for o, kind in self._module_reach(visited=walked):
                 was = self.reached.get(id(o))
                 try:
                     if was is not None and was[0] is o and self._same(was[2], self._content(o, kind)):
@@ -519,6 +531,10 @@ class OutsideState:
                 elif id(o) not in counted:
                     counted.add(id(o))
                     python += sys.getsizeof(o)
+            new = [o for o in walked if id(o) not in self.walked and not gc.is_tracked(o)
+                   and not isinstance(o, (bool, type(None)))]   # untracked by gc.collect: a tuple of floats, a str
+            python += self._python_bytes(new, counted, referents=False)
+            del walked, new
             for k in range(tries):
                 if k:
                     gc.collect()
