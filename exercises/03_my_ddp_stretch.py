@@ -9,9 +9,11 @@ MyDDP(module, bucket_bytes), a torch.nn.Module that
     all-reduce per bucket as soon as it holds at least bucket_bytes (03.6's rule);
   * in finish(), called after backward and before the optimizer step, sends what is left, waits for every
     bucket and leaves each gradient equal to its mean over the ranks;
-  * works for any model, also one that uses a weight twice in a step (tied embeddings): such a gradient is
-    the sum of both uses, complete only after the second; and one with a frozen parameter
-    (requires_grad=False): it has no gradient and takes no hook, but is broadcast like the others.
+  * works for any model whose trainable parameters all get a gradient in every step (what DDP assumes by
+    default; a parameter the forward skips needs find_unused_parameters=True there, and is not asked here),
+    also one that uses a weight twice in a step (tied embeddings): such a gradient is the sum of both uses,
+    complete only after the second; and one with a frozen parameter (requires_grad=False): it has no
+    gradient and takes no hook, but is broadcast like the others.
 
 The grader trains three SGD steps on an MLP with buckets of 1,448 bytes (its first three gradients exactly: that
 bucket is full), on the MLP with its first weight frozen (1 MiB) and on a model whose middle layer is applied

@@ -21,6 +21,7 @@ exercise, and the helpers that compare, report and count.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -107,7 +108,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
     storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too; the tensors in ``exclude``
     (the model's parameters) and their gradients are not counted. An optimizer wrapped in another object, a
     Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
-    tensor reached too (a full gradient left on a module's freed parameter, 07.6)."""
+    tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
+    ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
+    ``lru_cache`` keeps them where Python shows nothing, and is not."""
     seen_objects, storages = set(), {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
@@ -135,6 +138,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
             items = [o.__self__]
         elif isinstance(o, types.FunctionType):            # a function: what its closure holds
             items = [c.cell_contents for c in (o.__closure__ or ())]
+        elif isinstance(o, functools._lru_cache_wrapper):  # functools.cache / lru_cache(None): its cache dict too
+            items = [r for r in gc.get_referents(o) if isinstance(r, dict)]
         elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):
             return
         else:                                              # objects, Modules too (their _parameters, _buffers)

@@ -303,6 +303,11 @@ class MyDDP(torch.nn.Module):
 RIGHT_037.update({
     "each bucket all-reduced through the process group object (group.allreduce, a Work to wait for)": (
         SEND_037, f"        self.pending.append((self.bucket, flat, {GROUP}.allreduce([flat])))\n"),
+    "every bucket's buffer from a functools.cache keyed by its place and size (reused every step)": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import functools\n\nimport torch.distributed as dist\n\n\n"
+         "@functools.cache\ndef buffer(key, n):\n    return torch.empty(n)\n",
+         "        flat = buffer(len(self.pending), flat.numel()).copy_(flat)\n" + SEND_037]),
     "waited by polling is_completed()": (
         WAIT_037, "            while not work.is_completed():\n                pass\n            flat /= self.world\n"),
 })
@@ -393,6 +398,13 @@ WRONG_037 = {
          "        SENT.append(flat)\n" + SEND_037],
         r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
         r"13,864, 27,728, 41,592 bytes"),
+    "every bucket's buffer from a functools.cache whose key changes at every call": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import functools\nimport itertools\n\nimport torch.distributed as dist\n\nCALLS = itertools.count()\n\n\n"
+         "@functools.cache\ndef buffer(key, n):\n    return torch.empty(n)\n",
+         "        flat = buffer(next(CALLS), flat.numel()).copy_(flat)\n" + SEND_037],
+        r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
+        r"13,864, 27,728, 41,592 bytes .*functools cache"),
     "each bucket reversed and all-reduced for show, summed by send and recv": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P,

@@ -22,12 +22,13 @@ beside the all-reduces (all-reduces for show while the gradients travel another 
 the wrapper, and the top level of the student's module, hold after each step must not grow. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
 
-Known limits (03.7): no model has an unused parameter (DDP needs find_unused_parameters for one), so a wrapper
-that counts hooks to close the last bucket, or asserts every gradient is there, passes; a wait on a bucket's
-future (``get_future().wait()``) inside backward, or a loop on is_completed() there, is not seen as a wait;
-gradients moved by broadcasts beside all-reduces for show, and state that grows in a functools cache or below
-the top level of another module, are not told apart from a right solution (a list or dict at the top level of
-the student's module is); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
+Known limits (03.7): the exercise asks for models whose trainable parameters all get a gradient every step
+(DDP's default), so no model has an unused parameter, and a wrapper that counts hooks to close the last bucket,
+or asserts every gradient is there, passes; a wait on a bucket's future (``get_future().wait()``) inside
+backward, or a loop on is_completed() there, is not seen as a wait; gradients moved by broadcasts beside
+all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
+are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
+student's module is); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
 locals) are not looked for.
 """
 
@@ -531,8 +532,8 @@ HINTS: dict[str, list[tuple]] = {
     "growth": [(lambda p, W: p.get("outside"),
                 "rank {rank}: the result is right, but what your module holds at its top level (outside the "
                 "wrapper) grows: {bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something "
-                "is kept from every step in a global (a list of buckets kept for debugging?): in a long run it "
-                "fills the memory"),
+                "is kept from every step in a global (a list of buckets kept for debugging, a functools cache "
+                "whose key changes every step?): in a long run it fills the memory"),
                (always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
                         "every step (a list of pending work never cleared?): in a long run it fills the memory")],
