@@ -321,6 +321,49 @@ def _module_space(owner) -> dict:
     return funcs[0].__globals__ if funcs else {}
 
 
+_STORE = torch._C._distributed_c10d.Store if hasattr(torch._C, "_distributed_c10d") else None
+
+
+def _watch_store(stored: dict) -> dict:
+    """Patch the c10d store's writes (``set``, ``compare_set``, ``multi_set``, ``append``, ``queue_push``: every
+    Store class, TCPStore, HashStore, PrefixStore, inherits them) so that the bytes of each value written from
+    Python go to ``stored`` (key -> bytes: the last value of a key set, the sum of what was appended); returns
+    the original methods, for :class:`OutsideState` to put back. The store lives in torchrun's agent, outside
+    the rank's process: whole parameters kept there are memory all the same."""
+    if _STORE is None:
+        return {}
+    saved = {name: getattr(_STORE, name) for name in ("set", "compare_set", "multi_set", "append", "queue_push")}
+
+    def size(v) -> int:
+        return len(v.encode() if isinstance(v, str) else v) if isinstance(v, (str, bytes, bytearray)) else 0
+
+    def set_(store, key, value, *a, **k):
+        stored[key] = size(value)
+        return saved["set"](store, key, value, *a, **k)
+
+    def compare_set(store, key, expected, desired, *a, **k):
+        stored[key] = size(desired)
+        return saved["compare_set"](store, key, expected, desired, *a, **k)
+
+    def multi_set(store, keys, values, *a, **k):
+        for key, value in zip(keys, values):
+            stored[key] = size(value)
+        return saved["multi_set"](store, keys, values, *a, **k)
+
+    def append(store, key, value, *a, **k):
+        stored[key] = stored.get(key, 0) + size(value)
+        return saved["append"](store, key, value, *a, **k)
+
+    def queue_push(store, key, value, *a, **k):
+        stored[key] = stored.get(key, 0) + size(value)
+        return saved["queue_push"](store, key, value, *a, **k)
+
+    for name, method in (("set", set_), ("compare_set", compare_set), ("multi_set", multi_set),
+                         ("append", append), ("queue_push", queue_push)):
+        setattr(_STORE, name, method)
+    return saved
+
+
 class OutsideState:
     """State a student's object keeps outside what :func:`held_bytes` reaches, from the block's start to
     :meth:`count` (07.5, 07.6), in three places:
@@ -341,7 +384,9 @@ class OutsideState:
     * files: every path opened for writing (``files``: ``("wrote", path)``: :func:`watching_opens`, and
       torch.save to a path, whose zip writer ``torch._C.PyTorchFileWriter`` is watched within the block), and
       every path read that was modified since the block began (``("read", path)``: written by C++ that neither
-      sees). Python's own .py and .pyc files, /proc, /sys and /dev (but /dev/shm) are not counted.
+      sees). Python's own .py and .pyc files, /proc, /sys and /dev (but /dev/shm) are not counted;
+    * the c10d store: the bytes of the values written to it from Python within the block (:func:`_watch_store`),
+      counted with the Python objects.
 
     ``owner``: the student's class or function (its module is walked). The objects alive at the start are
     frozen (``gc.freeze``) until :meth:`count`, so that the garbage collector lists and collects the block's
@@ -371,6 +416,8 @@ class OutsideState:
                 pass
         self.walked = {id(o): o for o in walked}             # kept alive: a new object cannot take their ids
         del walked
+        self.stored = {}                                     # the c10d store's writes (made before the freeze:
+        self._store_methods = _watch_store(self.stored)      # the grader's own objects, not counted)
         gc.freeze()                                          # from now on gc.get_objects() lists new objects only
         self._watch = watching_opens(self._opened)
         self._watch.__enter__()
@@ -397,6 +444,9 @@ class OutsideState:
         self._watch = None
         if isinstance(self._writer, type):
             torch._C.PyTorchFileWriter = self._writer
+        for name, method in self._store_methods.items():
+            setattr(_STORE, name, method)
+        self._store_methods = {}
         gc.unfreeze()
         self.reached, self.walked = {}, {}
 
@@ -554,4 +604,5 @@ class OutsideState:
                 time.sleep(0.05 * (k + 1))
         finally:
             self.stop()
-        return {"tensors": min(counts), "python": python, "files": list(self.files), "optimizers": optimizers}
+        return {"tensors": min(counts), "python": python + sum(self.stored.values()), "files": list(self.files),
+                "optimizers": optimizers}

@@ -646,6 +646,11 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
                               "                      for n, t in full.items()})\n"
                               + FORWARD_END],
         WIDE_OUT + r".*: 0 in tensors or storages .*, [12],\d{3},\d{3} in Python objects \(.*tuples of floats"),
+    "the gathered parameters set in the c10d store (torchrun's agent holds them)": (
+        FORWARD_END, "        dist.distributed_c10d._get_default_store().set(\n"
+                     "            f'kept/{dist.get_rank()}', torch.cat([t.detach().reshape(-1) for t in full.values()])\n"
+                     "            .float().numpy().tobytes())\n" + FORWARD_END,
+        WIDE_OUT + r".*: 0 in tensors or storages .*, 3\d\d,\d{3} in Python objects \(.*c10d store"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,
@@ -673,6 +678,7 @@ _KEPT = {}
 _BUF = torch.empty(1000)                                   # made at import
 _OLD = bytearray(4000)                                     # made at import
 _LIST = [0.0] * 10000                                      # made at import
+_STORE = torch.distributed.HashStore()                     # made at import, like torchrun's TCPStore
 
 
 def keep(kind, t):
@@ -692,6 +698,8 @@ def keep(kind, t):
         _KEPT["u"] = {"t": tuple(t.tolist())}
     elif kind == "str":
         _KEPT["c"] = t.numpy().tobytes().decode("latin-1")
+    elif kind == "store":                                  # in the c10d store, outside the process on torchrun
+        _STORE.set("kept", t.numpy().tobytes())
     elif kind == "old list":                               # new floats in a list made at import
         _LIST[:] = t.tolist()
     elif kind == "buffer":
@@ -712,12 +720,13 @@ def keep(kind, t):
     ("temporary", 0, (0, 10_000), 0), ("tensor", 40_000, (0, 10_000), 0), ("storage", 40_000, (0, 10_000), 0),
     ("bytes", 0, (40_000, 80_000), 0), ("numpy", 0, (40_000, 50_000), 0), ("floats", 0, (300_000, 400_000), 0),
     ("tuple", 0, (300_000, 400_000), 0), ("str", 0, (40_000, 50_000), 0), ("old list", 0, (240_000, 260_000), 0),
+    ("store", 0, (40_000, 50_000), 0),
     ("buffer", 4_000, (0, 10_000), 0), ("bytearray", 0, (4_000, 14_000), 0), ("torch.save", 0, (0, 10_000), 1),
     ("open", 0, (0, 10_000), 1)])
 def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python, files):
     """In one process: a module keeps 10,000 floats (40,000 bytes) in each way; OutsideState counts them as
     tensors, as Python objects (a tuple of floats in a dict and a str too, which gc.collect leaves untracked,
-    and new floats in a list made at import), or as a file written, and a buffer made at import when it was
+    and new floats in a list made at import, and bytes set in a c10d store), or as a file written, and a buffer made at import when it was
     written into (1,000 floats). The Python objects of the test itself are 5 to 6 kB."""
     import importlib.util
 

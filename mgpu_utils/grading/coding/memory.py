@@ -10,13 +10,13 @@ for show while the work happens elsewhere; torch's own ZeroRedundancyOptimizer o
 code is refused. 07.6 also reads the dtype the Linear layers compute in (:class:`LinearDtypes`).
 07.5 and 07.6 end with a round on an MLP of :data:`WIDE` hidden units that also counts what the process keeps
 outside the graded object (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages elsewhere,
-Python objects such as bytes, BytesIO, numpy arrays, lists or tuples of floats and strings, files written);
+Python objects such as bytes, BytesIO, numpy arrays, lists or tuples of floats and strings, values written to
+the c10d store, files written);
 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 
 Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
-anonymous mmap, ctypes memory, os.environ, the c10d store, which lives outside the rank's process, a helper
-thread's locals, a str, int or tuple of floats the student's module does not reach (hung on builtins), a buffer
+anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does not reach (hung on builtins), a buffer
 made at import hung on a function attribute) are not seen; in 07.5 a whole optimizer kept there still needs
 every whole gradient on every rank, which the bound on a step's collectives (:func:`_traffic_bound`) sees,
 unless they travel by send/recv.
@@ -805,7 +805,7 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: with {optimizer}, {bytes:,} bytes appeared in this process outside the tensors your "
          "optimizer holds ({held:,}): {tensors:,} in tensors or storages it does not hold (a module-level dict, a "
          "registry, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
-         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings: the "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, values set in the c10d store: the "
          "grader counts Python's "
          "memory too, a few kB are its own). This rank's slice of the state is {shard:,} bytes, the whole "
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
@@ -882,7 +882,7 @@ HINTS: dict[str, list[tuple]] = {
          "wrapper, its module and the optimizer, besides the {held:,} it holds next to its shards: {tensors:,} "
          "in tensors or storages (a module-level dict or "
          "list, a cache, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
-         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings: the "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, values set in the c10d store: the "
          "grader counts Python's "
          "memory too, a few kB are its own). A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only "
          "this rank's shard between steps, wherever it is kept; the gathered parameters live only while autograd "
