@@ -104,9 +104,9 @@ def switched_off(fn, functions):
 
 def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
-    inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a closure's cells), each
-    storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too; the tensors in ``exclude``
-    (the model's parameters) and their gradients are not counted. An optimizer wrapped in another object, a
+    inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a function's closure cells
+    and default arguments), each storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too;
+    the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped in another object, a
     Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
@@ -136,8 +136,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
             items = list(o)
         elif isinstance(o, types.MethodType):              # a bound method (self.s = opt.step): its object
             items = [o.__self__]
-        elif isinstance(o, types.FunctionType):            # a function: what its closure holds
-            items = [c.cell_contents for c in (o.__closure__ or ())]
+        elif isinstance(o, types.FunctionType):            # a function: what its closure and defaults hold
+            items = ([c.cell_contents for c in (o.__closure__ or ())]
+                     + list(o.__defaults__ or ()) + list((o.__kwdefaults__ or {}).values()))
         elif isinstance(o, functools._lru_cache_wrapper):  # functools.cache / lru_cache(None): its cache dict too
             items = [r for r in gc.get_referents(o) if isinstance(r, dict)]
         elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):

@@ -569,8 +569,10 @@ def counted_all_reduce(state: dict, fn=None):
 
 
 #: torch's own parallel wrappers an exercise asks the student to write (module, class, what the hint calls it):
-#: DistributedDataParallel (03.4 to 03.7), ZeroRedundancyOptimizer (07.4, 07.5), FSDP and fully_shard (07.6).
-TORCH_DDP = (("torch.nn.parallel.distributed", "DistributedDataParallel", "torch's DistributedDataParallel"),)
+#: DistributedDataParallel and its C++ engine, the Reducer (03.4 to 03.7), ZeroRedundancyOptimizer (07.4, 07.5),
+#: FSDP and fully_shard (07.6).
+TORCH_DDP = (("torch.nn.parallel.distributed", "DistributedDataParallel", "torch's DistributedDataParallel"),
+             ("torch.distributed", "Reducer", "torch's DDP Reducer (DistributedDataParallel's C++ engine)"))
 TORCH_ZERO = (("torch.distributed.optim.zero_redundancy_optimizer", "ZeroRedundancyOptimizer",
                "torch's ZeroRedundancyOptimizer"),)
 TORCH_FSDP = (("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel",

@@ -312,6 +312,39 @@ RIGHT_037.update({
         WAIT_037, "            while not work.is_completed():\n                pass\n            flat /= self.world\n"),
 })
 
+REDUCER_037 = '''import torch
+import torch.distributed as dist
+
+
+class MyDDP(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, bucket_bytes: int):
+        super().__init__()
+        self.module = module
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t, src=0)
+        params = [p for p in module.parameters() if p.requires_grad]
+        buckets, bucket, held = [], [], 0                  # backward completes them in reverse order
+        for i in reversed(range(len(params))):
+            bucket.append(i)
+            held += params[i].numel() * params[i].element_size()
+            if held >= bucket_bytes:
+                buckets.append(bucket)
+                bucket, held = [], 0
+        if bucket:
+            buckets.append(bucket)
+        self.reducer = dist.Reducer(params, buckets, [bucket_bytes] * len(buckets),
+                                    dist.distributed_c10d._get_default_group())
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            self.reducer.prepare_for_backward([])
+        return out
+
+    def finish(self) -> None:
+        pass                                               # the reducer waited in its final callback
+'''
 FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
 WRONG_037 = {
     "each bucket waited for in the hook that sent it": (
@@ -405,6 +438,23 @@ WRONG_037 = {
          "        flat = buffer(next(CALLS), flat.numel()).copy_(flat)\n" + SEND_037],
         r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
         r"13,864, 27,728, 41,592 bytes .*functools cache"),
+    "torch's C++ Reducer (DDP's engine) driven with buckets laid out by the rule": (
+        None, REDUCER_037, r"rank \d: your code built torch's DDP Reducer"),
+    "every bucket kept in a class attribute (for debugging)": (
+        ["class MyDDP(torch.nn.Module):\n", SEND_037],
+        ["class MyDDP(torch.nn.Module):\n    sent = []                                      # for debugging\n",
+         "        MyDDP.sent.append(flat)\n" + SEND_037],
+        r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows"),
+    "every gradient kept in a list that the hooks' closure holds": (
+        HOOKS_037, "            if p.requires_grad:\n"
+                   "                p.register_post_accumulate_grad_hook(\n"
+                   "                    lambda q, log=[]: (log.append(q.grad.clone()), self.ready(q))[1])\n",
+        r"rank \d: the result is right, but what your wrapper holds after each step grows"),
+    "the frozen parameter given a zero gradient": (
+        "        if self.bucket:\n            self.send()\n",
+        "        for p in self.module.parameters():\n            if not p.requires_grad:\n"
+        "                p.grad = torch.zeros_like(p)\n        if self.bucket:\n            self.send()\n",
+        r"rank \d: the frozen parameter 0.weight \(requires_grad=False\) has a .grad after finish\(\)"),
     "each bucket reversed and all-reduced for show, summed by send and recv": (
         ["import torch.distributed as dist\n", SEND_037, FINISH_037],
         ["import torch.distributed as dist\n" + P2P,

@@ -28,8 +28,11 @@ or asserts every gradient is there, passes; a wait on a bucket's future (``get_f
 backward, or a loop on is_completed() there, is not seen as a wait; gradients moved by broadcasts beside
 all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
 are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
-student's module is); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
-locals) are not looked for.
+student's module, a class attribute of its classes, and what the parameters' hooks hold in their closures and
+default arguments are); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
+locals) are not looked for. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional
+collective waited inside the hook, zeros all-reduced on time while the last call carries every gradient, every
+all-reduce started from autograd's final callback, a full bucket sent one gradient late (issue 55's note).
 """
 
 from __future__ import annotations
@@ -150,8 +153,13 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
     times, held, held_outside, later = {"yours_ms": [], "ddp_ms": []}, [], [], None
-    outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals
-               for space in (namespaces_of(fn) if fn is not None else [])]
+    spaces = namespaces_of(fn) if fn is not None else []
+    outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals,
+               for space in spaces] + [                                     # its classes' attributes
+        dict(vars(v)) for space in spaces for v in space.values()
+        if isinstance(v, type) and v.__module__ == space.get("__name__")]
+    hooks = [h for q in mine.parameters() for h in (getattr(q, "_post_accumulate_grad_hooks", None) or {},
+                                                     getattr(q, "_backward_hooks", None) or {})]
     for step in range(3):
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -166,7 +174,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
             sync.finish()
         t1 = time.perf_counter()
-        held.append(held_bytes(sync, exclude=list(mine.parameters())))   # what the wrapper keeps between steps
+        held.append(held_bytes([sync, hooks], exclude=list(mine.parameters())))   # the wrapper, its hooks' closures
         held_outside.append(held_bytes(outside, exclude=list(mine.parameters())))   # and its module, at top level
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
@@ -181,6 +189,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if unwaited:                                      # first: unwaited work can also leave a gradient wrong
             note(problems, {"rank": rank, "kind": "unwaited", "started": sum(c["async"] for c in calls),
                             "unwaited": unwaited, "at": at})
+        given = [n for n, q in mine.named_parameters() if not q.requires_grad and q.grad is not None]
+        if given:                                         # DDP leaves a frozen parameter's .grad None
+            note(problems, {"rank": rank, "kind": "frozen_grad", "param": given[0], "at": at})
         if step == 0:
             weights = {q.untyped_storage().data_ptr() for q in mine.parameters()}
             for (name, q), d, g in zip(mine.named_parameters(), ddp.parameters(), local):
@@ -578,6 +589,9 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} "
                  "bytes in ready order and buckets of {bucket_bytes} bytes; and every call must be asynchronous "
                  "(async_op=True)")],
+    "frozen_grad": [(always, "rank {rank}{at}: the frozen parameter {param} (requires_grad=False) has a .grad after "
+                             "finish(); DDP leaves it None, so that the optimizer skips it (no momentum, no weight "
+                             "decay): give a frozen parameter no gradient and no place in a bucket")],
     "torch_ddp": [(always, "rank {rank}: your code built {what} (world size {W}): its reducer all-reduces the "
                            "gradients for you, and the exercise is to write that yourself; average the gradients "
                            "with your own all-reduces, without DDP")],
