@@ -106,8 +106,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
     inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a function's closure cells
     and default arguments), each storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too;
-    the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped in another object, a
-    Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
+    the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped
+    in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
     ``lru_cache`` keeps them where Python shows nothing, and is not."""
