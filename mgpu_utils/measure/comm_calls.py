@@ -421,14 +421,16 @@ def point_to_point_only(exercise, fn=None):
     return patched_collectives(forbidden, fn, below)
 
 
-def counted_collectives(calls: list, fn=None, carried: list | None = None, content: list | None = None):
+def counted_collectives(calls: list, fn=None, carried: list | None = None, content: list | None = None,
+                        p2p: bool = False):
     """Within the block every collective still runs, and its name is appended to ``calls``; with ``carried``,
     ``(name, elements)`` too, ``elements`` the element count of its first tensor argument (all_reduce: the
     tensor reduced; the ``*_single`` and ``*_tensor`` forms: the output), so that a check sees what a call
     carries, not only that it was made (07.5: an all-reduce of the whole gradient); with ``content``, the
     :class:`Content` of what this rank put in, taken before the call ran (07.4 to 07.6: the gradients, or zeros
     sent for show while the work happens elsewhere). Collectives reached below torch.distributed's functions
-    count too (:func:`patched_collectives`)."""
+    count too (:func:`patched_collectives`); with ``p2p``, point-to-point calls too (``send``, ``recv``: isend,
+    irecv and batch_isend_irecv reach them; 07.5's bound on a step's traffic counts what they move)."""
     def first_elements(args, kwargs) -> int:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor):
@@ -453,7 +455,7 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
             carried.append((call.name, call.elements))
         if content is not None:
             content.append(content_of(call.inputs, call.name))
-    return patched_collectives(counting, fn, below)
+    return patched_collectives(counting, fn, below, p2p=p2p)
 
 
 class _Handle:

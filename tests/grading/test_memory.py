@@ -367,6 +367,14 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         RS, "            dist.reduce(flat, dst=0)\n            dist.broadcast(flat, src=0)\n"
             "            g = flat[self.rank * size:(self.rank + 1) * size]\n",
         TRAFFIC + r"\(.*broadcast [\d,]+, reduce [\d,]+\)"),
+    "every rank's whole gradient sent to every other rank by isend and recv": (
+        RS, "            g = flat.clone()\n"
+            "            works = [dist.isend(flat, dst=r) for r in range(self.world) if r != self.rank]\n"
+            "            for r in range(self.world):\n                if r != self.rank:\n"
+            "                    part = torch.empty_like(flat)\n                    dist.recv(part, src=r)\n"
+            "                    g += part\n            for w in works:\n                w.wait()\n"
+            "            g = g[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(.*recv [\d,]+, send [\d,]+\)"),
     "every rank's whole gradient broadcast in turn": (
         RS, "            g = flat.clone()\n            for r in range(self.world):\n"
             "                part = flat.clone()\n                dist.broadcast(part, src=r)\n"

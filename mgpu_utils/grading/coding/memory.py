@@ -16,10 +16,15 @@ the c10d store, files written);
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 
 Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
-anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does not reach (hung on builtins), a buffer
-made at import hung on a function attribute) are not seen; in 07.5 a whole optimizer kept there still needs
-every whole gradient on every rank, which the bound on a step's collectives (:func:`_traffic_bound`) sees,
-unless they travel by send/recv.
+anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the
+student's module does not reach (hung on builtins), a buffer made at import hung on a function attribute) are not
+seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every rank, which the bound on a
+step's collectives and sends/recvs (:func:`_traffic_bound`) sees. A second red team (2026-12-05) found more that
+pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()), options of a group
+other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage, gradients packed two
+float32 to a float64 word; 07.6 a flat reduce-scatter that sends frozen parameters' zeros, a frozen weight
+trained or the gathered parameters kept when compute_dtype is set (the rounds that would see it run float32),
+whole parameters kept in autograd's saved tensors or hung on the wrapped module beside its parameters.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
-        with counted_collectives(calls, cls, carried, content), built(TORCH_ZERO) as used:
+        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
             opt.step()
         torch_built += used
         wrong_carried = wrong_carried or _reduced_right(content, grads, world, weights,
@@ -241,7 +246,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
-        with counted_collectives(calls, cls, carried, content), built(TORCH_ZERO) as used:
+        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
             opt.step()
         if used and not torch_built:
             torch_built += used
@@ -315,11 +320,12 @@ def _traffic(carried: list, content: list, world: int) -> dict:
     the output of those that have one (:data:`OUTPUT_FIRST`), an all-reduced tensor twice (in and out), a
     broadcast or reduced one once (sent by one rank or received by the others; sent by every rank), a gather's
     input only, an all-to-all's input and 1/world of it (the reduce-scatter it stands for: its output is summed
-    locally into a slice; it puts on the wire what a reduce-scatter does). A right ZeRO-1 step: 2 x (1 + 1/world)
-    x the parameters (a reduce-scatter, an all-gather)."""
+    locally into a slice; it puts on the wire what a reduce-scatter does), a send's or a recv's tensor once (whole
+    gradients sent to every rank by isend/irecv: 2 (world - 1) x). A right ZeRO-1 step: 2 x (1 + 1/world) x the
+    parameters (a reduce-scatter, an all-gather; one built of sends and recvs moves 2 (world - 1) / world x)."""
     moved = collections.Counter()
     for (name, first), put in zip(carried, content):
-        out = (first if name in OUTPUT_FIRST or name == "all_reduce" else
+        out = (first if name in OUTPUT_FIRST or name in ("all_reduce", "recv") else
                put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
         moved[name] += round(put.elements + out)
     return dict(moved)
