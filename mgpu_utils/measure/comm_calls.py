@@ -585,10 +585,11 @@ TORCH_FSDP = (("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShard
 @contextlib.contextmanager
 def built(wrappers):
     """Within the block, the name (the third field) of each of ``wrappers`` (:data:`TORCH_DDP`, ...) whose class
-    is constructed goes to the list the block yields. Only modules already imported are watched (importing
+    is constructed goes to the list the block yields (one built inside another's constructor, DDP's Reducer, is
+    not). Only modules already imported are watched (importing
     torch.distributed.optim costs 2 s); a module first imported inside the block is searched instead, at the
     end, for instances that are alive (gc)."""
-    used, saved, watched = [], [], set()
+    used, saved, watched, inside = [], [], set(), [0]
     for module, cls_name, label in wrappers:
         cls = getattr(sys.modules.get(module), cls_name, None)
         if cls is None:
@@ -597,9 +598,13 @@ def built(wrappers):
         original = cls.__dict__["__init__"]
 
         def init(self, *args, _o=original, _label=label, **kwargs):
-            if _label not in used:
+            if _label not in used and not inside[0]:      # DDP's own Reducer is DDP's, not a second finding
                 used.append(_label)
-            return _o(self, *args, **kwargs)
+            inside[0] += 1
+            try:
+                return _o(self, *args, **kwargs)
+            finally:
+                inside[0] -= 1
         saved.append((cls, original))
         cls.__init__ = init
     try:

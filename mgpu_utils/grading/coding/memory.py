@@ -186,11 +186,16 @@ class FrozenUnusedNet(torch.nn.Module):
         return out + self.extra(h) if self.use_extra else out
 
 
-def frozen_unused_groups(net: FrozenUnusedNet, lr: float) -> list[dict]:
+def frozen_unused_groups(net: FrozenUnusedNet, lr: float, opt_class=None) -> list[dict]:
     """Two parameter groups of :class:`FrozenUnusedNet`: the body, the frozen scale and the extra head with the
-    optimizer's defaults; the last layer with half the lr and weight_decay 0.05."""
+    optimizer's defaults; the last layer with half the lr, weight_decay 0.05 and, for ``opt_class`` SGD or
+    Adam(W), an option of the optimizer's own too (momentum 0.5; betas (0.8, 0.95)): a wrapper that keeps only
+    lr and weight_decay of a group loses it."""
+    own = ({"momentum": 0.5} if opt_class is not None and issubclass(opt_class, torch.optim.SGD) else
+           {"betas": (0.8, 0.95)} if opt_class is not None and issubclass(opt_class, (torch.optim.Adam,
+                                                                                       torch.optim.AdamW)) else {})
     return [{"params": [net.fc1.weight, net.fc1.bias, net.scale, net.extra.weight]},
-            {"params": [net.fc2.weight, net.fc2.bias], "lr": lr / 2, "weight_decay": 0.05}]
+            {"params": [net.fc2.weight, net.fc2.bias], "lr": lr / 2, "weight_decay": 0.05, **own}]
 
 
 def _flat(params) -> torch.Tensor:
@@ -222,15 +227,15 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         watch.begin()                                      # from before the student's optimizer on
     try:
         with built(TORCH_ZERO) as torch_built:             # torch's ZeroRedundancyOptimizer, in __init__ or step()
-            opt = cls(frozen_unused_groups(mine, kwargs["lr"]) if frozen_round else mine.parameters(), opt_class,
-                      **kwargs)
+            opt = cls(frozen_unused_groups(mine, kwargs["lr"], opt_class) if frozen_round else mine.parameters(),
+                      opt_class, **kwargs)
         error = ""
     except Exception as e:                                 # every rank builds the same: every rank fails alike
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
         return None
-    ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"]) if frozen_round else ref.parameters(),
+    ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"], opt_class) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
@@ -775,7 +780,8 @@ HINTS: dict[str, list[tuple]] = {
          "weight_decay); give the inner optimizer the same groups, each holding this rank's slices of its "
          "parameters"),
         (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
-                 "second (half the lr, weight_decay 0.05) differs by {max_diff:.3g}: each group's own options must reach "
+                 "second (half the lr, weight_decay 0.05, its own momentum or betas) differs by {max_diff:.3g}: each "
+                 "group's own options must reach "
                  "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
     "any_comm": [(lambda p, W: p.get("what") == "traffic",
                   "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
@@ -811,8 +817,8 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: with {optimizer}, {bytes:,} bytes appeared in this process outside the tensors your "
          "optimizer holds ({held:,}): {tensors:,} in tensors or storages it does not hold (a module-level dict, a "
          "registry, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
-         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, values set in the c10d store: the "
-         "grader counts Python's "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, "
+         "values set in the c10d store: the grader counts Python's "
          "memory too, a few kB are its own). This rank's slice of the state is {shard:,} bytes, the whole "
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
          "slice only, in tensors, about 1/{W}"),
@@ -888,8 +894,8 @@ HINTS: dict[str, list[tuple]] = {
          "wrapper, its module and the optimizer, besides the {held:,} it holds next to its shards: {tensors:,} "
          "in tensors or storages (a module-level dict or "
          "list, a cache, a global: the grader looks at every live tensor and torch.UntypedStorage), {python:,} in "
-         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, values set in the c10d store: the "
-         "grader counts Python's "
+         "Python objects (bytes or BytesIO of a torch.save, numpy arrays, lists or tuples of floats, strings, "
+         "values set in the c10d store: the grader counts Python's "
          "memory too, a few kB are its own). A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only "
          "this rank's shard between steps, wherever it is kept; the gathered parameters live only while autograd "
          "needs them"),
