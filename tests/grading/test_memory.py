@@ -563,6 +563,17 @@ KEEP = "class GatherShard("
 WIDE_OUT = r"\(MLP of 1024 hidden units\): after 2 steps, [\d,]+ bytes stayed in this process outside your wrapper"
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "a frozen parameter's zeros reduce-scattered beside the gradients (FSDP1's flat layout)": (
+        FORWARD_END,
+        "        for n, s in zip(self.names, self.shards):\n"
+        "            if not s.requires_grad and torch.is_grad_enabled():   # its zeros sent too\n"
+        "                full[n] = full[n].detach().requires_grad_()\n"
+        "                full[n].register_hook(lambda g, s=s: reduce_scatter_single(\n"
+        "                    torch.empty(s.numel()), torch.cat([g.reshape(-1), g.new_zeros(\n"
+        "                        s.numel() * dist.get_world_size() - g.numel())])) and None)\n" + FORWARD_END,
+        r"\(FrozenUnusedNet, float32\): in step 1 your reduce-scatters (carried 2,06\d elements, and the gradients "
+        r"of the parameters that got one in this step are 2,05\d at most|\(2,06\d elements\) did not carry rank \d's "
+        r"gradients)"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) is [\d.]+ on "
                     r"average after step 1"),

@@ -510,6 +510,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "torch_fsdp", "used": used[0]})
                 used_now = [not (grouped and n.startswith("extra.") and s % 2) for n in names]
                 whole = len(used_now) == len(mine_now)           # a shard per parameter, in their order
+                needs = [(shapes[n], uses[n]) for (n, q), u in zip(refs["right"].named_parameters(), used_now)
+                         if q.requires_grad and u]         # the parameters that get a gradient in this step
+                wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
+                                                                {**base, "what": "scattered", "step": s + 1})
                 wrong_carried = wrong_carried or _fsdp_carried(
                     content, mine_now, used_now if whole else [True] * len(mine_now),
                     [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
@@ -646,6 +650,21 @@ def _uses(model: torch.nn.Module) -> dict:
     2), so a wrapper that gathers a tied weight once per use is not told its all-gathers carried something else."""
     held = collections.Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
     return {n: held[id(p)] for n, p in model.named_parameters()}
+
+
+def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dict | None:
+    """07.6: ``problem`` completed (``elements``, ``most``) when a step's reduce-scatters (all-to-alls,
+    scatters: :data:`SCATTERS`) carried more elements than the gradients of the parameters that got one in this
+    step (``needs``: (shape, uses) each; a tied weight once per use) padded in the most generous right layout:
+    each padded to a multiple of ``world``, each cut in whole rows, or all flattened into one padded vector
+    (FSDP1's). A frozen parameter's or an unused one's zeros sent beside them pass none of them (FSDP1's flat
+    layout did send them); None otherwise."""
+    sent = sum(c.elements for c in content if c.name in SCATTERS)
+    up = lambda n: -(-n // world) * world
+    most = max(sum(u * up(shape.numel()) for shape, u in needs),
+               sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
+               up(sum(u * shape.numel() for shape, u in needs)))
+    return {**problem, "elements": sent, "most": most} if sent > most else None
 
 
 def _fsdp_carried(content: list, shards: list, required: list, most, grads, world: int, problem: dict,
@@ -832,6 +851,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
          "yourself; shard the parameters, all-gather them for the forward and reduce-scatter their gradients "
          "with your own collectives, without torch.distributed.fsdp"),
+        (lambda p, W: p["what"] == "scattered",
+         "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters carried {elements:,} elements, and "
+         "the gradients of the parameters that got one in this step are {most:,} at most, padded in any layout "
+         "(each to a multiple of the world size, in whole rows, or one flat vector): a frozen parameter "
+         "(requires_grad=False) or one unused in this step has no gradient, and nothing of it is reduce-scattered "
+         "(FSDP2 leaves it out; FSDP1's flat layout sent zeros in its place)"),
         (lambda p, W: p["what"] == "carried" and p["carried"] == "gathers" and p["content"] == "zeros",
          "rank {rank} ({model}, {dtype}): in step {step} your all-gathers ({elements:,} elements) carried zeros, "
          "not rank {rank}'s shards of the parameters: the parameters reached the ranks some other way "
