@@ -130,7 +130,7 @@ def test_lesson_09_resnet_keeps_16_images_per_rank(nproc, gpus, cores, monkeypat
     import mgpu_utils.env as env
 
     cells = json.loads((Path(__file__).parents[2] / "notebooks" / "10_case_studies.ipynb").read_text())["cells"]
-    setup = next("".join(c["source"]) for c in cells if "RN = cpu_ranks(" in "".join(c["source"]))
+    setup = next("".join(c["source"]) for c in cells if "RANKS = cpu_ranks(" in "".join(c["source"]))
     monkeypatch.setattr(env, "default_nproc", lambda: nproc)
     monkeypatch.setattr(env, "usable_gpus", lambda: gpus)
     monkeypatch.setattr(env, "usable_physical_cores", lambda: cores)
