@@ -68,7 +68,7 @@ class LocalSlurm:
             120 s by default on real clusters), at least 5 (Slurm's minimum: below it slurmctld logs "invalid" and
             takes the 120 s default). The scheduler looks at pending jobs every 2 s (60 s by default;
             every 1 s, slurmstepd wrote "CANCELLED ... DUE TO JOB REQUEUE" into the output of 3 of 4 requeued jobs,
-            every 2 s into none of 7, and saved no measurable time).
+            every 2 s into none of 6, and saved no measurable time).
 
     Attributes:
         env: the environment for Slurm's commands (``SLURM_CONF`` points at this cluster).
