@@ -66,9 +66,7 @@ class LocalSlurm:
         cpus: CPUs the node declares (may exceed the machine's: tasks only stand for nodes).
         requeue_delay_s: how long a requeued job waits before it may start again (Slurm's ``cred_expire``;
             120 s by default on real clusters), at least 5 (Slurm's minimum: below it slurmctld logs "invalid" and
-            takes the 120 s default). The scheduler looks at pending jobs every 2 s (60 s by default;
-            every 1 s, slurmstepd wrote "CANCELLED ... DUE TO JOB REQUEUE" into the output of 3 of 4 requeued jobs,
-            every 2 s into none of 6, and saved no measurable time).
+            takes the 120 s default). The scheduler looks at pending jobs every 2 s (60 s by default).
 
     Attributes:
         env: the environment for Slurm's commands (``SLURM_CONF`` points at this cluster).
