@@ -65,14 +65,21 @@ class LocalSlurm:
         folder: a new or empty folder for the configuration, state, logs and munge key.
         cpus: CPUs the node declares (may exceed the machine's: tasks only stand for nodes).
         requeue_delay_s: how long a requeued job waits before it may start again (Slurm's ``cred_expire``;
-            120 s by default on real clusters). The scheduler looks at pending jobs every 2 s (60 s by default).
+            120 s by default on real clusters), at least 5 (Slurm's minimum: below it slurmctld logs "invalid" and
+            takes the 120 s default). The scheduler looks at pending jobs every 2 s (60 s by default).
 
     Attributes:
         env: the environment for Slurm's commands (``SLURM_CONF`` points at this cluster).
         node: the node's name; ``conf``: the path of slurm.conf.
+
+    Raises:
+        ValueError: ``requeue_delay_s`` below 5 or not an integer.
     """
 
     def __init__(self, folder, cpus: int = 8, requeue_delay_s: int = 5):
+        if isinstance(requeue_delay_s, bool) or not isinstance(requeue_delay_s, int) or requeue_delay_s < 5:
+            raise ValueError(f"requeue_delay_s must be an integer >= 5 (Slurm's minimum cred_expire; below it Slurm "
+                             f"waits its default 120 s), got {requeue_delay_s!r}")
         self.folder = Path(folder).resolve()
         self.cpus, self.requeue_delay_s = cpus, requeue_delay_s
         self.node = socket.gethostname().split(".")[0]

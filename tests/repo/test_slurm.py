@@ -377,6 +377,15 @@ def test_missing_slurm_names_the_install_command(monkeypatch):
     assert INSTALL in missing_programs() and "slurmctld" in missing_programs()
 
 
+def test_a_requeue_delay_slurm_would_ignore_is_refused(tmp_path):
+    """Slurm takes cred_expire >= 5 only: with 1 slurmctld logged "invalid" and the requeued job waited its
+    default 120 s (measured), so LocalSlurm refuses it before starting anything."""
+    for bad in (1, 4, 5.5, True):
+        with pytest.raises(ValueError, match=r"requeue_delay_s must be an integer >= 5"):
+            LocalSlurm(tmp_path, requeue_delay_s=bad)
+    assert LocalSlurm(tmp_path, requeue_delay_s=5).requeue_delay_s == 5
+
+
 def test_not_root_is_said_with_the_fix(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     monkeypatch.setattr("os.getuid", lambda: 1000)
