@@ -515,6 +515,14 @@ FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (
                "given\n")
 
 RIGHT_076 = {   # name: (text of the solution, replaced by)
+    "each parameter gathered by one broadcast from each shard's owner": (
+        "        all_gather_single(full, shard.detach().to(dtype))\n",
+        "        for r, part in enumerate(full.chunk(world)):\n            if r == dist.get_rank():\n"
+        "                part.copy_(shard.detach().to(dtype))\n            dist.broadcast(part, src=r)\n"),
+    "each slice of a gradient reduced to its owner": (
+        "        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks\n",
+        "        for r, part in enumerate(flat.chunk(ctx.world)):\n            dist.reduce(part, dst=r)\n"
+        "        out.copy_(flat.chunk(ctx.world)[dist.get_rank()])\n"),
     "the shared weight gathered once per use (twice a forward), its gradient reduce-scattered per use": (
         ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
         ["        self.names, self.shapes, shards = [], [], []\n"
@@ -575,8 +583,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         r"of the parameters that got one in this step are 2,05\d at most|\(2,06\d elements\) did not carry rank \d's "
         r"gradients)"),
     "a frozen parameter's shard trains": (
-        FROZEN, "", r"\(FrozenUnusedNet\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) is [\d.]+ on "
-                    r"average after step 1"),
+        FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
+                    r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),
     "zero gradients made ready before the forward": (
         FORWARD, FORWARD + "        for s in self.shards:\n            if s.requires_grad and s.grad is None:\n"
                            "                s.grad = torch.zeros_like(s)\n",

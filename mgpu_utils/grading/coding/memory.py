@@ -22,9 +22,11 @@ seen; in 07.5 a whole optimizer kept there still needs every whole gradient on e
 step's collectives and sends/recvs (:func:`_traffic_bound`) sees. A second red team (2026-12-05) found more that
 pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()), options of a group
 other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage, gradients packed two
-float32 to a float64 word; 07.6 a flat reduce-scatter that sends frozen parameters' zeros, a frozen weight
-trained or the gathered parameters kept when compute_dtype is set (the rounds that would see it run float32),
-whole parameters kept in autograd's saved tensors or hung on the wrapped module beside its parameters.
+float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the round that counts
+what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on the wrapped
+module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in the
+compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner
+are accepted, as in 07.5.)
 """
 
 from __future__ import annotations
@@ -447,7 +449,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     x, y = load_data()[0][:48]
     x = x.flatten(1)
     models = (("MLP", lambda: make_mlp(24, 1), (None, torch.bfloat16)), ("TiedMLP", TiedMLP, (None, torch.bfloat16)),
-              ("FrozenUnusedNet", FrozenUnusedNet, (None,)))
+              ("FrozenUnusedNet", FrozenUnusedNet, (None, torch.bfloat16)))
     for model_name, model_fn, dtypes in models:
         for dtype in dtypes:
             found = torch.tensor([float(bool(problems))])
@@ -528,7 +530,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
                 if "all_reduce" in calls:
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
-                elif not set(calls) & set(GATHERS) or not set(calls) & set(SCATTERS):
+                elif not set(calls) & {*GATHERS, "broadcast"} or not set(calls) & {*SCATTERS, "reduce"}:
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
@@ -543,7 +545,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     if params is None:
                         break
                     if not torch.equal(params["scale"], torch.full((10,), 2.0)):
-                        note(problems, {**base, "what": "frozen", "step": s + 1, "got": params["scale"].mean().item()})
+                        note(problems, {**base, "what": "frozen", "step": s + 1, "got": params["scale"].mean().item(),
+                                        "moved": diff(params["scale"], torch.full((10,), 2.0))})
                     elif extra is not None and s % 2 == 1 and not torch.equal(params["extra.weight"], extra):
                         note(problems, {**base, "what": "unused", "step": s + 1,
                                         "moved": diff(params["extra.weight"], extra)})
@@ -886,7 +889,8 @@ HINTS: dict[str, list[tuple]] = {
          "gradients, so that each rank receives the sum of its own shard only, and all-gathers the parameters"),
         (lambda p, W: p["what"] == "collectives",
          "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
-         "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single)"),
+         "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single; a "
+         "broadcast from each shard's owner and a reduce to it move the same)"),
         (lambda p, W: p["what"] == "compute_dtype",
          "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
          "gathered parameters (and a floating-point input) to compute_dtype"),
@@ -929,8 +933,8 @@ HINTS: dict[str, list[tuple]] = {
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
          "them, as a student of FSDP2 does)"),
         (lambda p, W: p["what"] == "frozen",
-         "rank {rank} ({model}): a frozen parameter (requires_grad=False, 2.0 everywhere) is {got:.4g} on average "
-         "after step {step}: its shard must not require grad either (shard.requires_grad_(p.requires_grad)), so "
+         "rank {rank} ({model}, {dtype}): a frozen parameter (requires_grad=False, 2.0 everywhere) moved by up to "
+         "{moved:.3g} in step {step} ({got:.6g} on average): its shard must not require grad either (shard.requires_grad_(p.requires_grad)), so "
          "that it gets no gradient and the optimizer skips it"),
         (lambda p, W: p["what"] == "unused",
          "rank {rank} ({model}): a parameter not used in step {step} moved by {moved:.3g} in that step: no "
