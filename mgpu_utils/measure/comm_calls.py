@@ -518,7 +518,9 @@ def _in_backward() -> bool:
 def counted_all_reduce(state: dict, fn=None):
     """Within the block, record every all-reduce call (``dist.all_reduce``, or the name imported into ``fn``'s
     module, or one reached below torch.distributed's functions: :func:`patched_collectives`): whether async,
-    whether ``state["backward"]`` was set (the check sets it while ``loss.backward()`` runs), the tensor's
+    whether it started during backward (``in_backward``: ``state["backward"]`` set, which the check does while
+    ``loss.backward()`` runs, and autograd running a node: from a hook, not from a final callback queued to run
+    once backward is over, which overlaps nothing), the tensor's
     storage (``storage``, its data pointer: the weights all-reduced instead of the gradient?), ``elements`` and
     ``content`` (:func:`content_of` the tensor before the call: the gradients, or zeros sent for show?), and for
     an async call whether its handle was waited for and whether the tensor was written before the result was
@@ -544,7 +546,8 @@ def counted_all_reduce(state: dict, fn=None):
             return other
 
         def counting(tensor, *args, **kwargs):
-            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"], "waited": False,
+            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"] and _in_backward(),
+                    "waited": False,
                     "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel(),
                     "content": content_of(tensor, name)}
             calls.append(call)
@@ -558,7 +561,8 @@ def counted_all_reduce(state: dict, fn=None):
     def below(call: LowCall):
         if call.name == "all_reduce":
             first = call.inputs[0] if call.inputs else None
-            record = {"async": True, "in_backward": state["backward"], "waited": not call.returns_work,
+            record = {"async": True, "in_backward": state["backward"] and _in_backward(),
+                      "waited": not call.returns_work,
                       "below": True, "storage": first.untyped_storage().data_ptr() if first is not None else 0,
                       "elements": call.elements, "content": content_of(call.inputs, call.name)}
             calls.append(record)

@@ -371,6 +371,15 @@ WRONG_037 = {
     "a hook on every parameter, the frozen one too": (
         HOOKS_037, "            p.register_post_accumulate_grad_hook(self.ready)\n",
         r"rank \d: your wrapper raised .* on a model whose 0.weight is frozen \(requires_grad=False"),
+    "each full bucket sent from a callback queued for the end of backward (it overlaps nothing)": (
+        "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
+        "            self.send()\n",
+        "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
+        "            full, self.bucket = self.bucket, []\n"
+        "            torch.autograd.Variable._execution_engine.queue_callback(lambda: self.send_these(full))\n\n"
+        "    def send_these(self, params):\n        self.bucket, open_ = params, self.bucket\n"
+        "        self.send()\n        self.bucket = open_\n",
+        r"rank \d: \d bucket\(s\) of \d+ bytes fill up during backward, but 0 all-reduce\(s\) started there"),
     "buffers broadcast, the parameters averaged": (
         BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
                    "            for p in module.parameters():\n                dist.all_reduce(p)\n"
