@@ -85,6 +85,10 @@ def process_guard(request, monkeypatch):
         yield
         return
     import torch  # noqa: F401  (its first import probes the CUDA libraries in a subprocess: not the test's)
+    # matplotlib's first import on a machine without its font cache (a fresh CI machine) builds the cache by
+    # running fontconfig's fc-list: not the test's either (refused, the import failed and every plotting test
+    # after it in the process failed with it: 10 tests in a fresh clone's make test).
+    import matplotlib.font_manager  # noqa: F401
     import multiprocessing.util
     import os
     import subprocess
