@@ -531,14 +531,25 @@ def counted_all_reduce(state: dict, fn=None):
     the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for.
     ``state["others"]`` becomes the names of the block's other collectives and point-to-point calls (``send``,
     ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
-    way while the all-reduces carried them for show?"""
-    calls, others = [], []
-    state["others"] = others
+    way while the all-reduces carried them for show? ``state["blocking"]`` becomes the names of the blocking calls
+    that ran during backward (a barrier waited for, a broadcast without async_op): like a wait() in a hook, they
+    stop backward until every rank is there. With ``state["progress"]`` (a function, e.g. how many gradients
+    were accumulated so far), each all-reduce records its value when it started (``progress``)."""
+    calls, others, blocking = [], [], []
+    state["others"], state["blocking"] = others, blocking
     unseen = ("all_reduce", "broadcast", "broadcast_object_list")
+    progress = state.get("progress") or (lambda: None)
+
+    def in_backward() -> bool:
+        return bool(state["backward"]) and _in_backward()
 
     def replace(name, real):
         if name in unseen[1:]:
-            return real
+            def blocking_call(*args, **kwargs):
+                if in_backward() and (name == "broadcast_object_list" or not kwargs.get("async_op")):
+                    blocking.append(name)
+                return real(*args, **kwargs)
+            return blocking_call
         if name != "all_reduce":
             def other(*args, **kwargs):
                 others.append(name)
@@ -546,8 +557,8 @@ def counted_all_reduce(state: dict, fn=None):
             return other
 
         def counting(tensor, *args, **kwargs):
-            call = {"async": bool(kwargs.get("async_op")), "in_backward": state["backward"] and _in_backward(),
-                    "waited": False,
+            call = {"async": bool(kwargs.get("async_op")), "in_backward": in_backward(),
+                    "waited": False, "progress": progress(),
                     "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel(),
                     "content": content_of(tensor, name)}
             calls.append(call)
@@ -561,7 +572,7 @@ def counted_all_reduce(state: dict, fn=None):
     def below(call: LowCall):
         if call.name == "all_reduce":
             first = call.inputs[0] if call.inputs else None
-            record = {"async": True, "in_backward": state["backward"] and _in_backward(),
+            record = {"async": True, "in_backward": in_backward(), "progress": progress(),
                       "waited": not call.returns_work,
                       "below": True, "storage": first.untyped_storage().data_ptr() if first is not None else 0,
                       "elements": call.elements, "content": content_of(call.inputs, call.name)}
@@ -570,8 +581,50 @@ def counted_all_reduce(state: dict, fn=None):
                 return lambda work: _Handle(work, record)
         elif call.name not in unseen:
             others.append(call.name)
-    with patched_collectives(replace, fn, below, p2p=True):
+    with patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking):
         yield calls
+
+
+class _Waited:
+    """A barrier's Work that records ``name`` in ``blocking`` when it is waited for while ``in_backward()``."""
+
+    def __init__(self, work, in_backward, blocking):
+        self._work, self._in_backward, self._blocking = work, in_backward, blocking
+
+    def wait(self, *args, **kwargs):
+        if self._in_backward():
+            self._blocking.append("barrier")
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def _barriers_watched(in_backward, blocking):
+    """Within the block, a process group's (or its backend's) barrier waited for while ``in_backward()``
+    (``dist.barrier()`` waits for it; so may the student) and a monitored barrier called then go to ``blocking``."""
+    saved = []
+    for cls in (torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend):
+        original = cls.__dict__.get("barrier")
+        if original is not None:
+            def barrier(obj, *args, _o=original, **kwargs):
+                return _Waited(_o(obj, *args, **kwargs), in_backward, blocking)
+            saved.append((cls, "barrier", original))
+            setattr(cls, "barrier", barrier)
+        original = cls.__dict__.get("monitored_barrier")
+        if original is not None:
+            def monitored(obj, *args, _o=original, **kwargs):
+                if in_backward():
+                    blocking.append("monitored_barrier")
+                return _o(obj, *args, **kwargs)
+            saved.append((cls, "monitored_barrier", original))
+            setattr(cls, "monitored_barrier", monitored)
+    try:
+        yield
+    finally:
+        for cls, name, original in reversed(saved):
+            setattr(cls, name, original)
 
 
 #: torch's own parallel wrappers an exercise asks the student to write (module, class, what the hint calls it):

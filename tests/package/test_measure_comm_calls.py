@@ -129,6 +129,29 @@ def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
     assert calls[2]["waited_in_backward"] and torch.equal(w.grad, torch.full((2,), 2.0))
 
 
+def test_counted_all_reduce_names_blocking_calls_in_backward_and_records_progress(world_of_one):
+    """A barrier waited for, or a broadcast without async_op, in a hook during backward is as blocking as a
+    wait() there (03.7); outside backward, or asynchronous, it is not. Each all-reduce records the value of
+    state["progress"] when it started (how many gradients were accumulated, in 03.7)."""
+    w, x, seen = torch.ones(2, requires_grad=True), torch.ones(2), []
+
+    def hook(p):
+        seen.append(p)
+        dist.all_reduce(p.grad, async_op=True).wait()
+        dist.barrier()
+        dist.broadcast(x, src=0)
+        dist.broadcast(x, src=0, async_op=True).wait()
+    w.register_post_accumulate_grad_hook(hook)
+    state = {"backward": False, "progress": lambda: len(seen)}
+    with counted_all_reduce(state) as calls:
+        dist.barrier()
+        dist.all_reduce(x, async_op=True).wait()
+        state["backward"] = True
+        (w * 2).sum().backward()
+        state["backward"] = False
+    assert state["blocking"] == ["barrier", "broadcast"]
+    assert [c["progress"] for c in calls] == [0, 1]
+
 def test_counted_all_reduce_names_the_other_collectives(world_of_one, below_route):
     """Besides the all-reduces, the block's other collectives are named in state["others"], however reached (a
     broadcast excepted: DDP broadcasts buffers at every forward); 03.7 asks why the gradients needed them."""
