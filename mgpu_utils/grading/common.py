@@ -20,6 +20,7 @@ exercise, and the helpers that compare, report and count.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
@@ -102,16 +103,18 @@ def switched_off(fn, functions):
             sp[k] = v
 
 
-def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
-    """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, dicts, sets and objects
-    inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a function's closure cells
-    and default arguments), each storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too;
+def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
+    """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, deques, dicts, sets and
+    objects inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a function's closure
+    cells and default arguments), each storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too;
     the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped
     in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
-    ``lru_cache`` keeps them where Python shows nothing, and is not."""
-    seen_objects, storages = set(), {}
+    ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also the attributes set on the
+    tensors reached (``p.history = [...]`` on a parameter) and every Python int and float reached (its
+    ``sys.getsizeof``, each object once: a tensor kept as ``tolist()``), for a check of what grows across steps."""
+    seen_objects, storages, numbers = set(), {}, {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
     def walk(o, d):
@@ -121,18 +124,25 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
                 storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
             if grads and o.grad is not None:
                 walk(o.grad, d)
+            if python and d >= 0 and id(o) not in seen_objects:
+                seen_objects.add(id(o))
+                for item in list(getattr(o, "__dict__", {}).values()):
+                    walk(item, d - 1)
             return
         storage = _bare_storage(o)
         if storage is not None:
             if storage.data_ptr() not in skip:
                 storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
             return
+        if python and isinstance(o, (int, float)) and not isinstance(o, bool):
+            numbers[id(o)] = sys.getsizeof(o)
+            return
         if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
             return
         seen_objects.add(id(o))
         if isinstance(o, dict):
             items = list(o.keys()) + list(o.values())
-        elif isinstance(o, (list, tuple, set, frozenset)):
+        elif isinstance(o, (list, tuple, set, frozenset, collections.deque)):
             items = list(o)
         elif isinstance(o, types.MethodType):              # a bound method (self.s = opt.step): its object
             items = [o.__self__]
@@ -148,7 +158,7 @@ def held_bytes(obj, exclude=(), depth=8, grads=False) -> int:
         for item in items:
             walk(item, d - 1)
     walk(obj, depth)
-    return sum(storages.values())
+    return sum(storages.values()) + sum(numbers.values())
 
 
 def inner_parameters(obj, depth=8) -> list:

@@ -218,7 +218,7 @@ MORE_MISTAKES = {   # name: (exercise, text of the solution, replaced by, the hi
                                   r"is 3 times DDP's .* divide by the world size"),
     "pending work never cleared": ("03.5", "        self.pending.clear()\n", "",
                                    r"the result is right, but what your wrapper holds after each step grows: .*\(a "
-                                   r"list of pending work never cleared\?"),
+                                   r"list of pending work never cleared"),
     "the last bucket forgotten": ("03.6", "        if self.bucket:                                   "
                                           "# what is left after backward\n            self.send(self.bucket)\n"
                                           "            self.bucket = []\n", "",
@@ -616,6 +616,27 @@ def test_held_bytes_finds_every_tensor_once():
     opt.inner.step()                                                        # Adam's own state: 2 x 10 floats + step
     assert held_bytes(opt, exclude=[w]) >= 4 * 4 + 3 * 8 + 2 * 10 * 4
 
+
+
+def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
+    """03.7's growth check: a history kept in a deque, in a list set on a parameter, or as Python floats."""
+    import collections
+    import sys
+
+    import torch
+
+    from mgpu_utils.grading.common import held_bytes
+
+    w = torch.nn.Parameter(torch.zeros(10))
+
+    class Wrapper:
+        def __init__(self):
+            self.w, self.sent, self.log = w, collections.deque([torch.zeros(5)]), [[0.5, 1.5]]
+    w.history = [torch.zeros(3, dtype=torch.float64)]
+    wrapper = Wrapper()
+    assert held_bytes(wrapper, exclude=[w]) == 5 * 4                       # the deque's tensor; not w's attribute
+    floats = 2 * sys.getsizeof(0.5)
+    assert held_bytes(wrapper, exclude=[w], python=True) == 5 * 4 + 3 * 8 + floats
 
 def test_a_merge_that_fails_only_from_the_empty_start_is_named():
     """08.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
