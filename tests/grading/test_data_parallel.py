@@ -380,6 +380,18 @@ WRONG_037 = {
         "    def send_these(self, params):\n        self.bucket, open_ = params, self.bucket\n"
         "        self.send()\n        self.bucket = open_\n",
         r"rank \d: \d bucket\(s\) of \d+ bytes fill up during backward, but 0 all-reduce\(s\) started there"),
+    "the rule's buckets formed and all sent from the last gradient's hook (inside backward, overlapping nothing)": (
+        READY_037 + FULL_037 + "            self.send()\n",
+        READY_037 + "        if len(self.bucket) < sum(q.requires_grad for q in self.module.parameters()):\n"
+        "            return\n        everything, self.bucket = self.bucket, []\n"
+        "        for q in everything:\n            self.bucket.append(q)\n"
+        "            if sum(r.grad.numel() * r.grad.element_size() for r in self.bucket) >= self.bucket_bytes:\n"
+        "                self.send()\n",
+        r"rank \d: bucket 1 \(1448 bytes\) was full once 3 of the 6 gradients had been accumulated, but its "
+        r"all-reduce started only after 6"),
+    "a blocking broadcast of a flag from rank 0 after each bucket's all-reduce, in the hook": (
+        SEND_037, SEND_037 + "        dist.broadcast(torch.ones(1), src=0)         # every rank has sent it\n",
+        r"rank \d: your code made 3 blocking call\(s\) of broadcast during backward, in a hook"),
     "buffers broadcast, the parameters averaged": (
         BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
                    "            for p in module.parameters():\n                dist.all_reduce(p)\n"
@@ -446,7 +458,7 @@ WRONG_037 = {
          "@functools.cache\ndef buffer(key, n):\n    return torch.empty(n)\n",
          "        flat = buffer(next(CALLS), flat.numel()).copy_(flat)\n" + SEND_037],
         r"rank \d: the result is right, but what your module holds at its top level \(outside the wrapper\) grows: "
-        r"13,864, 27,728, 41,592 bytes .*functools cache"),
+        r"14,032, 28,064, 42,096 bytes .*functools cache"),   # the buffers and the keys, Python ints
     "torch's C++ Reducer (DDP's engine) driven with buckets laid out by the rule": (
         None, REDUCER_037, r"rank \d: your code built torch's DDP Reducer"),
     "every bucket kept in a class attribute (for debugging)": (
@@ -459,6 +471,32 @@ WRONG_037 = {
                    "                p.register_post_accumulate_grad_hook(\n"
                    "                    lambda q, log=[]: (log.append(q.grad.clone()), self.ready(q))[1])\n",
         r"rank \d: the result is right, but what your wrapper holds after each step grows"),
+    "every sent bucket kept in a deque (for debugging)": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import collections\n\nimport torch.distributed as dist\n",
+         "        self.sent = getattr(self, 'sent', collections.deque())\n        self.sent.append(flat.clone())\n"
+         + SEND_037],
+        r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
+        r"bytes after steps 1, 2 and 3"),
+    "each parameter's averaged gradients kept in a list set on the parameter": (
+        "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n",
+        "                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
+        "                p.__dict__.setdefault('means', []).append(p.grad.clone())\n",
+        r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
+        r"bytes after steps 1, 2 and 3"),
+    "every averaged bucket logged as Python floats (tolist)": (
+        WAIT_037, WAIT_037 + "            self.__dict__.setdefault('trace', []).extend(flat.tolist())\n",
+        r"rank \d: the result is right, but what your wrapper holds after each step grows: .* as Python numbers"),
+    "a logging hook on every parameter registered at every forward, never removed": (
+        "    def forward(self, *args, **kwargs):\n",
+        "    def forward(self, *args, **kwargs):\n        for p in self.module.parameters():\n"
+        "            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(lambda q: None)\n",
+        r"rank \d: the result is right, but the model carries 12, 18, 24 hooks after steps 1, 2 and 3"),
+    "the parameters and the floating-point buffers broadcast, an integer buffer not": (
+        BROADCAST, "            floats = [b for b in module.buffers() if b.is_floating_point()]\n"
+                   "            for t in list(module.parameters()) + floats:\n"
+                   "                dist.broadcast(t, src=0)\n",
+        r"after your wrapper was built the ranks' integer buffer steps \(int64\) still differed"),
     "the frozen parameter given a zero gradient": (
         "        if self.bucket:\n            self.send()\n",
         "        for p in self.module.parameters():\n            if not p.requires_grad:\n"

@@ -16,10 +16,14 @@ the same shards (:func:`against_ddp`), counts the all-reduce calls
 :func:`bucket_calls_ok`), checks that they carry this rank's own gradients (not zeros sent for show while the
 gradients travel some other way), refuses torch's own DDP built inside the student's code, and names a wrong
 gradient (:func:`what_the_gradient_is`). The rule of calls, their waits (each handle waited for before finish()
-returns, by wait(), its future or is_completed(); none waited for inside backward, where it stops the overlap) and
-what they carry are checked in every step, not in the first only; so is any other collective or send/recv made
-beside the all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What
-the wrapper, and the top level of the student's module, hold after each step must not grow. The
+returns, by wait(), its future or is_completed(); none waited for inside backward, where it stops the overlap,
+nor a barrier or a blocking broadcast there), when each bucket's call started (by the time the bucket was full:
+how many gradients had been accumulated at each call, against the rule's fill points) and what they carry are
+checked in every step, not in the first only; so is any other collective or send/recv made beside the
+all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What the
+wrapper, and the top level of the student's module, hold after each step must not grow (tensors, also in deques
+and in attributes set on tensors, and Python numbers: a bucket kept as ``tolist()``), nor the hooks on the model.
+In 03.7 every rank but 0 starts from other weights, an integer buffer too, which the wrapper must broadcast. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
 
 Known limits (03.7): the exercise asks for models whose trainable parameters all get a gradient every step
@@ -32,7 +36,11 @@ student's module, a class attribute of its classes, and what the parameters' hoo
 default arguments are); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
 locals) are not looked for. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional
 collective waited inside the hook, zeros all-reduced on time while the last call carries every gradient, every
-all-reduce started from autograd's final callback, a full bucket sent one gradient late (issue 55's note).
+all-reduce started from autograd's final callback, a full bucket sent one gradient late (issue 55's note). A
+third (2026-12-05, adv3) found 7 more, now told: every bucket started from the last gradient's hook, a barrier in
+the hook, histories in a deque, on the parameters or as Python floats, hooks registered at every forward, an
+integer buffer never broadcast. A Python-level history of strings, or one kept in a container of another module
+(array, numpy), is still not counted.
 """
 
 from __future__ import annotations
@@ -112,9 +120,10 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     ddp = DDP(copy.deepcopy(mine))
     if perturb:
         with torch.no_grad():
-            for q in list(mine.parameters()) + [b for b in mine.buffers() if b.is_floating_point()]:
-                q.add_(0.01 * rank)
-    ready, own, state = [], [], {"backward": False}
+            for q in list(mine.parameters()) + list(mine.buffers()):
+                q.add_(0.01 * rank if q.is_floating_point() else rank)   # an integer buffer moved apart too
+    ready, own = [], []
+    state = {"backward": False, "progress": lambda: len(ready)}   # each all-reduce: how many gradients were in
 
     def accumulated(q):                                   # registered first: fires first, records the order
         ready.append(q.grad.numel() * q.grad.element_size())
@@ -131,6 +140,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     """against_ddp's three steps, the wrapper built first (see there)."""
     world, rank = ctx.world_size, ctx.rank
     frozen = [n for n, q in mine.named_parameters() if not q.requires_grad]
+    ours = _hook_count(mine)                              # the grader's own hooks (the ready order)
     try:
         sync = make_sync(mine)
     except RuntimeError as e:                             # a hook on a frozen parameter: torch refuses it
@@ -143,16 +153,23 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         apart = torch.tensor([float(max(diff(q.detach(), d.detach()) for q, d in pairs) > 0)])
         dist.all_reduce(apart)                            # known on every rank, rank 0 too
         if apart.item():                                  # the same weights on every rank, only not rank 0's?
-            flat = torch.cat([q.detach().reshape(-1).float() for q, _ in pairs])
+            flat = torch.cat([q.detach().reshape(-1).double() for q, _ in pairs])
             low, high = flat.clone(), flat.clone()
             dist.all_reduce(low, op=dist.ReduceOp.MIN)
             dist.all_reduce(high, op=dist.ReduceOp.MAX)
-            note(problems, {"rank": rank, "kind": "broadcast", "agree": diff(low, high) == 0})
+            names = [n for n, _ in mine.named_parameters()] + [n for n, _ in mine.named_buffers()]
+            sizes = [q.numel() for q, _ in pairs]         # which tensors still differ between the ranks
+            apart_now = [(n, q) for n, (q, _), a, b in zip(names, pairs, low.split(sizes), high.split(sizes))
+                         if diff(a, b) > 0]
+            integer = [(n, q) for n, q in apart_now if not q.is_floating_point()]
+            note(problems, {"rank": rank, "kind": "broadcast", "agree": diff(low, high) == 0,
+                            **({"buffer": integer[0][0], "dtype": str(integer[0][1].dtype).replace("torch.", "")}
+                               if integer and len(integer) == len(apart_now) else {})})
     x_all, y_all = load_data()[0][:48]
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
-    times, held, held_outside, later = {"yours_ms": [], "ddp_ms": []}, [], [], None
+    times, held, held_outside, hooked, later = {"yours_ms": [], "ddp_ms": []}, [], [], [], None
     spaces = namespaces_of(fn) if fn is not None else []
     outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals,
                for space in spaces] + [                                     # its classes' attributes
@@ -174,8 +191,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
             sync.finish()
         t1 = time.perf_counter()
-        held.append(held_bytes([sync, hooks], exclude=list(mine.parameters())))   # the wrapper, its hooks' closures
-        held_outside.append(held_bytes(outside, exclude=list(mine.parameters())))   # and its module, at top level
+        hooked.append(_hook_count(mine) - ours)           # hooks registered anew every step, never removed?
+        held.append(held_bytes([sync, hooks], exclude=list(mine.parameters()), python=True))   # the wrapper, its
+        held_outside.append(held_bytes(outside, exclude=list(mine.parameters()), python=True))  # hooks, its module
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
@@ -212,6 +230,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if blocked:                                       # waited in a hook: backward stopped, nothing overlapped
             note(problems, {"rank": rank, "kind": "waited_in_backward", "blocked": blocked, "at": at,
                             "started": sum(c["async"] for c in calls)})
+        if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
+            note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
+                            "what": ", ".join(sorted(set(state["blocking"])))})
         bad = check_calls(calls, list(ready))             # every step: a rule kept in step 1 only is not kept
         if bad:
             note(problems, {"rank": rank, "at": at, **bad})
@@ -229,6 +250,8 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     worst = max(diff(q, d) for q, d in zip(mine.parameters(), ddp.module.parameters()))
     if worst > 1e-6:
         note(problems, {"rank": rank, "kind": "param", "max_diff": worst})
+    elif len(hooked) == 3 and hooked[2] > hooked[1] > hooked[0]:
+        note(problems, {"rank": rank, "kind": "hooks_grow", "hooks": hooked})
     elif _grows(held):
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
     elif _grows(held_outside):
@@ -236,6 +259,16 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     elif later is not None:                               # a later step's all-reduces carried something else
         note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
+
+
+def _hook_count(model: torch.nn.Module) -> int:
+    """The hooks on ``model``'s parameters (post-accumulate-grad and tensor hooks) and on its modules (forward,
+    backward and their pre-hooks): a number that stays the same from step to step in a wrapper that registers
+    its hooks once."""
+    n = sum(len(getattr(q, name, None) or {}) for q in model.parameters()
+            for name in ("_post_accumulate_grad_hooks", "_backward_hooks"))
+    return n + sum(len(getattr(m, name, None) or {}) for m in model.modules()
+                   for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
 
 
 def _grows(held: list) -> bool:
@@ -290,20 +323,27 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
                 "ready_bytes": ready, "all_async": all(c["async"] for c in calls),
                 "strict": len(calls) == expected_buckets(ready, bucket_bytes, strict=True) != want,
                 "zero_calls": sum(c["content"].absolute == 0 for c in calls if "content" in c)}
-    full = sum(1 for _ in _full_buckets(ready, bucket_bytes))
+    fills = [i for i, _ in _full_buckets(ready, bucket_bytes)]
     inside = sum(c["in_backward"] for c in calls)
-    if inside < full:
-        return {"kind": "late_buckets", "inside": inside, "full": full, "bucket_bytes": bucket_bytes}
+    if inside < len(fills):
+        return {"kind": "late_buckets", "inside": inside, "full": len(fills), "bucket_bytes": bucket_bytes}
+    started = sorted(c["progress"] for c in calls if c.get("progress") is not None)
+    if len(started) == len(calls):                        # each bucket's call started by the time it was full?
+        for k, (fill, start) in enumerate(zip(fills, started)):
+            if start > fill:
+                return {"kind": "bucket_late", "bucket": k + 1, "fill": fill, "start": start,
+                        "gradients": len(ready), "bucket_bytes": bucket_bytes}
 
 
 def _full_buckets(ready_bytes: list, bucket_bytes: int):
-    """The buckets that reach ``bucket_bytes`` during backward (03.6's rule), one item each."""
+    """The buckets that reach ``bucket_bytes`` during backward (03.6's rule), one item each: (how many gradients
+    had been accumulated when it filled, the bytes of the gradient that filled it)."""
     held = 0
-    for b in ready_bytes:
+    for i, b in enumerate(ready_bytes):
         held += b
         if held >= bucket_bytes:
             held = 0
-            yield b
+            yield i + 1, b
 
 
 def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
@@ -323,16 +363,25 @@ def frozen_mlp() -> torch.nn.Sequential:
     return model
 
 
+def counted_tied_mlp() -> TiedMLP:
+    """03.7's :class:`TiedMLP` (a float buffer, ``centre``) with an integer buffer too (``steps``, int64, as
+    BatchNorm's ``num_batches_tracked``), which DDP broadcasts as it does every buffer: a wrapper that broadcasts
+    only the floating-point tensors leaves it apart."""
+    model = TiedMLP()
+    model.register_buffer("steps", torch.arange(3, dtype=torch.int64))
+    return model
+
+
 #: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the MLP's first three gradients
 #: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
 #: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it).
-MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (TiedMLP, 2048), (TiedMLP, 1 << 20))
+MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20))
 
 
 def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
-    for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`), with every
-    rank but 0 starting from other weights."""
+    for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`, once with an
+    integer buffer), with every rank but 0 starting from other weights (the integer buffer too)."""
     for model_fn, b in rounds:
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one
@@ -340,7 +389,7 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
             return
         times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
                             model_fn=model_fn, perturb=True, fn=cls)
-        if problems and model_fn is TiedMLP:
+        if problems and model_fn in (TiedMLP, counted_tied_mlp):
             problems[0]["tied"] = True
     return times
 
@@ -547,8 +596,14 @@ HINTS: dict[str, list[tuple]] = {
                 "whose key changes every step?): in a long run it fills the memory"),
                (always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
-                        "every step (a list of pending work never cleared?): in a long run it fills the memory")],
-    "broadcast": [(lambda p, W: p.get("agree"),
+                        "every step (a list of pending work never cleared, a history of buckets, as tensors or as "
+                        "Python numbers?): in a long run it fills the memory")],
+    "broadcast": [(lambda p, W: p.get("buffer"),
+                   "after your wrapper was built the ranks' integer buffer {buffer} ({dtype}) still differed, though "
+                   "every floating-point tensor was rank 0's (world size {W}): DDP broadcasts every buffer, integer "
+                   "ones too (BatchNorm's num_batches_tracked, a step counter); broadcast each of them, in its own "
+                   "dtype, not only the floating-point tensors"),
+                  (lambda p, W: p.get("agree"),
                    "after your wrapper was built every rank held the same weights, but not rank 0's (world size "
                    "{W}): DDP starts every replica from rank 0's parameters and buffers, broadcast from src=0, not "
                    "from their mean or from anything else the ranks agree on"),
@@ -567,6 +622,16 @@ HINTS: dict[str, list[tuple]] = {
                  "during backward, in a hook: wait() blocks until the all-reduce is done, so backward stops there "
                  "and nothing overlaps it, as with a blocking all-reduce; keep each handle and wait for them all in "
                  "finish(), after backward")],
+    "hooks_grow": [(always, "rank {rank}: the result is right, but the model carries {hooks[0]}, {hooks[1]}, "
+                            "{hooks[2]} hooks after steps 1, 2 and 3: hooks registered again at every step (in "
+                            "forward?) and never removed pile up, and each backward runs them all. Register each "
+                            "parameter's hook once, when the wrapper is built (or remove it with the handle that "
+                            "registering returns)")],
+    "blocked_in_backward": [
+        (always, "rank {rank}{at}: your code made {n} blocking call(s) of {what} during backward, in a hook: it "
+                 "returns only when every rank has reached it (on gloo, once the all-reduces queued before it are "
+                 "done), so backward stops there and nothing overlaps it, as with a wait() in the hook; start the "
+                 "bucket's asynchronous all-reduce and return, and wait for the handles only in finish()")],
     "frozen": [(always, "rank {rank}: your wrapper raised \"{error}\" on a model whose {param} is frozen "
                         "(requires_grad=False, as in fine-tuning): a frozen parameter has no gradient and takes no "
                         "hook. DDP leaves it out of its buckets (and still broadcasts it): hook only the parameters "
@@ -611,6 +676,11 @@ HINTS: dict[str, list[tuple]] = {
                               "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
                               "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
                               "only sends the bucket still open at the end")],
+    "bucket_late": [(always, "rank {rank}{at}: bucket {bucket} ({bucket_bytes} bytes) was full once {fill} of the "
+                             "{gradients} gradients had been accumulated, but its all-reduce started only after "
+                             "{start}: a bucket sent later than when it fills overlaps less of backward (sent at the "
+                             "last gradient, none of it); start each bucket's asynchronous all-reduce as soon as it "
+                             "is full, from the hook of the gradient that fills it")],
     "bucket_cap": BUCKET_HINTS,
     "param": [
         (always, "rank {rank}: after three steps the parameters differ from DDP's by {max_diff:.3g} (world size {W}), "
