@@ -322,7 +322,7 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
 WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
     "a missing gradient filled with zeros": (
         SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
-        r"with SGD with momentum, a parameter not used in step 2 \(its .grad None\) moved by"),
+        r"with SGD with momentum, a parameter not used in step 3 \(its .grad None\) moved by"),
     "zeros for a frozen parameter only": (
         SKIP_NONE, "            if p.grad is None and p.requires_grad:\n                shard.grad = None\n"
                    "                continue\n            if p.grad is None:\n"
@@ -331,6 +331,40 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the groups' own options dropped": (
         'inner_groups.append({**group, "params": mine})', 'inner_groups.append({"params": mine})',
         r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "every rank's whole gradient sent to every rank as a pickled object": (
+        RS, "            got = [None] * self.world\n            dist.all_gather_object(got, flat.clone())\n"
+            "            g = sum(got)[self.rank * size:(self.rank + 1) * size]\n",
+        TRAFFIC + r"\(all_gather_object [\d,]+, all_gather_single [\d,]+\)"),
+    "Adam's rule by hand for any class but SGD": (
+        "        self.inner.step()\n",
+        "        if issubclass(type(self.inner), torch.optim.SGD):\n            self.inner.step()\n"
+        "        else:                                       # Adam's moments, bias-corrected, written out\n"
+        "            for group in self.inner.param_groups:\n                b1, b2 = group.get('betas', (0.9, 0.999))\n"
+        "                for q in group['params']:\n                    if q.grad is None:\n"
+        "                        continue\n                    st = self.inner.state[q]\n"
+        "                    st['t'] = st.get('t', 0) + 1\n"
+        "                    if type(self.inner).__name__ == 'AdamW':\n"
+        "                        q.mul_(1 - group['lr'] * group['weight_decay'])\n"
+        "                    m = st.setdefault('m', torch.zeros_like(q))\n"
+        "                    v = st.setdefault('v', torch.zeros_like(q))\n"
+        "                    m.mul_(b1).add_(q.grad, alpha=1 - b1)\n"
+        "                    v.mul_(b2).addcmul_(q.grad, q.grad, value=1 - b2)\n"
+        "                    mh, vh = m / (1 - b1 ** st['t']), v / (1 - b2 ** st['t'])\n"
+        "                    q.sub_(group['lr'] * mh / (vh.sqrt() + group['eps']))\n",
+        r"with RMSprop, after 3 steps the parameters differ from one process's by [\d.e-]+ \(world size 3\), where "
+        r"SGD, Adam and AdamW \(tried first\) agreed"),
+    "the inner optimizer made at the first step, of the parameters with a gradient then": (
+        ["        self.inner = optimizer_class(inner_groups, **defaults)\n",
+         "            shard.grad = g / self.world                    # ... and averaged, as DDP does\n",
+         "        self.inner.step()\n"],
+        ["        self.inner, self.ready = None, set()\n        self.make = lambda: optimizer_class(\n"
+         "            [{**g, 'params': [q for q in g['params'] if id(q) in self.ready]} for g in inner_groups\n"
+         "             if any(id(q) in self.ready for q in g['params'])], **defaults)\n",
+         "            shard.grad = g / self.world\n            self.ready.add(id(shard))\n",
+         "        if self.inner is None:                      # the shards that have a gradient by now\n"
+         "            self.inner = self.make()\n        self.inner.step()\n"],
+        r"with SGD with momentum, a parameter unused in step 1 \(its .grad None then\) and used from step 2 on never "
+        r"moved in 4 steps"),
     "every rank all-reduces the whole gradient": (
         RS, "            dist.all_reduce(flat)\n            g = flat[self.rank * size:(self.rank + 1) * size]\n",
         r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
@@ -649,6 +683,15 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
                 "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()\n",
         r"\(MLP, float32\): in step 1 your reduce-scatters \([\d,]+ elements\) carried zeros, not rank \d's "
         r"gradients"),
+    "each gradient reduced whole to rank 0, then broadcast whole from it": (
+        RS_076, "        dist.reduce(flat, dst=0)                             # rank 0 sums, then sends it all back\n"
+                "        dist.broadcast(flat, src=0)\n        out = flat.chunk(ctx.world)[dist.get_rank()].clone()\n",
+        r"\(MLP, float32\): in step 1 your reduces sent 1,81\d gradient elements to rank 0, whose shards' gradients "
+        r"are \d+ elements at most"),
+    "each whole gradient also sent to every rank as a pickled object": (
+        RS_076, RS_076 + "        dist.all_gather_object([None] * ctx.world, grad.float())\n",
+        r"\(MLP, float32\): in step 1 your object collectives \(all_gather_object\) carried [\d,]+ elements' worth "
+        r"of pickled bytes"),
     "the gathered parameters kept in a module-level dict": (
         [KEEP, FORWARD_END], ["_KEPT = {}\n\n\n" + KEEP,
                               "        _KEPT.update({n: t.detach() for n, t in full.items()})\n" + FORWARD_END],
