@@ -26,7 +26,12 @@ float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype 
 what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on the wrapped
 module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in the
 compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner
-are accepted, as in 07.5.)
+are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients sent whole by
+all_gather_object (object collectives count their pickled bytes), update rules written for SGD and Adam only
+(an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole to
+rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered
+parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its
+float32 round counts what is kept outside).
 """
 
 from __future__ import annotations
@@ -179,19 +184,28 @@ class FrozenUnusedNet(torch.nn.Module):
     """07.5's second model: an MLP (64 -> 24 -> 10, float32) whose logits [B, 10] are scaled by ``scale`` [10], a
     frozen parameter (2.0, requires_grad False: its .grad stays None), plus, while ``use_extra`` is true, a
     second head ``extra`` [10, 24] (the check turns it off in every other step: a parameter unused in a step has
-    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on)."""
+    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). With ``rows`` (07.6:
+    :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean over the rows
+    scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it gathered in every
+    step, shows in the memory measured."""
 
-    def __init__(self):
+    def __init__(self, rows: int = 0):
         super().__init__()
         self.fc1, self.fc2 = torch.nn.Linear(64, 24), torch.nn.Linear(24, 10)
         self.extra = torch.nn.Linear(24, 10, bias=False)
-        self.scale = torch.nn.Parameter(torch.full((10,), 2.0), requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.full((rows, 10) if rows else (10,), 2.0), requires_grad=False)
         self.use_extra = True
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
-        out = self.fc2(h) * self.scale
+        out = self.fc2(h) * (self.scale.mean(0) if self.scale.dim() > 1 else self.scale)
         return out + self.extra(h) if self.use_extra else out
+
+
+#: 07.6's frozen table (:class:`FrozenUnusedNet`): 20,480 elements, 81,920 bytes, against 2,050 trained: kept
+#: whole on every rank it passes a shard's allowance (held), and 3 steps' gathered copies left behind pass
+#: :data:`PYTHON_SLACK` and a shard (what is kept outside), at world 2 and 3.
+FROZEN_ROWS = 2048
 
 
 def frozen_unused_groups(net: FrozenUnusedNet, lr: float, opt_class=None) -> list[dict]:
@@ -424,18 +438,31 @@ SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", 
             "scatter")
 
 
+#: The operations besides F.linear whose operands of a parameter's shape :class:`LinearDtypes` reads (07.6:
+#: FrozenUnusedNet's frozen table, averaged, then multiplying the logits).
+COMPUTES = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mean, torch.Tensor.mean,
+            torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.matmul,
+            torch.Tensor.__matmul__)
+
+
 class LinearDtypes(torch.overrides.TorchFunctionMode):
     """Within the block, the dtype of every weight that ``F.linear`` computes with goes to ``seen`` (07.6: the
-    compute dtype, however the wrapper puts its gathered parameters in place: functional_call, hooks, setattr)."""
+    compute dtype, however the wrapper puts its gathered parameters in place: functional_call, hooks, setattr);
+    with ``shapes`` (the model's parameters' shapes), the dtype of every floating-point operand of such a shape
+    of the other operations of :data:`COMPUTES` goes to ``others`` (a frozen parameter gathered in float32,
+    which promotes what it multiplies)."""
 
-    def __init__(self, seen: set):
+    def __init__(self, seen: set, shapes=(), others: set | None = None):
         super().__init__()
-        self.seen = seen
+        self.seen, self.shapes, self.others = seen, set(shapes), others
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
             self.seen.add((args[1] if len(args) > 1 else kwargs["weight"]).dtype)
+        elif self.others is not None and func in COMPUTES:
+            self.others.update(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()
+                               and tuple(a.shape) in self.shapes)
         return func(*args, **kwargs)
 
 
@@ -463,7 +490,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     x, y = load_data()[0][:48]
     x = x.flatten(1)
     models = (("MLP", lambda: make_mlp(24, 1), (None, torch.bfloat16)), ("TiedMLP", TiedMLP, (None, torch.bfloat16)),
-              ("FrozenUnusedNet", FrozenUnusedNet, (None, torch.bfloat16)))
+              ("FrozenUnusedNet", lambda: FrozenUnusedNet(FROZEN_ROWS), (None, torch.bfloat16)))
     for model_name, model_fn, dtypes in models:
         for dtype in dtypes:
             found = torch.tensor([float(bool(problems))])
@@ -509,16 +536,18 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                         {"params": [p for p, x in zip(params, last) if x], "lr": lr / 2, "weight_decay": 0.05}]
             opt = torch.optim.SGD(groups(shards), lr=lr, momentum=0.9)
             ref_opts = {v: torch.optim.SGD(groups(m.parameters()), lr=lr, momentum=0.9) for v, m in refs.items()}
-            extra = wrong_carried = None
+            extra = wrong_carried = params = None
+            # FrozenUnusedNet in float32: what stays outside too (a frozen or unused parameter has no backward)
+            watch = OutsideState(cls).begin() if grouped and dtype is None else None   # stopped after the steps
             for s in range(steps):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
-                roots = collections.Counter()                   # elements reduced to each rank
+                roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
                 with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
-                    with LinearDtypes(seen):
+                    with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
                         out = wrapper(x[rank::world])
                     F.cross_entropy(out.float(), y[rank::world]).backward()
                     opt.step()
@@ -552,8 +581,13 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
+                elif dtype is not None and others - {dtype}:
+                    note(problems, {**base, "what": "compute_dtype", "other": True,
+                                    "seen": sorted(str(d) for d in others)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
-                    note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
+                    frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
+                    note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
+                                    "frozen": frozen if held >= frozen > 4 * full / world else 0})
                 elif _module_bytes(model) > 4 * full / world + 1024:   # kept where the wrapper does not reach
                     note(problems, {**base, "what": "module", "step": s + 1, "bytes": _module_bytes(model),
                                     "full_bytes": full * 4})
@@ -562,13 +596,20 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     params = _full_parameters(wrapper, names, base, problems, shapes)
                     if params is None:
                         break
-                    if not torch.equal(params["scale"], torch.full((10,), 2.0)):
+                    if not torch.equal(params["scale"], torch.full_like(params["scale"], 2.0)):
                         note(problems, {**base, "what": "frozen", "step": s + 1, "got": params["scale"].mean().item(),
-                                        "moved": diff(params["scale"], torch.full((10,), 2.0))})
+                                        "moved": diff(params["scale"], torch.full_like(params["scale"], 2.0))})
                     elif extra is not None and s % 2 == 1 and not torch.equal(params["extra.weight"], extra):
                         note(problems, {**base, "what": "unused", "step": s + 1,
                                         "moved": diff(params["extra.weight"], extra)})
                     extra = params["extra.weight"]
+            if watch is not None:
+                out = None                                       # its graph holds a leaf the student made
+                try:
+                    _fsdp_kept(watch, wrapper, base, problems, steps, full, world,
+                               [model, shards, opt, refs, ref_opts, x, y, extra, params, mine_now, content])
+                finally:
+                    watch.stop()
             with torch.no_grad():
                 got = wrapper(x[:16]).float()
                 outs = {v: _fsdp_reference(m, x[:16], dtype).float() for v, m in refs.items()}
@@ -592,6 +633,25 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
 
     if not _stop_together(problems):
         _fsdp_outside(cls, ctx, problems, lr=lr)
+
+
+def _fsdp_kept(watch, wrapper, base, problems, steps, full, world, known):
+    """07.6's FrozenUnusedNet round in float32, after its steps: the state kept outside the wrapper
+    (:class:`~mgpu_utils.grading.common.OutsideState`, begun before the steps; ``known``: the grader's objects),
+    with what the wrapper holds besides its shards, against a shard's worth and :data:`PYTHON_SLACK`, as in
+    :func:`_fsdp_outside`: a gathered parameter that gets no backward (frozen, unused) left behind shows here."""
+    if problems:
+        return
+    shards = list(wrapper.parameters())
+    held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
+    allowed = 4 * full / world * 1.05 + 1024 + PYTHON_SLACK
+    found = watch.count(wrapper, *known, limit=allowed - held)
+    if found["files"]:
+        note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
+    elif held + found["tensors"] + found["python"] > allowed:
+        note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
+                        "tensors": found["tensors"], "python": found["python"], "held": held,
+                        "shard": round(4 * full / world), "full_bytes": 4 * full})
 
 
 def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
@@ -978,9 +1038,18 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
          "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single; a "
          "broadcast from each shard's owner and a reduce to it move the same)"),
+        (lambda p, W: p["what"] == "compute_dtype" and p.get("other"),
+         "rank {rank} ({model}): with compute_dtype={dtype} the forward's other operations (not F.linear: a "
+         "product, a mean) used parameters in {seen}: a parameter gathered in float32 (a frozen one?) promotes "
+         "what it touches back to float32. Cast every gathered parameter, frozen or not, to compute_dtype"),
         (lambda p, W: p["what"] == "compute_dtype",
          "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
          "gathered parameters (and a floating-point input) to compute_dtype"),
+        (lambda p, W: p["what"] == "held" and p.get("frozen"),
+         "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
+         "and the model's frozen parameters are {frozen:,} (the whole model {full_bytes:,}): a frozen parameter "
+         "kept whole on every rank? Frozen or not, ZeRO-3 shards every parameter (1/{W} on each rank) and gathers "
+         "it for the forward; only its gradient is skipped"),
         (lambda p, W: p["what"] == "held",
          "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
          "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
