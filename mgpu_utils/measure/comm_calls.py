@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import itertools
 import math
+import pickle
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -37,7 +38,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_gather_single", "all_reduce", "reduce_scatter",
                "reduce_scatter_tensor", "reduce_scatter_single", "broadcast", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list")
+               "gather", "scatter", "reduce", "all_gather_object", "broadcast_object_list", "gather_object",
+               "scatter_object_list")
+
+#: The object collectives (pickled Python objects: no tensor argument to count): (the argument this rank puts
+#: in, the one it receives into), which :func:`counted_collectives` counts by their pickled bytes, 4 to an
+#: element (float32's), so that whole gradients sent as objects weigh what they do as tensors.
+OBJECT_CALLS = {"all_gather_object": ("obj", "object_list"), "broadcast_object_list": ("object_list", "object_list"),
+                "gather_object": ("obj", "object_gather_list"),
+                "scatter_object_list": ("scatter_object_input_list", "scatter_object_output_list")}
 
 #: The argument of each collective of torch.distributed that holds what this rank puts in (broadcast: what the
 #: source sends; scatter: the source's list, None elsewhere).
@@ -210,7 +219,19 @@ def namespaces_of(obj) -> list[dict]:
 
 #: The signatures of torch.distributed's collectives, read before any block replaces them (a wrapper's own
 #: signature, ``(*args, **kwargs)``, names nothing).
-_SIGNATURES = {name: inspect.signature(getattr(dist, name)) for name in DIST_INPUTS if hasattr(dist, name)}
+_SIGNATURES = {name: inspect.signature(getattr(dist, name)) for name in [*DIST_INPUTS, *OBJECT_CALLS]
+               if hasattr(dist, name)}
+
+
+def pickled_elements(obj) -> int:
+    """The bytes of ``obj`` pickled (tensors with their data, as the object collectives send them), over 4:
+    float32 elements' worth; 0 for None or what does not pickle."""
+    if obj is None:
+        return 0
+    try:
+        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)) // 4
+    except Exception:                                   # a lock, a lambda: not what an object collective sends
+        return 0
 
 
 def dist_inputs(name: str, args, kwargs) -> list:
@@ -442,6 +463,15 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
     def counting(name, original):
         def call(*args, **kwargs):
             calls.append(name)
+            if name in OBJECT_CALLS:                     # pickled: its bytes, float32's worth, in and out
+                bound = _SIGNATURES[name].bind_partial(*args, **kwargs).arguments
+                put = pickled_elements(bound.get(OBJECT_CALLS[name][0]))
+                result = original(*args, **kwargs)
+                if carried is not None:
+                    carried.append((name, pickled_elements(bound.get(OBJECT_CALLS[name][1]))))
+                if content is not None:
+                    content.append(Content(name, put, 0.0, 0.0, 0.0))
+                return result
             if carried is not None:
                 carried.append((name, first_elements(args, kwargs)))
             if content is not None:
@@ -451,10 +481,12 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
 
     def below(call: LowCall):
         calls.append(call.name)
-        if carried is not None:
-            carried.append((call.name, call.elements))
+        raw = call.name in ("send", "recv") and not any(t.is_floating_point() for t in call.inputs + call.outputs)
+        if carried is not None:                         # send/recv_object_list's bytes: float32's worth
+            carried.append((call.name, call.first.nbytes // 4 if raw else call.elements))
         if content is not None:
-            content.append(content_of(call.inputs, call.name))
+            content.append(Content(call.name, sum(t.nbytes for t in call.inputs) // 4, 0.0, 0.0, 0.0) if raw else
+                           content_of(call.inputs, call.name))
     return patched_collectives(counting, fn, below, p2p=p2p)
 
 

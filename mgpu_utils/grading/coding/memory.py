@@ -26,13 +26,20 @@ float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype 
 what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on the wrapped
 module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in the
 compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner
-are accepted, as in 07.5.)
+are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients sent whole by
+all_gather_object (object collectives count their pickled bytes), update rules written for SGD and Adam only
+(an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole to
+rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered
+parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its
+float32 round counts what is kept outside).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
+import inspect
 import time
 
 import torch
@@ -42,8 +49,9 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
                                       live_storages, note, reachable_storages)
-from mgpu_utils.measure.comm_calls import (TORCH_FSDP, TORCH_ZERO, add_content, built, carries, carries_some,
-                                           content_of, counted_collectives, named_content)
+from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, add_content, built, carries,
+                                           carries_some, content_of, counted_collectives, named_content,
+                                           patched_collectives)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -167,25 +175,37 @@ PYTHON_SLACK = 64_000
 ANY_OPTIMIZERS = (("SGD with momentum", torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}),
                   ("Adam", torch.optim.Adam, {"lr": 1e-2}),
                   ("AdamW", torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}))
+#: One more, tried on the small MLP only: a wrapper that writes the rules of SGD and Adam(W) by hand, and runs
+#: any other class as one of them, gets it wrong.
+OTHER_OPTIMIZER = ("RMSprop", torch.optim.RMSprop, {"lr": 1e-2})
 
 
 class FrozenUnusedNet(torch.nn.Module):
     """07.5's second model: an MLP (64 -> 24 -> 10, float32) whose logits [B, 10] are scaled by ``scale`` [10], a
     frozen parameter (2.0, requires_grad False: its .grad stays None), plus, while ``use_extra`` is true, a
     second head ``extra`` [10, 24] (the check turns it off in every other step: a parameter unused in a step has
-    no .grad in it)."""
+    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). With ``rows`` (07.6:
+    :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean over the rows
+    scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it gathered in every
+    step, shows in the memory measured."""
 
-    def __init__(self):
+    def __init__(self, rows: int = 0):
         super().__init__()
         self.fc1, self.fc2 = torch.nn.Linear(64, 24), torch.nn.Linear(24, 10)
         self.extra = torch.nn.Linear(24, 10, bias=False)
-        self.scale = torch.nn.Parameter(torch.full((10,), 2.0), requires_grad=False)
+        self.scale = torch.nn.Parameter(torch.full((rows, 10) if rows else (10,), 2.0), requires_grad=False)
         self.use_extra = True
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
-        out = self.fc2(h) * self.scale
+        out = self.fc2(h) * (self.scale.mean(0) if self.scale.dim() > 1 else self.scale)
         return out + self.extra(h) if self.use_extra else out
+
+
+#: 07.6's frozen table (:class:`FrozenUnusedNet`): 20,480 elements, 81,920 bytes, against 2,050 trained: kept
+#: whole on every rank it passes a shard's allowance (held), and 3 steps' gathered copies left behind pass
+#: :data:`PYTHON_SLACK` and a shard (what is kept outside), at world 2 and 3.
+FROZEN_ROWS = 2048
 
 
 def frozen_unused_groups(net: FrozenUnusedNet, lr: float, opt_class=None) -> list[dict]:
@@ -242,10 +262,11 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
     start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
+    extra = mine.extra.weight.detach().clone() if frozen_round else None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
-        use = not frozen_round or s % 2 == 0               # the extra head: used in steps 1, 3, ... only
+        use = not frozen_round or s % 2 == 1               # the extra head: used in steps 2, 4, ... only
         mine.use_extra = ref.use_extra = use
         before = mine.extra.weight.detach().clone() if frozen_round else None
         opt.zero_grad()
@@ -292,7 +313,10 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
     if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
-    if diff(got, want) > 1e-5:
+    if frozen_round and torch.equal(mine.extra.weight.detach(), extra) and not torch.equal(ref.extra.weight, extra):
+        note(problems, {**base, "kind": "any_nograd", "what": "late", "steps": steps,
+                        "moved": diff(ref.extra.weight.detach(), extra)})
+    elif diff(got, want) > 1e-5:
         should = want != start
         note(problems, {**base, "kind": "any_opt", "max_diff": diff(got, want), "steps": steps,
                         "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item()),
@@ -329,10 +353,12 @@ def _traffic(carried: list, content: list, world: int) -> dict:
     input only, an all-to-all's input and 1/world of it (the reduce-scatter it stands for: its output is summed
     locally into a slice; it puts on the wire what a reduce-scatter does), a send's or a recv's tensor once (whole
     gradients sent to every rank by isend/irecv: 2 (world - 1) x). A right ZeRO-1 step: 2 x (1 + 1/world) x the
-    parameters (a reduce-scatter, an all-gather; one built of sends and recvs moves 2 (world - 1) / world x)."""
+    parameters (a reduce-scatter, an all-gather; one built of sends and recvs moves 2 (world - 1) / world x). An
+    object collective (all_gather_object: whole gradients pickled) counts its pickled bytes, in and out, 4 to an
+    element (:data:`~mgpu_utils.measure.comm_calls.OBJECT_CALLS`)."""
     moved = collections.Counter()
     for (name, first), put in zip(carried, content):
-        out = (first if name in OUTPUT_FIRST or name in ("all_reduce", "recv") else
+        out = (first if name in OUTPUT_FIRST or name in ("all_reduce", "recv", *OBJECT_CALLS) else
                put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
         moved[name] += round(put.elements + out)
     return dict(moved)
@@ -370,7 +396,8 @@ def _shards_only(params: list, model, world: int) -> list:
 def check_sharded_any(cls, ctx, problems, steps=3):
     """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS` on a small MLP, then
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
-    steps, the extra head unused in steps 2 and 4), each on this rank's share of the batch against the optimizer
+    steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train), and with
+    :data:`OTHER_OPTIMIZER` on the small MLP, each on this rank's share of the batch against the optimizer
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
     model or more (the elements each collective carries), or whose collectives move more elements in and out
     of the rank than a reduce-scatter and an all-gather of the parameters do (:func:`_traffic_bound`: a whole
@@ -386,6 +413,7 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     objects that appeared, which with the state held may not pass a rank's slice and :data:`PYTHON_SLACK`)."""
     rounds = [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS]
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
+    rounds += [(*OTHER_OPTIMIZER, False, steps)]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
     traffic = None                 # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
@@ -410,18 +438,31 @@ SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", 
             "scatter")
 
 
+#: The operations besides F.linear whose operands of a parameter's shape :class:`LinearDtypes` reads (07.6:
+#: FrozenUnusedNet's frozen table, averaged, then multiplying the logits).
+COMPUTES = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mean, torch.Tensor.mean,
+            torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__, torch.matmul,
+            torch.Tensor.__matmul__)
+
+
 class LinearDtypes(torch.overrides.TorchFunctionMode):
     """Within the block, the dtype of every weight that ``F.linear`` computes with goes to ``seen`` (07.6: the
-    compute dtype, however the wrapper puts its gathered parameters in place: functional_call, hooks, setattr)."""
+    compute dtype, however the wrapper puts its gathered parameters in place: functional_call, hooks, setattr);
+    with ``shapes`` (the model's parameters' shapes), the dtype of every floating-point operand of such a shape
+    of the other operations of :data:`COMPUTES` goes to ``others`` (a frozen parameter gathered in float32,
+    which promotes what it multiplies)."""
 
-    def __init__(self, seen: set):
+    def __init__(self, seen: set, shapes=(), others: set | None = None):
         super().__init__()
-        self.seen = seen
+        self.seen, self.shapes, self.others = seen, set(shapes), others
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
             self.seen.add((args[1] if len(args) > 1 else kwargs["weight"]).dtype)
+        elif self.others is not None and func in COMPUTES:
+            self.others.update(a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()
+                               and tuple(a.shape) in self.shapes)
         return func(*args, **kwargs)
 
 
@@ -449,7 +490,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     x, y = load_data()[0][:48]
     x = x.flatten(1)
     models = (("MLP", lambda: make_mlp(24, 1), (None, torch.bfloat16)), ("TiedMLP", TiedMLP, (None, torch.bfloat16)),
-              ("FrozenUnusedNet", FrozenUnusedNet, (None, torch.bfloat16)))
+              ("FrozenUnusedNet", lambda: FrozenUnusedNet(FROZEN_ROWS), (None, torch.bfloat16)))
     for model_name, model_fn, dtypes in models:
         for dtype in dtypes:
             found = torch.tensor([float(bool(problems))])
@@ -495,14 +536,18 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                         {"params": [p for p, x in zip(params, last) if x], "lr": lr / 2, "weight_decay": 0.05}]
             opt = torch.optim.SGD(groups(shards), lr=lr, momentum=0.9)
             ref_opts = {v: torch.optim.SGD(groups(m.parameters()), lr=lr, momentum=0.9) for v, m in refs.items()}
-            extra = wrong_carried = None
+            extra = wrong_carried = params = None
+            # FrozenUnusedNet in float32: what stays outside too (a frozen or unused parameter has no backward)
+            watch = OutsideState(cls).begin() if grouped and dtype is None else None   # stopped after the steps
             for s in range(steps):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
-                with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used:
-                    with LinearDtypes(seen):
+                roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
+                with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used, \
+                        _reduce_roots(cls, roots):
+                    with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
                         out = wrapper(x[rank::world])
                     F.cross_entropy(out.float(), y[rank::world]).backward()
                     opt.step()
@@ -521,6 +566,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
                     _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
                     {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
+                wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
+                                                              {**base, "what": "rooted", "step": s + 1})
                 for v, m in refs.items():
                     rows = slice(rank, None, world) if v == "own" else slice(None)
                     loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
@@ -534,8 +581,13 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
+                elif dtype is not None and others - {dtype}:
+                    note(problems, {**base, "what": "compute_dtype", "other": True,
+                                    "seen": sorted(str(d) for d in others)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
-                    note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4})
+                    frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
+                    note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
+                                    "frozen": frozen if held >= frozen > 4 * full / world else 0})
                 elif _module_bytes(model) > 4 * full / world + 1024:   # kept where the wrapper does not reach
                     note(problems, {**base, "what": "module", "step": s + 1, "bytes": _module_bytes(model),
                                     "full_bytes": full * 4})
@@ -544,13 +596,20 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     params = _full_parameters(wrapper, names, base, problems, shapes)
                     if params is None:
                         break
-                    if not torch.equal(params["scale"], torch.full((10,), 2.0)):
+                    if not torch.equal(params["scale"], torch.full_like(params["scale"], 2.0)):
                         note(problems, {**base, "what": "frozen", "step": s + 1, "got": params["scale"].mean().item(),
-                                        "moved": diff(params["scale"], torch.full((10,), 2.0))})
+                                        "moved": diff(params["scale"], torch.full_like(params["scale"], 2.0))})
                     elif extra is not None and s % 2 == 1 and not torch.equal(params["extra.weight"], extra):
                         note(problems, {**base, "what": "unused", "step": s + 1,
                                         "moved": diff(params["extra.weight"], extra)})
                     extra = params["extra.weight"]
+            if watch is not None:
+                out = None                                       # its graph holds a leaf the student made
+                try:
+                    _fsdp_kept(watch, wrapper, base, problems, steps, full, world,
+                               [model, shards, opt, refs, ref_opts, x, y, extra, params, mine_now, content])
+                finally:
+                    watch.stop()
             with torch.no_grad():
                 got = wrapper(x[:16]).float()
                 outs = {v: _fsdp_reference(m, x[:16], dtype).float() for v, m in refs.items()}
@@ -574,6 +633,25 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
 
     if not _stop_together(problems):
         _fsdp_outside(cls, ctx, problems, lr=lr)
+
+
+def _fsdp_kept(watch, wrapper, base, problems, steps, full, world, known):
+    """07.6's FrozenUnusedNet round in float32, after its steps: the state kept outside the wrapper
+    (:class:`~mgpu_utils.grading.common.OutsideState`, begun before the steps; ``known``: the grader's objects),
+    with what the wrapper holds besides its shards, against a shard's worth and :data:`PYTHON_SLACK`, as in
+    :func:`_fsdp_outside`: a gathered parameter that gets no backward (frozen, unused) left behind shows here."""
+    if problems:
+        return
+    shards = list(wrapper.parameters())
+    held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
+    allowed = 4 * full / world * 1.05 + 1024 + PYTHON_SLACK
+    found = watch.count(wrapper, *known, limit=allowed - held)
+    if found["files"]:
+        note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
+    elif held + found["tensors"] + found["python"] > allowed:
+        note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
+                        "tensors": found["tensors"], "python": found["python"], "held": held,
+                        "shard": round(4 * full / world), "full_bytes": 4 * full})
 
 
 def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
@@ -668,6 +746,53 @@ def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dic
                sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
                up(sum(u * shape.numel() for shape, u in needs)))
     return {**problem, "elements": sent, "most": most} if sent > most else None
+
+
+_REDUCE = inspect.signature(dist.reduce)
+
+
+@contextlib.contextmanager
+def _reduce_roots(fn, roots: collections.Counter):
+    """Within the block (inside :func:`~mgpu_utils.measure.comm_calls.counted_collectives`'s), ``roots`` counts
+    the elements of each ``dist.reduce`` call by its destination (``dst``, or ``("group", group_dst)``), however
+    torch.distributed's function is reached (:func:`~mgpu_utils.measure.comm_calls.patched_collectives`; a
+    process group's own reduce is not seen)."""
+    def replace(name, original):
+        if name != "reduce":
+            return original
+
+        def call(*args, **kwargs):
+            try:
+                bound = _REDUCE.bind_partial(*args, **kwargs).arguments
+                tensor, dst = bound.get("tensor"), bound.get("dst")
+                key = dst if dst is not None else ("group", bound.get("group_dst"))
+                roots[key] += tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+            except TypeError:                                # torch tells the student what is wrong
+                pass
+            return original(*args, **kwargs)
+        return call
+    with patched_collectives(replace, fn, lambda call: None):
+        yield
+
+
+def _roots_bound(roots: collections.Counter, content: list, needs: list, world: int, problem: dict) -> dict | None:
+    """07.6: ``problem`` completed when a step reduced to one rank more than the gradients of its shards
+    (``what`` "rooted": ``dst``, ``elements``, ``most``: each parameter that got a gradient in this step, a tied
+    one once per use, cut the most generous right way, padded to a multiple of ``world`` or in whole rows, over
+    the world; a whole gradient reduced to rank 0 and broadcast back is an all-reduce made of two calls, and
+    every rank receives every sum), or when its object collectives carried a quarter of those gradients'
+    elements or more (``what`` "objects": pickled parameters or gradients, :data:`OBJECT_CALLS`); None
+    otherwise."""
+    most = sum(u * max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
+                       else 1) for shape, u in needs) + world
+    dst, elements = max(roots.items(), key=lambda kv: kv[1], default=(0, 0))
+    if elements > most:
+        return {**problem, "dst": dst, "elements": elements, "most": most}
+    pickled = [c for c in content if c.name in OBJECT_CALLS]
+    if sum(c.elements for c in pickled) * 4 >= most * world:
+        return {**problem, "what": "objects", "elements": sum(c.elements for c in pickled),
+                "calls": ", ".join(sorted({c.name for c in pickled})), "most": most * world}
+    return None
 
 
 def _fsdp_carried(content: list, shards: list, required: list, most, grads, world: int, problem: dict,
@@ -782,6 +907,12 @@ HINTS: dict[str, list[tuple]] = {
                  "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
                  "once (those that are not None), padded with zeros if need be, and nothing else")],
     "any_opt": [
+        (lambda p, W: p["optimizer"] == OTHER_OPTIMIZER[0],
+         "rank {rank}: with {optimizer}, after {steps} steps the parameters differ from one process's by "
+         "{max_diff:.3g} (world size {W}), where SGD, Adam and AdamW (tried first) agreed: ShardedOptimizer "
+         "must work for any element-wise optimizer. Build optimizer_class itself on this rank's slices, with "
+         "the keyword arguments and groups given, and let its step() do the update, rather than update rules "
+         "written for some classes"),
         (lambda p, W: p["moved_share"] == 0,
          "rank {rank}: with {optimizer}, no parameter moved in {steps} steps (world size {W}): step() must update "
          "the parameters"),
@@ -818,6 +949,11 @@ HINTS: dict[str, list[tuple]] = {
                           "reduce_scatter_single) and all-gathers the updated slices: 2 x the parameters per step, "
                           "not 3 x")],
     "any_nograd": [
+        (lambda p, W: p["what"] == "late",
+         "rank {rank}: with {optimizer}, a parameter unused in step 1 (its .grad None then) and used from step 2 on "
+         "never moved in {steps} steps, where one process moved it by up to {moved:.3g}: its slice must be in the "
+         "inner optimizer from the start, whether or not it has a gradient in the first step (torch's optimizers "
+         "take every parameter they are given and skip it only in a step where its .grad is None)"),
         (lambda p, W: p["what"] == "frozen",
          "rank {rank}: with {optimizer}, a frozen parameter (requires_grad=False, 2.0 everywhere, .grad None) is "
          "{got:.4g} on average after step {step}: torch's optimizers skip a parameter whose .grad is None (no "
@@ -860,6 +996,17 @@ HINTS: dict[str, list[tuple]] = {
          "(each to a multiple of the world size, in whole rows, or one flat vector): a frozen parameter "
          "(requires_grad=False) or one unused in this step has no gradient, and nothing of it is reduce-scattered "
          "(FSDP2 leaves it out; FSDP1's flat layout sent zeros in its place)"),
+        (lambda p, W: p["what"] == "rooted",
+         "rank {rank} ({model}, {dtype}): in step {step} your reduces sent {elements:,} gradient elements to rank "
+         "{dst}, whose shards' gradients are {most:,} elements at most: rank {dst} received the sum of whole "
+         "gradients, and every rank needs only its own shard's. Reduce-scatter each gradient "
+         "(reduce_scatter_single) so that each rank receives the sum of its shard only, not a reduce to one rank "
+         "and a broadcast of the whole back"),
+        (lambda p, W: p["what"] == "objects",
+         "rank {rank} ({model}, {dtype}): in step {step} your object collectives ({calls}) carried {elements:,} "
+         "elements' worth of pickled bytes (float32's: 4 bytes each), and the gradients of this step are {most:,}: "
+         "parameters or gradients moved whole as Python objects. All-gather the shards and reduce-scatter the "
+         "gradients as tensors, each rank sending and receiving its shard's share only"),
         (lambda p, W: p["what"] == "carried" and p["carried"] == "gathers" and p["content"] == "zeros",
          "rank {rank} ({model}, {dtype}): in step {step} your all-gathers ({elements:,} elements) carried zeros, "
          "not rank {rank}'s shards of the parameters: the parameters reached the ranks some other way "
@@ -891,9 +1038,18 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}, {dtype}): step {step} called {calls}; a ZeRO-3 step all-gathers the parameters "
          "before they are used and reduce-scatters their gradients (all_gather_single, reduce_scatter_single; a "
          "broadcast from each shard's owner and a reduce to it move the same)"),
+        (lambda p, W: p["what"] == "compute_dtype" and p.get("other"),
+         "rank {rank} ({model}): with compute_dtype={dtype} the forward's other operations (not F.linear: a "
+         "product, a mean) used parameters in {seen}: a parameter gathered in float32 (a frozen one?) promotes "
+         "what it touches back to float32. Cast every gathered parameter, frozen or not, to compute_dtype"),
         (lambda p, W: p["what"] == "compute_dtype",
          "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
          "gathered parameters (and a floating-point input) to compute_dtype"),
+        (lambda p, W: p["what"] == "held" and p.get("frozen"),
+         "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
+         "and the model's frozen parameters are {frozen:,} (the whole model {full_bytes:,}): a frozen parameter "
+         "kept whole on every rank? Frozen or not, ZeRO-3 shards every parameter (1/{W} on each rank) and gathers "
+         "it for the forward; only its gradient is skipped"),
         (lambda p, W: p["what"] == "held",
          "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
          "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
@@ -979,8 +1135,8 @@ EXERCISES = [
     CodingExercise(
         id="07.5", template="07_zero1_any.py", entry="ShardedOptimizer", world_sizes=(2, 3),
         check=check_sharded_any, hints=HINTS,
-        what="SGD with momentum, Adam and AdamW equal one process's, also with a frozen parameter, one unused "
-             "in every other step and two parameter groups, with each rank holding about 1/world of the "
+        what="SGD with momentum, Adam, AdamW and RMSprop equal one process's, also with a frozen parameter, one "
+             "unused in every other step and two parameter groups, with each rank holding about 1/world of the "
              "optimizer's state (none kept outside it: not in a module-level variable, Python objects or a file) "
              "and step() reduce-scattering, not all-reducing, the gradients"),
     CodingExercise(
