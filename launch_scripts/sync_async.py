@@ -176,7 +176,8 @@ def summarize(parts, mode, W, P, a, delay):
     """Rank 0: one run's result dict (JSON-able) and its final flat parameters."""
     holder = parts[1] if mode == "sync" else parts[0]
     res = {"mode": mode, "delay_s": delay, "curve": holder["curve"], "seconds": holder["curve"][-1][1],
-           "mean_step_s": {str(q["rank"]): sum(q["step_s"]) / max(1, len(q["step_s"])) for q in parts[1:]}}
+           "mean_step_s": {str(q["rank"]): sum(q["step_s"]) / len(q["step_s"]) if q["step_s"] else None
+                           for q in parts[1:]}}                 # None: finished no step (a late start, async)
     if mode == "sync":
         res.update(updates=a.steps, gradients=a.steps * W, bytes_sent=a.steps * W * ring_bytes_per_rank(4 * P, W))
     else:

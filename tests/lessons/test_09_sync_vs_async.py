@@ -5,6 +5,7 @@ here; the emulator is tested in this process on a real DDP GradBucket (a 1-rank 
 import collections
 import math
 import time
+import types
 
 import pytest
 import torch
@@ -257,6 +258,28 @@ def test_a_worker_that_starts_late_is_simulated_from_its_start():
     for bad in ([0.0], [0.0, -1.0]):
         with pytest.raises(ValueError, match="starts"):
             simulate_ps([1.0, 1.0], 4, start_seconds=bad)
+
+
+def test_a_worker_that_finished_no_step_is_simulated_as_never_pushing():
+    """A busy-core make test: the third worker started 0.117 s late, after the other two had made all 241
+    updates at about 1 ms a step, so it measured no step (its mean was reported as 0.0 and simulate_ps
+    refused it: lesson 09 failed). The script now reports None and the simulation lets that worker pull
+    at its start and never push."""
+    from mgpu_utils.parallel.staleness import simulate_ps
+
+    with_idle = simulate_ps([1.0, 1.0, None], 6, start_seconds=[0.0, 0.0, 0.5])
+    assert [w for w, _ in with_idle] == [0, 1] * 3 and with_idle == simulate_ps([1.0, 1.0], 6)
+    with pytest.raises(ValueError, match="no worker pushes"):
+        simulate_ps([None, None], 3)
+    assert simulate_ps([None], 0) == []
+    from mgpu_utils.source import load_script
+
+    summarize = load_script("sync_async.py").summarize
+    parts = [{"rank": 0, "applied": [(1, 0, 0, 0, 1.5)], "hello": {1: 0.0, 2: 0.1}, "curve": [(1, 0.1, 0.5)],
+              "projection": 1.5, "final": None},                 # (rank, push, staleness, _, checksum)
+             {"rank": 1, "pushes": [(1, 0, 1.5)], "step_s": [0.002, 0.004]}, {"rank": 2, "pushes": [], "step_s": []}]
+    res, _ = summarize(parts, "async", 2, 10, types.SimpleNamespace(steps=1), 0.0)
+    assert res["mean_step_s"] == {"1": 0.003, "2": None}
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
