@@ -419,6 +419,12 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         RS, RS + "            whole = torch.empty(size * self.world)\n            all_gather_single(whole, g)\n"
                  "            g = whole[self.rank * size:(self.rank + 1) * size]\n",
         TRAFFIC + r"\(all_gather\w* [\d,]+, reduce_scatter\w* [\d,]+\)"),
+    "each whole gradient kept by the optimizer after its slice is reduced": (
+        "            shard.grad = g / self.world                    # ... and averaged, as DDP does\n",
+        "            shard.grad = g / self.world\n            self.logged = getattr(self, 'logged', {})\n"
+        "            self.logged[id(p)] = p.grad                    # its norm, printed later\n",
+        r"with SGD with momentum, after the last step and the model's zero_grad\(set_to_none=True\) your optimizer "
+        r"still holds [\d,]+ bytes of the model's whole gradients"),
     "the whole optimizer's state listed as the parameters of an idle optimizer": (
         None, IDLE, r"with SGD with momentum, your optimizer holds [\d,]+ bytes of state .* the optimizer in one "
                     r"process holds 7,240"),

@@ -302,12 +302,16 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
+    last = [p.grad for p in mine.parameters() if p.grad is not None]   # the last step's whole gradients, which
+    mine.zero_grad(set_to_none=True)                       # count from here on where the optimizer still keeps them
     held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
+    grads = held - held_bytes(opt, exclude=list(mine.parameters()) + last
+                              + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
     allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
     found = {"tensors": 0, "python": 0, "files": []}
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
-        found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before,
+        found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
         inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
         held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
@@ -323,7 +327,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                         "unmoved": ((got == start) & should).sum().item(),
                         "few": world * sum(1 for p in mine.parameters() if p.requires_grad)})
     elif held > full / world * 1.05 + 512:
-        note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full})
+        note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full, "grads": grads})
     elif found["files"]:
         note(problems, {**base, "kind": "any_memory", "what": "file", "how": found["files"][0][0],
                         "path": found["files"][0][1]})
@@ -405,7 +409,8 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     reduce-scatter), a frozen or unused parameter that moved, the second group's options ignored, the
     parameters after the steps, and the state held (:func:`held_bytes` without the model's parameters and its
     inner optimizers' parameters up to a rank's share, :func:`_shards_only`) against the reference's state
-    over the world;
+    over the world, measured after the model's ``zero_grad(set_to_none=True)`` (a whole gradient the optimizer
+    keeps a reference to counts: told so);
     reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
     and torch's ZeroRedundancyOptimizer built, each a problem of its own. A last round, SGD with momentum on an
     MLP of :data:`WIDE` hidden units, also counts the state kept outside the optimizer
@@ -980,6 +985,11 @@ HINTS: dict[str, list[tuple]] = {
          "memory too, a few kB are its own). This rank's slice of the state is {shard:,} bytes, the whole "
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
          "slice only, in tensors, about 1/{W}"),
+        (lambda p, W: p.get("grads", 0) > p["full"] / W * 0.05 + 512,
+         "rank {rank}: with {optimizer}, after the last step and the model's zero_grad(set_to_none=True) your "
+         "optimizer still holds {grads:,} bytes of the model's whole gradients ({bytes:,} in all; the optimizer in "
+         "one process holds {full:,}): a reference kept to a gradient keeps it alive, so zero_grad frees nothing. "
+         "Keep only this rank's slice of each gradient, and drop the whole one once its slice is reduced"),
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the model's parameters and, up to a rank's share of the model, "
                             "the parameters an optimizer inside it updates: state listed as an optimizer's "
