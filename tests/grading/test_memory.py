@@ -365,6 +365,16 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
          "            self.inner = self.make()\n        self.inner.step()\n"],
         r"with SGD with momentum, a parameter unused in step 1 \(its .grad None then\) and used from step 2 on never "
         r"moved in 4 steps"),
+    "the biases' gradients all-reduced whole, their state on every rank": (
+        ["                self.shards.append((p, shard, size))\n", SKIP_NONE,
+         "            if shard.grad is None:\n                continue\n"],
+        ["                if p.dim() == 1:                           # a bias: small, its state kept whole\n"
+         "                    size, shard = None, p\n                self.shards.append((p, shard, size))\n",
+         "            if size is None:                               # a bias: averaged whole, updated in place\n"
+         "                if p.grad is not None:\n                    dist.all_reduce(p.grad)\n"
+         "                    p.grad /= self.world\n                continue\n" + SKIP_NONE,
+         "            if size is None or shard.grad is None:\n                continue\n"],
+        r"with SGD with momentum, step 1 all-reduced \d\d of the 1,\d{3} elements the model trains"),
     "every rank all-reduces the whole gradient": (
         RS, "            dist.all_reduce(flat)\n            g = flat[self.rank * size:(self.rank + 1) * size]\n",
         r"with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the model trains 1,\d{3}"),
@@ -419,6 +429,12 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         RS, RS + "            whole = torch.empty(size * self.world)\n            all_gather_single(whole, g)\n"
                  "            g = whole[self.rank * size:(self.rank + 1) * size]\n",
         TRAFFIC + r"\(all_gather\w* [\d,]+, reduce_scatter\w* [\d,]+\)"),
+    "each whole gradient kept by the optimizer after its slice is reduced": (
+        "            shard.grad = g / self.world                    # ... and averaged, as DDP does\n",
+        "            shard.grad = g / self.world\n            self.logged = getattr(self, 'logged', {})\n"
+        "            self.logged[id(p)] = p.grad                    # its norm, printed later\n",
+        r"with SGD with momentum, after the last step and the model's zero_grad\(set_to_none=True\) your optimizer "
+        r"still holds [\d,]+ bytes of the model's whole gradients"),
     "the whole optimizer's state listed as the parameters of an idle optimizer": (
         None, IDLE, r"with SGD with momentum, your optimizer holds [\d,]+ bytes of state .* the optimizer in one "
                     r"process holds 7,240"),

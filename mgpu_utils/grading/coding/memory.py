@@ -261,6 +261,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
+    few = sum(1 for p in mine.parameters() if p.requires_grad) + 1   # all-reduced: a flag per parameter, a norm
     start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
     extra = mine.extra.weight.detach().clone() if frozen_round else None
     if torch_built:
@@ -289,8 +290,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
         reduced = sum(n for call, n in carried if call == "all_reduce")
         moved = _traffic(carried, content, world)
-        if reduced >= trainable / 2 and comm is None:      # told after the results and the memory: the lesser fault
-            comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable}
+        if reduced > few and comm is None:                 # told after the results and the memory: the lesser fault
+            comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable,
+                    **({"what": "some"} if reduced < trainable / 2 else {})}
         elif sum(moved.values()) > _traffic_bound(padded, world) and traffic is None:
             traffic = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
                     "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
@@ -302,12 +304,16 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
+    last = [p.grad for p in mine.parameters() if p.grad is not None]   # the last step's whole gradients, which
+    mine.zero_grad(set_to_none=True)                       # count from here on where the optimizer still keeps them
     held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
+    grads = held - held_bytes(opt, exclude=list(mine.parameters()) + last
+                              + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
     allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
     found = {"tensors": 0, "python": 0, "files": []}
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
-        found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before,
+        found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
         inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
         held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
@@ -323,7 +329,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                         "unmoved": ((got == start) & should).sum().item(),
                         "few": world * sum(1 for p in mine.parameters() if p.requires_grad)})
     elif held > full / world * 1.05 + 512:
-        note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full})
+        note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full, "grads": grads})
     elif found["files"]:
         note(problems, {**base, "kind": "any_memory", "what": "file", "how": found["files"][0][0],
                         "path": found["files"][0][1]})
@@ -398,14 +404,15 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
     steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train), and with
     :data:`OTHER_OPTIMIZER` on the small MLP, each on this rank's share of the batch against the optimizer
-    in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces half the
-    model or more (the elements each collective carries), or whose collectives move more elements in and out
-    of the rank than a reduce-scatter and an all-gather of the parameters do (:func:`_traffic_bound`: a whole
-    gradient all-gathered, reduced and broadcast, broadcast by each rank, or all-gathered after the
-    reduce-scatter), a frozen or unused parameter that moved, the second group's options ignored, the
-    parameters after the steps, and the state held (:func:`held_bytes` without the model's parameters and its
-    inner optimizers' parameters up to a rank's share, :func:`_shards_only`) against the reference's state
-    over the world;
+    in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces more than a flag
+    per parameter and a scalar (the elements each collective carries: half the model, or its biases), or whose
+    collectives move more elements in and out of the rank than a reduce-scatter and an all-gather of the parameters
+    do (:func:`_traffic_bound`: a whole gradient all-gathered, reduced and broadcast, broadcast by each rank, or
+    all-gathered after the reduce-scatter), a frozen or unused parameter that moved, the second group's options
+    ignored, the parameters after the steps, and the state held (:func:`held_bytes` without the model's parameters
+    and its inner optimizers' parameters up to a rank's share, :func:`_shards_only`) against the reference's state
+    over the world, measured after the model's ``zero_grad(set_to_none=True)`` (a whole gradient the optimizer keeps
+    a reference to counts: told so);
     reducing collectives that do not carry this rank's gradients (:func:`_reduced_right`: zeros sent for show),
     and torch's ZeroRedundancyOptimizer built, each a problem of its own. A last round, SGD with momentum on an
     MLP of :data:`WIDE` hidden units, also counts the state kept outside the optimizer
@@ -943,6 +950,11 @@ HINTS: dict[str, list[tuple]] = {
                   "reduce-scatter), as in DDP, though each rank updates its slice only. ZeRO-1 reduce-scatters the "
                   "gradients (each rank receives its slice, summed) and all-gathers the updated slices, about "
                   "{right:,} elements in and out; send no whole gradient anywhere"),
+                 (lambda p, W: p.get("what") == "some",
+                  "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} of the {full:,} elements the "
+                  "model trains: the whole gradient of some parameters (small ones, biases say) reached every "
+                  "rank, and their optimizer state is kept whole on every rank. ZeRO-1 shards every parameter, small "
+                  "ones too: reduce-scatter each gradient and all-gather the updated slices; it needs no all-reduce"),
                  (always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
                           "model trains {full:,}: every rank received every gradient, as in DDP, though it updates "
                           "its slice only. ZeRO-1 reduce-scatters (each rank receives its slice's gradient, summed: "
@@ -980,6 +992,11 @@ HINTS: dict[str, list[tuple]] = {
          "memory too, a few kB are its own). This rank's slice of the state is {shard:,} bytes, the whole "
          "optimizer's {full:,}: where it is kept does not change what a rank holds; keep the state of this rank's "
          "slice only, in tensors, about 1/{W}"),
+        (lambda p, W: p.get("grads", 0) > p["full"] / W * 0.05 + 512,
+         "rank {rank}: with {optimizer}, after the last step and the model's zero_grad(set_to_none=True) your "
+         "optimizer still holds {grads:,} bytes of the model's whole gradients ({bytes:,} in all; the optimizer in "
+         "one process holds {full:,}): a reference kept to a gradient keeps it alive, so zero_grad frees nothing. "
+         "Keep only this rank's slice of each gradient, and drop the whole one once its slice is reduced"),
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the model's parameters and, up to a rank's share of the model, "
                             "the parameters an optimizer inside it updates: state listed as an optimizer's "
