@@ -564,8 +564,8 @@ def counted_all_reduce(state: dict, fn=None):
     ``state["others"]`` becomes the names of the block's other collectives and point-to-point calls (``send``,
     ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
     way while the all-reduces carried them for show? ``state["blocking"]`` becomes the names of the blocking calls
-    that ran during backward (a barrier waited for, a broadcast without async_op): like a wait() in a hook, they
-    stop backward until every rank is there. With ``state["progress"]`` (a function, e.g. how many gradients
+    that ran during backward (a barrier waited for, a broadcast without async_op, the Work of another collective
+    than an all-reduce waited for): like a wait() in a hook, they stop backward until every rank is there. With ``state["progress"]`` (a function, e.g. how many gradients
     were accumulated so far), each all-reduce records its value when it started (``progress``)."""
     calls, others, blocking = [], [], []
     state["others"], state["blocking"] = others, blocking
@@ -575,17 +575,21 @@ def counted_all_reduce(state: dict, fn=None):
     def in_backward() -> bool:
         return bool(state["backward"]) and _in_backward()
 
+    def watched(name, work):
+        """An async call's Work, whose wait() during backward goes to ``blocking`` (a hidden barrier there)."""
+        return _Waited(work, in_backward, blocking, name) if callable(getattr(work, "wait", None)) else work
+
     def replace(name, real):
         if name in unseen[1:]:
             def blocking_call(*args, **kwargs):
                 if in_backward() and (name == "broadcast_object_list" or not kwargs.get("async_op")):
                     blocking.append(name)
-                return real(*args, **kwargs)
+                return watched(name, real(*args, **kwargs))
             return blocking_call
         if name != "all_reduce":
             def other(*args, **kwargs):
                 others.append(name)
-                return real(*args, **kwargs)
+                return watched(name, real(*args, **kwargs))
             return other
 
         def counting(tensor, *args, **kwargs):
@@ -611,21 +615,25 @@ def counted_all_reduce(state: dict, fn=None):
             calls.append(record)
             if call.returns_work:                          # its Work, to see whether it is waited for
                 return lambda work: _Handle(work, record)
-        elif call.name not in unseen:
-            others.append(call.name)
+        else:
+            if call.name not in unseen:
+                others.append(call.name)
+            if call.returns_work:                          # a wait() on its Work in a hook blocks backward too
+                return lambda work: watched(call.name, work)
     with patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking):
         yield calls
 
 
 class _Waited:
-    """A barrier's Work that records ``name`` in ``blocking`` when it is waited for while ``in_backward()``."""
+    """A barrier's (or another collective's) Work that records ``name`` in ``blocking`` when it is waited for
+    while ``in_backward()``."""
 
-    def __init__(self, work, in_backward, blocking):
-        self._work, self._in_backward, self._blocking = work, in_backward, blocking
+    def __init__(self, work, in_backward, blocking, name="barrier"):
+        self._work, self._in_backward, self._blocking, self._name = work, in_backward, blocking, name
 
     def wait(self, *args, **kwargs):
         if self._in_backward():
-            self._blocking.append("barrier")
+            self._blocking.append(self._name)
         return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -392,6 +392,10 @@ WRONG_037 = {
     "a blocking broadcast of a flag from rank 0 after each bucket's all-reduce, in the hook": (
         SEND_037, SEND_037 + "        dist.broadcast(torch.ones(1), src=0)         # every rank has sent it\n",
         r"rank \d: your code made 3 blocking call\(s\) of broadcast during backward, in a hook"),
+    "the step count broadcast from rank 0 with async_op=True and waited for at once, in the hook": (
+        SEND_037, SEND_037 + "        steps = torch.tensor([len(self.pending)])\n"
+                  "        dist.broadcast(steps, src=0, async_op=True).wait()\n",
+        r"rank \d: your code made 3 blocking call\(s\) of broadcast during backward, in a hook"),
     "buffers broadcast, the parameters averaged": (
         BROADCAST, "            for t in module.buffers():\n                dist.broadcast(t, src=0)\n"
                    "            for p in module.parameters():\n                dist.all_reduce(p)\n"

@@ -130,8 +130,9 @@ def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
 
 
 def test_counted_all_reduce_names_blocking_calls_in_backward_and_records_progress(world_of_one):
-    """A barrier waited for, or a broadcast without async_op, in a hook during backward is as blocking as a
-    wait() there (03.7); outside backward, or asynchronous, it is not. Each all-reduce records the value of
+    """A barrier waited for, a broadcast without async_op, or an async broadcast's Work waited for, in a hook
+    during backward is as blocking as a wait() there (03.7); outside backward, or waited for after it, it is
+    not. Each all-reduce records the value of
     state["progress"] when it started (how many gradients were accumulated, in 03.7)."""
     w, x, seen = torch.ones(2, requires_grad=True), torch.ones(2), []
 
@@ -141,6 +142,8 @@ def test_counted_all_reduce_names_blocking_calls_in_backward_and_records_progres
         dist.barrier()
         dist.broadcast(x, src=0)
         dist.broadcast(x, src=0, async_op=True).wait()
+        later.append(dist.broadcast(x, src=0, async_op=True))
+    later = []
     w.register_post_accumulate_grad_hook(hook)
     state = {"backward": False, "progress": lambda: len(seen)}
     with counted_all_reduce(state) as calls:
@@ -149,7 +152,8 @@ def test_counted_all_reduce_names_blocking_calls_in_backward_and_records_progres
         state["backward"] = True
         (w * 2).sum().backward()
         state["backward"] = False
-    assert state["blocking"] == ["barrier", "broadcast"]
+        later[0].wait()
+    assert state["blocking"] == ["barrier", "broadcast", "broadcast"]
     assert [c["progress"] for c in calls] == [0, 1]
 
 def test_counted_all_reduce_names_the_other_collectives(world_of_one, below_route):
