@@ -103,10 +103,38 @@ def switched_off(fn, functions):
             sp[k] = v
 
 
+@functools.cache
+def _slot_descriptors(cls: type) -> tuple:
+    """The member descriptors of the ``__slots__`` that ``cls`` and its bases declare (``@dataclass(slots=True)``)."""
+    out = []
+    for base in cls.__mro__:
+        slots = base.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name.startswith("__") and not name.endswith("__"):   # private: stored under its mangled name
+                name = f"_{base.__name__.lstrip('_')}{name}"
+            descriptor = base.__dict__.get(name)
+            if hasattr(descriptor, "__get__") and name not in ("__dict__", "__weakref__"):
+                out.append(descriptor)
+    return tuple(out)
+
+
+def attributes(o) -> list:
+    """What an object holds in its attributes: its ``__dict__``'s values and its slots' (a slotted object has no
+    ``__dict__``: a list of ``@dataclass(slots=True)`` records would hide every tensor in them)."""
+    items = list(getattr(o, "__dict__", {}).values())
+    for descriptor in _slot_descriptors(type(o)):
+        try:
+            items.append(descriptor.__get__(o, type(o)))
+        except (AttributeError, TypeError):                # a slot never set
+            pass
+    return items
+
+
 def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, deques, dicts, sets and
-    objects inside them, ``depth`` levels down, a Module's attributes, a bound method's object, a function's closure
-    cells and default arguments), each storage counted once, a bare ``torch.UntypedStorage`` or ``TypedStorage`` too;
+    objects inside them, ``depth`` levels down, slots too, a Module's attributes, a bound method's object, a
+    function's closure cells and default arguments), each storage counted once, a bare ``torch.UntypedStorage``
+    or ``TypedStorage`` too;
     the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped
     in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
@@ -126,7 +154,7 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
                 walk(o.grad, d)
             if python and d >= 0 and id(o) not in seen_objects:
                 seen_objects.add(id(o))
-                for item in list(getattr(o, "__dict__", {}).values()):
+                for item in attributes(o):
                     walk(item, d - 1)
             return
         storage = _bare_storage(o)
@@ -154,7 +182,7 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
         elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):
             return
         else:                                              # objects, Modules too (their _parameters, _buffers)
-            items = list(getattr(o, "__dict__", {}).values())
+            items = attributes(o)
         for item in items:
             walk(item, d - 1)
     walk(obj, depth)
@@ -174,7 +202,7 @@ def inner_parameters(obj, depth=8) -> list:
             found.extend(p for g in o.param_groups for p in g["params"])
             return
         items = list(o.keys()) + list(o.values()) if isinstance(o, dict) else list(o) if isinstance(
-            o, (list, tuple, set, frozenset)) else list(getattr(o, "__dict__", {}).values())
+            o, (list, tuple, set, frozenset)) else attributes(o)
         for item in items:
             walk(item, d - 1)
     walk(obj, depth)
@@ -244,7 +272,7 @@ def reachable_storages(*objs, depth=8) -> set[int]:
         elif isinstance(x, types.ModuleType):
             return
         else:
-            items = list(getattr(x, "__dict__", {}).values())
+            items = attributes(x)
         for item in items:
             walk(item, d - 1)
     for o in objs:
@@ -516,7 +544,7 @@ class OutsideState:
                          [c.cell_contents for c in (o.__closure__ or ()) if c.cell_contents is not None]
                          if o.__module__ == name else [])
             else:
-                items = list(getattr(o, "__dict__", {}).values())
+                items = attributes(o)
             for item in items:
                 walk(item, d - 1)
         for key, value in list(self.space.items()):

@@ -565,8 +565,9 @@ def counted_all_reduce(state: dict, fn=None):
     ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
     way while the all-reduces carried them for show? ``state["blocking"]`` becomes the names of the blocking calls
     that ran during backward (a barrier waited for, a broadcast without async_op, the Work of another collective
-    than an all-reduce waited for): like a wait() in a hook, they stop backward until every rank is there. With ``state["progress"]`` (a function, e.g. how many gradients
-    were accumulated so far), each all-reduce records its value when it started (``progress``)."""
+    than an all-reduce waited for): like a wait() in a hook, they stop backward until every rank is there.
+    With ``state["progress"]`` (a function, e.g. how many gradients were accumulated so far), each all-reduce
+    records its value when it started (``progress``)."""
     calls, others, blocking = [], [], []
     state["others"], state["blocking"] = others, blocking
     unseen = ("all_reduce", "broadcast", "broadcast_object_list")

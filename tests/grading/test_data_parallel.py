@@ -488,6 +488,13 @@ WRONG_037 = {
         "                p.__dict__.setdefault('means', []).append(p.grad.clone())\n",
         r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
         r"bytes after steps 1, 2 and 3"),
+    "every averaged bucket kept in a record of a class with __slots__ (for debugging)": (
+        ["import torch.distributed as dist\n", WAIT_037],
+        ["import torch.distributed as dist\n\n\nclass Averaged:\n    __slots__ = ('grads', 'step')\n\n"
+         "    def __init__(self, grads, step):\n        self.grads, self.step = grads, step\n",
+         WAIT_037 + "            self.__dict__.setdefault('log', []).append(Averaged(flat.clone(), 0))\n"],
+        r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
+        r"bytes after steps 1, 2 and 3"),
     "every averaged bucket logged as Python floats (tolist)": (
         WAIT_037, WAIT_037 + "            self.__dict__.setdefault('trace', []).extend(flat.tolist())\n",
         r"rank \d: the result is right, but what your wrapper holds after each step grows: .* as Python numbers"),

@@ -638,6 +638,38 @@ def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers()
     floats = 2 * sys.getsizeof(0.5)
     assert held_bytes(wrapper, exclude=[w], python=True) == 5 * 4 + 3 * 8 + floats
 
+
+def test_held_bytes_and_reachable_storages_walk_slots():
+    """A record of a slotted class (``@dataclass(slots=True)``, a private slot, a subclass's) has no __dict__:
+    its tensors are found through its slots."""
+    import dataclasses
+
+    import torch
+
+    from mgpu_utils.grading.common import held_bytes, reachable_storages
+
+    @dataclasses.dataclass(slots=True)
+    class Record:
+        flat: torch.Tensor
+        step: int = 0
+
+    class Private:
+        __slots__ = ("__kept", "unset")
+
+        def __init__(self, t):
+            self.__kept = t
+
+    class Child(Private):
+        __slots__ = ("more",)
+
+        def __init__(self, t, u):
+            super().__init__(t)
+            self.more = u
+    a, b, c = torch.zeros(4), torch.zeros(6), torch.zeros(8)
+    log = [Record(a), Child(b, c)]
+    assert held_bytes(log) == (4 + 6 + 8) * 4
+    assert reachable_storages(log) == {t.untyped_storage().data_ptr() for t in (a, b, c)}
+
 def test_a_merge_that_fails_only_from_the_empty_start_is_named():
     """08.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
     import types
