@@ -140,8 +140,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
     ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also the attributes set on the
-    tensors reached (``p.history = [...]`` on a parameter) and every Python int and float reached (its
-    ``sys.getsizeof``, each object once: a tensor kept as ``tolist()``), for a check of what grows across steps."""
+    tensors reached (``p.history = [...]`` on a parameter) and every Python int, float, bytes and bytearray reached
+    (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or ``bytearray(t.numpy())``; a
+    memoryview's ``nbytes``), for a check of what grows across steps."""
     seen_objects, storages, numbers = set(), {}, {}
     skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
@@ -162,8 +163,11 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             if storage.data_ptr() not in skip:
                 storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
             return
-        if python and isinstance(o, (int, float)) and not isinstance(o, bool):
+        if python and isinstance(o, (int, float, bytes, bytearray)) and not isinstance(o, bool):
             numbers[id(o)] = sys.getsizeof(o)
+            return
+        if python and isinstance(o, memoryview):           # what it views (of a bytes, an array, a tensor)
+            numbers[id(o)] = o.nbytes
             return
         if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
             return

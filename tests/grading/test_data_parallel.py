@@ -495,6 +495,10 @@ WRONG_037 = {
          WAIT_037 + "            self.__dict__.setdefault('log', []).append(Averaged(flat.clone(), 0))\n"],
         r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
         r"bytes after steps 1, 2 and 3"),
+    "every averaged bucket's raw bytes kept in the wrapper (numpy tobytes, to compare runs)": (
+        WAIT_037, WAIT_037 + "            self.__dict__.setdefault('raw', []).append(flat.numpy().tobytes())\n",
+        r"rank \d: the result is right, but what your wrapper holds after each step grows: [\d,]+, [\d,]+, [\d,]+ "
+        r"bytes after steps 1, 2 and 3"),
     "every averaged bucket logged as Python floats (tolist)": (
         WAIT_037, WAIT_037 + "            self.__dict__.setdefault('trace', []).extend(flat.tolist())\n",
         r"rank \d: the result is right, but what your wrapper holds after each step grows: .* as Python numbers"),

@@ -619,7 +619,8 @@ def test_held_bytes_finds_every_tensor_once():
 
 
 def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
-    """03.7's growth check: a history kept in a deque, in a list set on a parameter, or as Python floats."""
+    """03.7's growth check: a history kept in a deque, in a list set on a parameter, as Python floats, or as
+    bytes, bytearrays and memoryviews."""
     import collections
     import sys
 
@@ -637,6 +638,10 @@ def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers()
     assert held_bytes(wrapper, exclude=[w]) == 5 * 4                       # the deque's tensor; not w's attribute
     floats = 2 * sys.getsizeof(0.5)
     assert held_bytes(wrapper, exclude=[w], python=True) == 5 * 4 + 3 * 8 + floats
+    wrapper.raw = [bytes(16), bytearray(32), memoryview(bytes(64))]
+    raw = sys.getsizeof(bytes(16)) + sys.getsizeof(bytearray(32)) + 64
+    assert held_bytes(wrapper, exclude=[w], python=True) == 5 * 4 + 3 * 8 + floats + raw
+    assert held_bytes(wrapper, exclude=[w]) == 5 * 4                       # counted only with python=True
 
 
 def test_held_bytes_and_reachable_storages_walk_slots():

@@ -22,7 +22,8 @@ how many gradients had been accumulated at each call, against the rule's fill po
 checked in every step, not in the first only; so is any other collective or send/recv made beside the
 all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What the
 wrapper, and the top level of the student's module, hold after each step must not grow (tensors, also in deques
-and in attributes set on tensors, and Python numbers: a bucket kept as ``tolist()``), nor the hooks on the model.
+and in attributes set on tensors or slots, Python numbers and bytes: a bucket kept as ``tolist()``), nor the
+hooks on the model.
 In 03.7 every rank but 0 starts from other weights, an integer buffer too, which the wrapper must broadcast. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
 
@@ -596,8 +597,8 @@ HINTS: dict[str, list[tuple]] = {
                 "whose key changes every step?): in a long run it fills the memory"),
                (always, "rank {rank}: the result is right, but what your wrapper holds after each step grows: "
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
-                        "every step (a list of pending work never cleared, a history of buckets, as tensors or as "
-                        "Python numbers?): in a long run it fills the memory")],
+                        "every step (a list of pending work never cleared, a history of buckets, as tensors, as "
+                        "Python numbers or as bytes?): in a long run it fills the memory")],
     "broadcast": [(lambda p, W: p.get("buffer"),
                    "after your wrapper was built the ranks' integer buffer {buffer} ({dtype}) still differed, though "
                    "every floating-point tensor was rank 0's (world size {W}): DDP broadcasts every buffer, integer "
