@@ -401,6 +401,10 @@ WRONG_037 = {
                    "            for p in module.parameters():\n                dist.all_reduce(p)\n"
                    "                p /= self.world\n",
         r"after your wrapper was built every rank held the same weights, but not rank 0's \(world size 3\)"),
+    "each gradient's bytes taken as float32's (numel times float32's itemsize), whatever its dtype": (
+        "q.grad.numel() * q.grad.element_size() for", "q.grad.nelement() * torch.float32.itemsize for",
+        r"rank \d: on a float64 model, 2 all-reduce call\(s\); the rule gives 3 for gradients of \[80, 2560, 256, "
+        r"8192, 256, 16384\] bytes .* 8 bytes per element, not 4"),
     "buckets counted in elements": (
         "q.grad.numel() * q.grad.element_size() for", "q.grad.numel() for",
         r"1 all-reduce call\(s\); the rule gives 3 for gradients of \[40, 1280, 128, 4096, 128, 8192\] bytes"),

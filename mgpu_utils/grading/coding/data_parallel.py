@@ -373,16 +373,30 @@ def counted_tied_mlp() -> TiedMLP:
     return model
 
 
+class Float64MLP(torch.nn.Module):
+    """03.7's MLP in float64 (its input cast in, its output cast back to float32): gradients of 8 bytes per
+    element, where a bucket counted as 4 bytes per element (right only for float32) holds twice what it should."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = make_mlp(32, 2).double()
+
+    def forward(self, x):
+        return self.mlp(x.double()).float()
+
+
 #: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the MLP's first three gradients
 #: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
-#: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it).
-MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20))
+#: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it). In float64, 2,896
+#: bytes is again the first three gradients: 3 buckets, where 4 bytes per element gives 2.
+MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20),
+                 (Float64MLP, 2896))
 
 
 def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
     for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`, once with an
-    integer buffer), with every rank but 0 starting from other weights (the integer buffer too)."""
+    integer buffer, an MLP in float64), with every rank but 0 starting from other weights (the integer buffer too)."""
     for model_fn, b in rounds:
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one
@@ -392,6 +406,8 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
                             model_fn=model_fn, perturb=True, fn=cls)
         if problems and model_fn in (TiedMLP, counted_tied_mlp):
             problems[0]["tied"] = True
+        if problems and model_fn is Float64MLP:
+            problems[0]["float64"] = True
     return times
 
 
@@ -645,6 +661,10 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}{at}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
          "{want} for gradients of {ready_bytes} bytes in ready order and buckets of {bucket_bytes} bytes: all-reduce "
          "each bucket's gradients once, and nothing for show"),
+        (lambda p, W: p["all_async"] and p.get("float64"),
+         "rank {rank}{at}: on a float64 model, {calls} all-reduce call(s); the rule gives {want} for gradients of "
+         "{ready_bytes} bytes in ready order and buckets of {bucket_bytes} bytes: a float64 gradient takes 8 bytes "
+         "per element, not 4; count each gradient's bytes as numel() * element_size()"),
         (lambda p, W: p["all_async"] and p.get("strict"),
          "rank {rank}{at}: {calls} all-reduce call(s); the rule gives {want} for gradients of {ready_bytes} bytes in "
          "ready order and buckets of {bucket_bytes} bytes: a bucket is full when it holds at least bucket_bytes "
