@@ -595,6 +595,24 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
               "            parts = [torch.empty_like(s) for _ in range(dist.get_world_size())]\n"
               "            dist.all_gather(parts, s.detach())\n"
               "            out[n] = torch.cat(parts)[:shape.numel()].view(shape)\n        return out\n"),
+    "all-gather and reduce-scatter as rings of isend/irecv (lesson 04), each rank passing on what arrived": (
+        [AG_076, RS_076],
+        ["        me, parts = dist.get_rank(), list(full.chunk(world))\n"
+         "        parts[me].copy_(shard.detach().to(dtype))\n"
+         "        for k in range(world - 1):                       # pass on the shard that arrived last\n"
+         "            for w in dist.batch_isend_irecv([\n"
+         "                    dist.P2POp(dist.isend, parts[(me - k) % world], (me + 1) % world),\n"
+         "                    dist.P2POp(dist.irecv, parts[(me - k - 1) % world], (me - 1) % world)]):\n"
+         "                w.wait()\n",
+         "        me, acc = dist.get_rank(), [c.clone() for c in flat.chunk(ctx.world)]\n"
+         "        for k in range(ctx.world - 1):                   # add the partial sum from the left, pass it on\n"
+         "            got = torch.empty_like(out)\n"
+         "            for w in dist.batch_isend_irecv([\n"
+         "                    dist.P2POp(dist.isend, acc[(me - k - 1) % ctx.world], (me + 1) % ctx.world),\n"
+         "                    dist.P2POp(dist.irecv, got, (me - 1) % ctx.world)]):\n"
+         "                w.wait()\n"
+         "            acc[(me - k - 2) % ctx.world] += got\n"
+         "        out.copy_(acc[me])\n"]),
     "shards registered one by one instead of a ParameterList": (
         "        self.shards = torch.nn.ParameterList(shards)\n",
         "        for i, shard in enumerate(shards):\n            self.register_parameter(f'shard{i}', shard)\n"
@@ -643,6 +661,20 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         r"of the parameters that got one in this step are 2,1\d\d at most|\(22,5\d\d elements\) did not carry rank "
         r"\d's "
         r"gradients)"),
+    "each rank's whole gradient sent to every other rank and summed there": (
+        RS_076,
+        "        me, total = dist.get_rank(), flat.clone()\n"
+        "        works = [dist.isend(flat, r) for r in range(ctx.world) if r != me]\n"
+        "        for r in range(ctx.world):\n"
+        "            if r != me:\n"
+        "                got = torch.empty_like(flat)\n"
+        "                dist.recv(got, r)\n"
+        "                total += got\n"
+        "        for w in works:\n"
+        "            w.wait()\n"
+        "        out.copy_(total.chunk(ctx.world)[me])\n",
+        r"\(MLP, float32\): in step 1 your sends carried [\d,]+ elements, and rings of sends and recvs for the "
+        r"all-gathers and reduce-scatters your collectives left undone move [\d,]+ at most"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

@@ -488,7 +488,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
     the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
-    reduce-scatters its own gradients, not zeros while the gradients are summed another way), and torch's FSDP
+    reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
+    a ring's, do their work, their elements bounded by :func:`_sends_bound`), and torch's FSDP
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
@@ -552,7 +553,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
-                with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used, \
+                with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
                     with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
                         out = wrapper(x[rank::world])
@@ -575,6 +576,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
                 wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
                                                               {**base, "what": "rooted", "step": s + 1})
+                wrong_carried = wrong_carried or _sends_bound(
+                    content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
+                    {**base, "what": "sent", "step": s + 1})
                 for v, m in refs.items():
                     rows = slice(rank, None, world) if v == "own" else slice(None)
                     loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
@@ -584,7 +588,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
                 if "all_reduce" in calls:
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
-                elif not set(calls) & {*GATHERS, "broadcast"} or not set(calls) & {*SCATTERS, "reduce"}:
+                elif not set(calls) & {*GATHERS, "broadcast", *P2P} or not set(calls) & {*SCATTERS, "reduce", *P2P}:
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
@@ -752,6 +756,30 @@ def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dic
     most = max(sum(u * up(shape.numel()) for shape, u in needs),
                sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
                up(sum(u * shape.numel() for shape, u in needs)))
+    return {**problem, "elements": sent, "most": most} if sent > most else None
+
+
+#: Point-to-point calls (recorded with ``p2p``): a ring of sends and recvs does an all-gather's or a
+#: reduce-scatter's work (lesson 04), bounded by :func:`_sends_bound`.
+P2P = ("send", "recv")
+
+
+def _sends_bound(content: list, calls: list, needs: list, every: list, world: int, problem: dict) -> dict | None:
+    """07.6: ``problem`` completed (``elements``, ``most``) when a step's sends carried more elements than
+    rings (or each rank sending each other rank its part) of the all-gathers and reduce-scatters not made by
+    named collectives move: (world - 1) / world of each parameter (``every``: (shape, uses) each) padded the most
+    generous right way, gathered up to twice per use (again for the backward), and of each gradient (``needs``)
+    once per use; a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
+    most. None otherwise."""
+    sent = sum(c.elements for c in content if c.name == "send")
+    if not sent:
+        return None
+    up = lambda shape: max(-(-shape.numel() // world) * world,
+                           -(-shape[0] // world) * world * (shape.numel() // shape[0]) if len(shape) else world)
+    named = set(calls)
+    work = (0 if named & {*GATHERS, "broadcast"} else sum(2 * u * up(shape) for shape, u in every)) \
+        + (0 if named & {*SCATTERS, "reduce"} else sum(u * up(shape) for shape, u in needs))
+    most = round(work * (world - 1) / world) + world
     return {**problem, "elements": sent, "most": most} if sent > most else None
 
 
@@ -1019,6 +1047,12 @@ HINTS: dict[str, list[tuple]] = {
          "gradients, and every rank needs only its own shard's. Reduce-scatter each gradient "
          "(reduce_scatter_single) so that each rank receives the sum of its shard only, not a reduce to one rank "
          "and a broadcast of the whole back"),
+        (lambda p, W: p["what"] == "sent",
+         "rank {rank} ({model}, {dtype}): in step {step} your sends carried {elements:,} elements, and rings of "
+         "sends and recvs for the all-gathers and reduce-scatters your collectives left undone move {most:,} at "
+         "most (each rank sends ({W} - 1)/{W} of each padded parameter per gather, of each gradient per "
+         "reduce-scatter): whole parameters or gradients went to every rank. Send each rank only the shard or "
+         "the slice of the gradient it needs"),
         (lambda p, W: p["what"] == "objects",
          "rank {rank} ({model}, {dtype}): in step {step} your object collectives ({calls}) carried {elements:,} "
          "elements' worth of pickled bytes (float32's: 4 bytes each), and the gradients of this step are {most:,}: "
