@@ -331,6 +331,11 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the groups' own options dropped": (
         'inner_groups.append({**group, "params": mine})', 'inner_groups.append({"params": mine})',
         r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "only the groups' options from a list of known names kept": (
+        'inner_groups.append({**group, "params": mine})',
+        'inner_groups.append({"params": mine, **{k: v for k, v in group.items()\n'
+        '                                                     if k in ("lr", "weight_decay", "momentum", "betas")}})',
+        r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
     "every rank's whole gradient sent to every rank as a pickled object": (
         RS, "            got = [None] * self.world\n            dist.all_gather_object(got, flat.clone())\n"
             "            g = sum(got)[self.rank * size:(self.rank + 1) * size]\n",
@@ -349,6 +354,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         "                    v = st.setdefault('v', torch.zeros_like(q))\n"
         "                    m.mul_(b1).add_(q.grad, alpha=1 - b1)\n"
         "                    v.mul_(b2).addcmul_(q.grad, q.grad, value=1 - b2)\n"
+        "                    if group.get('amsgrad'):\n"
+        "                        v = torch.maximum(st.setdefault('vmax', torch.zeros_like(q)), v)\n"
+        "                        st['vmax'] = v\n"
         "                    mh, vh = m / (1 - b1 ** st['t']), v / (1 - b2 ** st['t'])\n"
         "                    q.sub_(group['lr'] * mh / (vh.sqrt() + group['eps']))\n",
         r"with RMSprop, after 3 steps the parameters differ from one process's by [\d.e-]+ \(world size 3\), where "

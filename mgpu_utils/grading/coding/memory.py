@@ -211,11 +211,12 @@ FROZEN_ROWS = 2048
 def frozen_unused_groups(net: FrozenUnusedNet, lr: float, opt_class=None) -> list[dict]:
     """Two parameter groups of :class:`FrozenUnusedNet`: the body, the frozen scale and the extra head with the
     optimizer's defaults; the last layer with half the lr, weight_decay 0.05 and, for ``opt_class`` SGD or
-    Adam(W), an option of the optimizer's own too (momentum 0.5; betas (0.8, 0.95)): a wrapper that keeps only
-    lr and weight_decay of a group loses it."""
-    own = ({"momentum": 0.5} if opt_class is not None and issubclass(opt_class, torch.optim.SGD) else
-           {"betas": (0.8, 0.95)} if opt_class is not None and issubclass(opt_class, (torch.optim.Adam,
-                                                                                       torch.optim.AdamW)) else {})
+    Adam(W), options of the optimizer's own too (momentum 0.5 and nesterov; betas (0.8, 0.95) and amsgrad): a
+    wrapper that keeps only lr and weight_decay of a group, or a list of the options it knows (momentum, betas),
+    loses them."""
+    own = ({"momentum": 0.5, "nesterov": True} if opt_class is not None and issubclass(opt_class, torch.optim.SGD)
+           else {"betas": (0.8, 0.95), "amsgrad": True} if opt_class is not None and issubclass(
+               opt_class, (torch.optim.Adam, torch.optim.AdamW)) else {})
     return [{"params": [net.fc1.weight, net.fc1.bias, net.scale, net.extra.weight]},
             {"params": [net.fc2.weight, net.fc2.bias], "lr": lr / 2, "weight_decay": 0.05, **own}]
 
@@ -968,9 +969,10 @@ HINTS: dict[str, list[tuple]] = {
          "weight_decay); give the inner optimizer the same groups, each holding this rank's slices of its "
          "parameters"),
         (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
-                 "second (half the lr, weight_decay 0.05, its own momentum or betas) differs by {max_diff:.3g}: each "
-                 "group's own options must reach "
-                 "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
+                 "second (half the lr, weight_decay 0.05, its own momentum and nesterov, or betas and amsgrad) "
+                 "differs by {max_diff:.3g}: each group's own options, every one of them (not a list of those you "
+                 "know), must reach the inner optimizer (a group per group, with this rank's slices of its "
+                 "parameters)")],
     "any_comm": [(lambda p, W: p.get("what") == "traffic",
                   "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
                   "of this rank ({calls}), and the model trains {full:,}: a whole gradient reached every rank "
