@@ -336,6 +336,13 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         'inner_groups.append({"params": mine, **{k: v for k, v in group.items()\n'
         '                                                     if k in ("lr", "weight_decay", "momentum", "betas")}})',
         r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "the gradients reduce-scattered in float64, for exact sums": (
+        ["            g = torch.empty(size)\n" + RS, "            shard.grad = g / self.world "],
+        ["            g = torch.empty(size, dtype=torch.float64)\n"
+         "            reduce_scatter_single(g, flat.double())        # summed without rounding\n",
+         "            shard.grad = (g / self.world).float() "],
+        TRAFFIC + r"\(all_gather_single [\d,]+, reduce_scatter_single [\d,]+\) in float32's worth \(one in float64 "
+                  r"counts twice\)"),
     "every rank's whole gradient sent to every rank as a pickled object": (
         RS, "            got = [None] * self.world\n            dist.all_gather_object(got, flat.clone())\n"
             "            g = sum(got)[self.rank * size:(self.rank + 1) * size]\n",

@@ -362,12 +362,14 @@ def _traffic(carried: list, content: list, world: int) -> dict:
     gradients sent to every rank by isend/irecv: 2 (world - 1) x). A right ZeRO-1 step: 2 x (1 + 1/world) x the
     parameters (a reduce-scatter, an all-gather; one built of sends and recvs moves 2 (world - 1) / world x). An
     object collective (all_gather_object: whole gradients pickled) counts its pickled bytes, in and out, 4 to an
-    element (:data:`~mgpu_utils.measure.comm_calls.OBJECT_CALLS`)."""
+    element (:data:`~mgpu_utils.measure.comm_calls.OBJECT_CALLS`). A call in a dtype wider than float32 counts
+    float32's worth of its bytes (gradients sent in float64: twice their elements)."""
     moved = collections.Counter()
     for (name, first), put in zip(carried, content):
         out = (first if name in OUTPUT_FIRST or name in ("all_reduce", "recv", *OBJECT_CALLS) else
                put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
-        moved[name] += round(put.elements + out)
+        wide = max(1.0, put.nbytes / (4 * put.elements)) if put.elements else 1.0
+        moved[name] += round((put.elements + out) * wide)
     return dict(moved)
 
 
@@ -975,11 +977,13 @@ HINTS: dict[str, list[tuple]] = {
                  "parameters)")],
     "any_comm": [(lambda p, W: p.get("what") == "traffic",
                   "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
-                  "of this rank ({calls}), and the model trains {full:,}: a whole gradient reached every rank "
+                  "of this rank ({calls}) in float32's worth (one in float64 counts twice), and the model trains "
+                  "{full:,}: a whole gradient reached every rank "
                   "(all-gathered, reduced then broadcast, broadcast by each rank, or all-gathered again after the "
-                  "reduce-scatter), as in DDP, though each rank updates its slice only. ZeRO-1 reduce-scatters the "
-                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, about "
-                  "{right:,} elements in and out; send no whole gradient anywhere"),
+                  "reduce-scatter), as in DDP, though each rank updates its slice only; or the gradients and slices "
+                  "went in a wider dtype than the parameters' (float64). ZeRO-1 reduce-scatters the "
+                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, in the "
+                  "parameters' dtype, about {right:,} elements in and out; send no whole gradient anywhere"),
                  (lambda p, W: p.get("what") == "some",
                   "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} of the {full:,} elements the "
                   "model trains: the whole gradient of some parameters (small ones, biases say) reached every "
