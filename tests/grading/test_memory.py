@@ -598,11 +598,11 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
          "            i = self.names.index(name)\n"
          "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
          "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"]),
-    "the gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
+    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), cast after, a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
-        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s.to(dtype)))[:shape.numel()]"
-         ".view(shape)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
+        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()]"
+         ".view(shape).to(dtype)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
          FROZEN + "            if p.requires_grad:\n"
                   "                shards[-1].register_hook(lambda g, w=world: g / w)\n"]),
     "full_parameters through all_gather into a list": (
@@ -690,6 +690,12 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         "        out.copy_(total.chunk(ctx.world)[me])\n",
         r"\(MLP, float32\): in step 1 your sends carried [\d,]+ elements, and rings of sends and recvs for the "
         r"all-gathers and reduce-scatters your collectives left undone move [\d,]+ at most"),
+    "the gradient reduce-scattered in the compute dtype, to halve the bytes": (
+        RS_076,
+        "        out = out.to(grad.dtype)                             # bfloat16 on the wire when computing in it\n"
+        "        reduce_scatter_single(out, flat.to(grad.dtype))\n"
+        "        out = out.float()\n",
+        r"\(MLP, bfloat16\): in step 1 \d+ of your reduce-scatters \(or reduces\) summed 16-bit floats"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

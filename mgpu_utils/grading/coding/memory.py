@@ -492,7 +492,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
     reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
-    a ring's, do their work, their elements bounded by :func:`_sends_bound`), and torch's FSDP
+    a ring's, do their work, their elements bounded by :func:`_sends_bound`; reduce-scatters in a dtype narrower
+    than float32, against the statement), and torch's FSDP
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
@@ -579,6 +580,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
                 wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
                                                               {**base, "what": "rooted", "step": s + 1})
+                narrow = [c for c in content if c.name in (*SCATTERS, "reduce") and 0 < c.nbytes < 4 * c.elements]
+                if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
+                    wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
+                                     "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
                 wrong_carried = wrong_carried or _sends_bound(
                     content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
                     {**base, "what": "sent", "step": s + 1})
@@ -1053,6 +1058,11 @@ HINTS: dict[str, list[tuple]] = {
          "gradients, and every rank needs only its own shard's. Reduce-scatter each gradient "
          "(reduce_scatter_single) so that each rank receives the sum of its shard only, not a reduce to one rank "
          "and a broadcast of the whole back"),
+        (lambda p, W: p["what"] == "scatter_dtype",
+         "rank {rank} ({model}, {dtype}): in step {step} {calls} of your reduce-scatters (or reduces) summed "
+         "{bits}-bit floats: the gradients are reduce-scattered in float32, as the statement asks, so that the sum "
+         "over the ranks is not rounded to {bits} bits. Cast the gathered parameter's gradient to float32 before "
+         "the reduce-scatter (compute_dtype is for the forward and backward only)"),
         (lambda p, W: p["what"] == "sent",
          "rank {rank} ({model}, {dtype}): in step {step} your sends carried {elements:,} elements, and rings of "
          "sends and recvs for the all-gathers and reduce-scatters your collectives left undone move {most:,} at "
