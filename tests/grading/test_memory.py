@@ -696,6 +696,11 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         "        reduce_scatter_single(out, flat.to(grad.dtype))\n"
         "        out = out.float()\n",
         r"\(MLP, bfloat16\): in step 1 \d+ of your reduce-scatters \(or reduces\) summed 16-bit floats"),
+    "the parameters gathered for an evaluation (no_grad) kept in an attribute": (
+        FORWARD_END,
+        "        self.eval_full = None if torch.is_grad_enabled() else full   # reused while evaluating\n"
+        + FORWARD_END,
+        r"\(MLP, float32\): after step 3 your wrapper holds [\d,]+ bytes besides its shards"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

@@ -489,7 +489,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     """07.6: ``cls(model, compute_dtype)`` for three SGD steps (momentum 0.9) on this rank's rows, on an MLP and
     on :class:`TiedMLP`, in float32 and bfloat16, against one process on the whole batch (and, to name a wrong
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
-    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
+    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps (before
+    the last one's, an evaluation forward under no_grad: a cache of the gathered parameters shows); then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
     reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
     a ring's, do their work, their elements bounded by :func:`_sends_bound`; reduce-scatters in a dtype narrower
@@ -593,6 +594,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     (loss * world if v == "sum" else loss).backward()
                     ref_opts[v].step()
                     ref_opts[v].zero_grad(set_to_none=True)
+                if s == steps - 1:                               # an evaluation forward keeps nothing either
+                    with torch.no_grad():
+                        wrapper(x[:16])
                 held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
                 if "all_reduce" in calls:
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
@@ -1120,7 +1124,8 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "held",
          "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
          "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
-         "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
+         "gathered ones only while autograd needs them (not in an attribute; after a forward under "
+         "torch.no_grad, an evaluation, not at all), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
         (lambda p, W: p["what"] == "module",
