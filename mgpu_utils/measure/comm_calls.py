@@ -109,26 +109,29 @@ def _tensors(x) -> list:
 class Content(NamedTuple):
     """What one collective call carried from this rank: its name, ``elements`` (the element count of its input
     tensors, what this rank puts in: the all-reduced tensor, the all-gathered or reduce-scattered input) and their
-    float64 ``total``, ``squares`` (sum of squares) and ``absolute`` (sum of |x|), taken before the call ran."""
+    float64 ``total``, ``squares`` (sum of squares) and ``absolute`` (sum of |x|), taken before the call ran;
+    ``nbytes``: those tensors' bytes (0 where unknown; 07.5: gradients sent in float64 move twice the bytes)."""
     name: str
     elements: int
     total: float
     squares: float
     absolute: float
+    nbytes: int = 0
 
 
 def content_of(tensors, name: str = "") -> Content:
     """:class:`Content` of ``tensors`` (a tensor or a list, nested; only floating-point ones count)."""
-    n, s, q, a = 0, 0.0, 0.0, 0.0
+    n, s, q, a, b = 0, 0.0, 0.0, 0.0, 0
     for t in _tensors(tensors):
         if not t.is_floating_point() or t.numel() == 0:
             continue
         d = t.detach().to(torch.float64)
         n += t.numel()
+        b += t.numel() * t.element_size()
         s += d.sum().item()
         q += (d * d).sum().item()
         a += d.abs().sum().item()
-    return Content(name, n, s, q, a)
+    return Content(name, n, s, q, a, b)
 
 
 def add_content(parts, name: str = "") -> Content:

@@ -331,6 +331,18 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the groups' own options dropped": (
         'inner_groups.append({**group, "params": mine})', 'inner_groups.append({"params": mine})',
         r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "only the groups' options from a list of known names kept": (
+        'inner_groups.append({**group, "params": mine})',
+        'inner_groups.append({"params": mine, **{k: v for k, v in group.items()\n'
+        '                                                     if k in ("lr", "weight_decay", "momentum", "betas")}})',
+        r"with SGD with momentum, after one step the first parameter group equals one process's, the second"),
+    "the gradients reduce-scattered in float64, for exact sums": (
+        ["            g = torch.empty(size)\n" + RS, "            shard.grad = g / self.world "],
+        ["            g = torch.empty(size, dtype=torch.float64)\n"
+         "            reduce_scatter_single(g, flat.double())        # summed without rounding\n",
+         "            shard.grad = (g / self.world).float() "],
+        TRAFFIC + r"\(all_gather_single [\d,]+, reduce_scatter_single [\d,]+\) in float32's worth \(one in float64 "
+                  r"counts twice\)"),
     "every rank's whole gradient sent to every rank as a pickled object": (
         RS, "            got = [None] * self.world\n            dist.all_gather_object(got, flat.clone())\n"
             "            g = sum(got)[self.rank * size:(self.rank + 1) * size]\n",
@@ -349,6 +361,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         "                    v = st.setdefault('v', torch.zeros_like(q))\n"
         "                    m.mul_(b1).add_(q.grad, alpha=1 - b1)\n"
         "                    v.mul_(b2).addcmul_(q.grad, q.grad, value=1 - b2)\n"
+        "                    if group.get('amsgrad'):\n"
+        "                        v = torch.maximum(st.setdefault('vmax', torch.zeros_like(q)), v)\n"
+        "                        st['vmax'] = v\n"
         "                    mh, vh = m / (1 - b1 ** st['t']), v / (1 - b2 ** st['t'])\n"
         "                    q.sub_(group['lr'] * mh / (vh.sqrt() + group['eps']))\n",
         r"with RMSprop, after 3 steps the parameters differ from one process's by [\d.e-]+ \(world size 3\), where "
@@ -583,11 +598,11 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
          "            i = self.names.index(name)\n"
          "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
          "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"]),
-    "the gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
+    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), cast after, a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
-        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s.to(dtype)))[:shape.numel()]"
-         ".view(shape)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
+        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()]"
+         ".view(shape).to(dtype)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
          FROZEN + "            if p.requires_grad:\n"
                   "                shards[-1].register_hook(lambda g, w=world: g / w)\n"]),
     "full_parameters through all_gather into a list": (
@@ -595,6 +610,24 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
               "            parts = [torch.empty_like(s) for _ in range(dist.get_world_size())]\n"
               "            dist.all_gather(parts, s.detach())\n"
               "            out[n] = torch.cat(parts)[:shape.numel()].view(shape)\n        return out\n"),
+    "all-gather and reduce-scatter as rings of isend/irecv (lesson 04), each rank passing on what arrived": (
+        [AG_076, RS_076],
+        ["        me, parts = dist.get_rank(), list(full.chunk(world))\n"
+         "        parts[me].copy_(shard.detach().to(dtype))\n"
+         "        for k in range(world - 1):                       # pass on the shard that arrived last\n"
+         "            for w in dist.batch_isend_irecv([\n"
+         "                    dist.P2POp(dist.isend, parts[(me - k) % world], (me + 1) % world),\n"
+         "                    dist.P2POp(dist.irecv, parts[(me - k - 1) % world], (me - 1) % world)]):\n"
+         "                w.wait()\n",
+         "        me, acc = dist.get_rank(), [c.clone() for c in flat.chunk(ctx.world)]\n"
+         "        for k in range(ctx.world - 1):                   # add the partial sum from the left, pass it on\n"
+         "            got = torch.empty_like(out)\n"
+         "            for w in dist.batch_isend_irecv([\n"
+         "                    dist.P2POp(dist.isend, acc[(me - k - 1) % ctx.world], (me + 1) % ctx.world),\n"
+         "                    dist.P2POp(dist.irecv, got, (me - 1) % ctx.world)]):\n"
+         "                w.wait()\n"
+         "            acc[(me - k - 2) % ctx.world] += got\n"
+         "        out.copy_(acc[me])\n"]),
     "shards registered one by one instead of a ParameterList": (
         "        self.shards = torch.nn.ParameterList(shards)\n",
         "        for i, shard in enumerate(shards):\n            self.register_parameter(f'shard{i}', shard)\n"
@@ -643,6 +676,31 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         r"of the parameters that got one in this step are 2,1\d\d at most|\(22,5\d\d elements\) did not carry rank "
         r"\d's "
         r"gradients)"),
+    "each rank's whole gradient sent to every other rank and summed there": (
+        RS_076,
+        "        me, total = dist.get_rank(), flat.clone()\n"
+        "        works = [dist.isend(flat, r) for r in range(ctx.world) if r != me]\n"
+        "        for r in range(ctx.world):\n"
+        "            if r != me:\n"
+        "                got = torch.empty_like(flat)\n"
+        "                dist.recv(got, r)\n"
+        "                total += got\n"
+        "        for w in works:\n"
+        "            w.wait()\n"
+        "        out.copy_(total.chunk(ctx.world)[me])\n",
+        r"\(MLP, float32\): in step 1 your sends carried [\d,]+ elements, and rings of sends and recvs for the "
+        r"all-gathers and reduce-scatters your collectives left undone move [\d,]+ at most"),
+    "the gradient reduce-scattered in the compute dtype, to halve the bytes": (
+        RS_076,
+        "        out = out.to(grad.dtype)                             # bfloat16 on the wire when computing in it\n"
+        "        reduce_scatter_single(out, flat.to(grad.dtype))\n"
+        "        out = out.float()\n",
+        r"\(MLP, bfloat16\): in step 1 \d+ of your reduce-scatters \(or reduces\) summed 16-bit floats"),
+    "the parameters gathered for an evaluation (no_grad) kept in an attribute": (
+        FORWARD_END,
+        "        self.eval_full = None if torch.is_grad_enabled() else full   # reused while evaluating\n"
+        + FORWARD_END,
+        r"\(MLP, float32\): after step 3 your wrapper holds [\d,]+ bytes besides its shards"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

@@ -211,11 +211,12 @@ FROZEN_ROWS = 2048
 def frozen_unused_groups(net: FrozenUnusedNet, lr: float, opt_class=None) -> list[dict]:
     """Two parameter groups of :class:`FrozenUnusedNet`: the body, the frozen scale and the extra head with the
     optimizer's defaults; the last layer with half the lr, weight_decay 0.05 and, for ``opt_class`` SGD or
-    Adam(W), an option of the optimizer's own too (momentum 0.5; betas (0.8, 0.95)): a wrapper that keeps only
-    lr and weight_decay of a group loses it."""
-    own = ({"momentum": 0.5} if opt_class is not None and issubclass(opt_class, torch.optim.SGD) else
-           {"betas": (0.8, 0.95)} if opt_class is not None and issubclass(opt_class, (torch.optim.Adam,
-                                                                                       torch.optim.AdamW)) else {})
+    Adam(W), options of the optimizer's own too (momentum 0.5 and nesterov; betas (0.8, 0.95) and amsgrad): a
+    wrapper that keeps only lr and weight_decay of a group, or a list of the options it knows (momentum, betas),
+    loses them."""
+    own = ({"momentum": 0.5, "nesterov": True} if opt_class is not None and issubclass(opt_class, torch.optim.SGD)
+           else {"betas": (0.8, 0.95), "amsgrad": True} if opt_class is not None and issubclass(
+               opt_class, (torch.optim.Adam, torch.optim.AdamW)) else {})
     return [{"params": [net.fc1.weight, net.fc1.bias, net.scale, net.extra.weight]},
             {"params": [net.fc2.weight, net.fc2.bias], "lr": lr / 2, "weight_decay": 0.05, **own}]
 
@@ -361,12 +362,14 @@ def _traffic(carried: list, content: list, world: int) -> dict:
     gradients sent to every rank by isend/irecv: 2 (world - 1) x). A right ZeRO-1 step: 2 x (1 + 1/world) x the
     parameters (a reduce-scatter, an all-gather; one built of sends and recvs moves 2 (world - 1) / world x). An
     object collective (all_gather_object: whole gradients pickled) counts its pickled bytes, in and out, 4 to an
-    element (:data:`~mgpu_utils.measure.comm_calls.OBJECT_CALLS`)."""
+    element (:data:`~mgpu_utils.measure.comm_calls.OBJECT_CALLS`). A call in a dtype wider than float32 counts
+    float32's worth of its bytes (gradients sent in float64: twice their elements)."""
     moved = collections.Counter()
     for (name, first), put in zip(carried, content):
         out = (first if name in OUTPUT_FIRST or name in ("all_reduce", "recv", *OBJECT_CALLS) else
                put.elements / world if name in ("all_to_all", "all_to_all_single") else 0)
-        moved[name] += round(put.elements + out)
+        wide = max(1.0, put.nbytes / (4 * put.elements)) if put.elements else 1.0
+        moved[name] += round((put.elements + out) * wide)
     return dict(moved)
 
 
@@ -486,9 +489,12 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     """07.6: ``cls(model, compute_dtype)`` for three SGD steps (momentum 0.9) on this rank's rows, on an MLP and
     on :class:`TiedMLP`, in float32 and bfloat16, against one process on the whole batch (and, to name a wrong
     result, one process with the gradients summed, and this rank's rows alone); the elements in parameters(),
-    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps; then
+    the collectives of each step, the dtype the Linear layers saw, and :func:`held_bytes` between steps (before
+    the last one's, an evaluation forward under no_grad: a cache of the gathered parameters shows); then
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
-    reduce-scatters its own gradients, not zeros while the gradients are summed another way), and torch's FSDP
+    reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
+    a ring's, do their work, their elements bounded by :func:`_sends_bound`; reduce-scatters in a dtype narrower
+    than float32, against the statement), and torch's FSDP
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
@@ -552,7 +558,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
-                with counted_collectives(calls, cls, content=content), built(TORCH_FSDP) as used, \
+                with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
                     with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
                         out = wrapper(x[rank::world])
@@ -575,16 +581,26 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
                 wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
                                                               {**base, "what": "rooted", "step": s + 1})
+                narrow = [c for c in content if c.name in (*SCATTERS, "reduce") and 0 < c.nbytes < 4 * c.elements]
+                if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
+                    wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
+                                     "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
+                wrong_carried = wrong_carried or _sends_bound(
+                    content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
+                    {**base, "what": "sent", "step": s + 1})
                 for v, m in refs.items():
                     rows = slice(rank, None, world) if v == "own" else slice(None)
                     loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
                     (loss * world if v == "sum" else loss).backward()
                     ref_opts[v].step()
                     ref_opts[v].zero_grad(set_to_none=True)
+                if s == steps - 1:                               # an evaluation forward keeps nothing either
+                    with torch.no_grad():
+                        wrapper(x[:16])
                 held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
                 if "all_reduce" in calls:
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
-                elif not set(calls) & {*GATHERS, "broadcast"} or not set(calls) & {*SCATTERS, "reduce"}:
+                elif not set(calls) & {*GATHERS, "broadcast", *P2P} or not set(calls) & {*SCATTERS, "reduce", *P2P}:
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
@@ -752,6 +768,30 @@ def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dic
     most = max(sum(u * up(shape.numel()) for shape, u in needs),
                sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
                up(sum(u * shape.numel() for shape, u in needs)))
+    return {**problem, "elements": sent, "most": most} if sent > most else None
+
+
+#: Point-to-point calls (recorded with ``p2p``): a ring of sends and recvs does an all-gather's or a
+#: reduce-scatter's work (lesson 04), bounded by :func:`_sends_bound`.
+P2P = ("send", "recv")
+
+
+def _sends_bound(content: list, calls: list, needs: list, every: list, world: int, problem: dict) -> dict | None:
+    """07.6: ``problem`` completed (``elements``, ``most``) when a step's sends carried more elements than
+    rings (or each rank sending each other rank its part) of the all-gathers and reduce-scatters not made by
+    named collectives move: (world - 1) / world of each parameter (``every``: (shape, uses) each) padded the most
+    generous right way, gathered up to twice per use (again for the backward), and of each gradient (``needs``)
+    once per use; a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
+    most. None otherwise."""
+    sent = sum(c.elements for c in content if c.name == "send")
+    if not sent:
+        return None
+    up = lambda shape: max(-(-shape.numel() // world) * world,
+                           -(-shape[0] // world) * world * (shape.numel() // shape[0]) if len(shape) else world)
+    named = set(calls)
+    work = (0 if named & {*GATHERS, "broadcast"} else sum(2 * u * up(shape) for shape, u in every)) \
+        + (0 if named & {*SCATTERS, "reduce"} else sum(u * up(shape) for shape, u in needs))
+    most = round(work * (world - 1) / world) + world
     return {**problem, "elements": sent, "most": most} if sent > most else None
 
 
@@ -940,16 +980,19 @@ HINTS: dict[str, list[tuple]] = {
          "weight_decay); give the inner optimizer the same groups, each holding this rank's slices of its "
          "parameters"),
         (always, "rank {rank}: with {optimizer}, after one step the first parameter group equals one process's, the "
-                 "second (half the lr, weight_decay 0.05, its own momentum or betas) differs by {max_diff:.3g}: each "
-                 "group's own options must reach "
-                 "the inner optimizer (a group per group, with this rank's slices of its parameters)")],
+                 "second (half the lr, weight_decay 0.05, its own momentum and nesterov, or betas and amsgrad) "
+                 "differs by {max_diff:.3g}: each group's own options, every one of them (not a list of those you "
+                 "know), must reach the inner optimizer (a group per group, with this rank's slices of its "
+                 "parameters)")],
     "any_comm": [(lambda p, W: p.get("what") == "traffic",
                   "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
-                  "of this rank ({calls}), and the model trains {full:,}: a whole gradient reached every rank "
+                  "of this rank ({calls}) in float32's worth (one in float64 counts twice), and the model trains "
+                  "{full:,}: a whole gradient reached every rank "
                   "(all-gathered, reduced then broadcast, broadcast by each rank, or all-gathered again after the "
-                  "reduce-scatter), as in DDP, though each rank updates its slice only. ZeRO-1 reduce-scatters the "
-                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, about "
-                  "{right:,} elements in and out; send no whole gradient anywhere"),
+                  "reduce-scatter), as in DDP, though each rank updates its slice only; or the gradients and slices "
+                  "went in a wider dtype than the parameters' (float64). ZeRO-1 reduce-scatters the "
+                  "gradients (each rank receives its slice, summed) and all-gathers the updated slices, in the "
+                  "parameters' dtype, about {right:,} elements in and out; send no whole gradient anywhere"),
                  (lambda p, W: p.get("what") == "some",
                   "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} of the {full:,} elements the "
                   "model trains: the whole gradient of some parameters (small ones, biases say) reached every "
@@ -1019,6 +1062,17 @@ HINTS: dict[str, list[tuple]] = {
          "gradients, and every rank needs only its own shard's. Reduce-scatter each gradient "
          "(reduce_scatter_single) so that each rank receives the sum of its shard only, not a reduce to one rank "
          "and a broadcast of the whole back"),
+        (lambda p, W: p["what"] == "scatter_dtype",
+         "rank {rank} ({model}, {dtype}): in step {step} {calls} of your reduce-scatters (or reduces) summed "
+         "{bits}-bit floats: the gradients are reduce-scattered in float32, as the statement asks, so that the sum "
+         "over the ranks is not rounded to {bits} bits. Cast the gathered parameter's gradient to float32 before "
+         "the reduce-scatter (compute_dtype is for the forward and backward only)"),
+        (lambda p, W: p["what"] == "sent",
+         "rank {rank} ({model}, {dtype}): in step {step} your sends carried {elements:,} elements, and rings of "
+         "sends and recvs for the all-gathers and reduce-scatters your collectives left undone move {most:,} at "
+         "most (each rank sends ({W} - 1)/{W} of each padded parameter per gather, of each gradient per "
+         "reduce-scatter): whole parameters or gradients went to every rank. Send each rank only the shard or "
+         "the slice of the gradient it needs"),
         (lambda p, W: p["what"] == "objects",
          "rank {rank} ({model}, {dtype}): in step {step} your object collectives ({calls}) carried {elements:,} "
          "elements' worth of pickled bytes (float32's: 4 bytes each), and the gradients of this step are {most:,}: "
@@ -1070,7 +1124,8 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "held",
          "rank {rank} ({model}, {dtype}): after step {step} your wrapper holds {bytes:,} bytes besides its shards, "
          "and the whole model is {full_bytes:,}: free the module's own parameters once sharded, keep the "
-         "gathered ones only while autograd needs them (not in an attribute), leave no whole gradient behind "
+         "gathered ones only while autograd needs them (not in an attribute; after a forward under "
+         "torch.no_grad, an evaluation, not at all), leave no whole gradient behind "
          "(p.grad = None, not zero_()), and make each shard a tensor of its own (a slice of a whole one keeps "
          "the whole storage)"),
         (lambda p, W: p["what"] == "module",
