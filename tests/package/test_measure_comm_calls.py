@@ -65,7 +65,7 @@ def test_an_all_reduce_counts_once_by_every_route(world_of_one, below_route):
             run()
         assert calls == ["all_reduce"], (name, calls)
         assert carried == [("all_reduce", 4)], (name, carried)
-        assert content == [("all_reduce", 4, 10.0, 30.0, 10.0)], (name, content)
+        assert content == [("all_reduce", 4, 10.0, 30.0, 10.0, 16)], (name, content)
 
 
 def test_group_methods_and_functional_collectives_are_named_as_dist_names_them(world_of_one, below_route):
@@ -105,7 +105,7 @@ def test_counted_all_reduce_keeps_its_wait_semantics(world_of_one):
         work = dist.all_reduce(x, async_op=True)
         work.wait()
     assert calls[0]["async"] and calls[0]["waited"] and "below" not in calls[0]
-    assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0)
+    assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0, 12)
 
 
 def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
@@ -186,7 +186,7 @@ def test_nested_blocks_each_count_once(world_of_one, below_route):
             world_of_one.allreduce([torch.ones(2)]).wait()
             dist.all_reduce(torch.full((3,), 2.0))
     assert outer == inner == ["all_reduce", "all_reduce"]
-    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0), ("all_reduce", 3, 6.0, 12.0, 6.0)]
+    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0, 8), ("all_reduce", 3, 6.0, 12.0, 6.0, 12)]
 
 
 def test_what_each_dist_collective_puts_in(world_of_one):
