@@ -3,8 +3,9 @@
 03.4-03.6 built DDP's gradient averaging step by step. Here only the signature is given: write
 MyDDP(module, bucket_bytes), a torch.nn.Module that
 
-  * makes every replica start from rank 0's parameters and buffers when it is built, as DDP's constructor does
-    (the ranks may have been seeded apart; the grader compares them right after MyDDP(...) returns);
+  * makes every replica start from rank 0's parameters and buffers when it is built, as DDP's constructor does:
+    every parameter and buffer (non-persistent too, which state_dict() leaves out; the ranks may have been
+    seeded apart; the grader compares them right after MyDDP(...) returns);
   * runs ``module``'s forward;
   * during backward, packs gradients into buckets in the order they become ready and starts one asynchronous
     all-reduce per bucket as soon as it holds at least bucket_bytes (03.6's rule);

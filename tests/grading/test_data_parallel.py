@@ -204,18 +204,17 @@ WAIT_037 = "            work.wait()\n            flat /= self.world\n"
 HOOKS_037 = "            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(self.ready)\n"
 
 RIGHT_037 = {
-    "the state_dict's tensors broadcast": (
-        BROADCAST, "            for t in module.state_dict().values():\n                dist.broadcast(t, src=0)\n"),
     "one coalesced broadcast (torch._utils flatten)": (
         BROADCAST, "            tensors = list(module.parameters()) + list(module.buffers())\n"
                    "            flat = torch._utils._flatten_dense_tensors(tensors)\n"
                    "            dist.broadcast(flat, src=0)\n"
                    "            for t, s in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):\n"
                    "                t.copy_(s)\n"),
-    "rank 0's state_dict sent with broadcast_object_list": (
-        BROADCAST, "            state = [module.state_dict() if dist.get_rank() == 0 else None]\n"
+    "rank 0's parameters and buffers sent with broadcast_object_list": (
+        BROADCAST, "            tensors = list(module.parameters()) + list(module.buffers())\n"
+                   "            state = [[t.detach().clone() for t in tensors] if dist.get_rank() == 0 else None]\n"
                    "            dist.broadcast_object_list(state, src=0)\n"
-                   "            module.load_state_dict(state[0])\n"),
+                   "            for t, s in zip(tensors, state[0]):\n                t.copy_(s)\n"),
     "divided in the hook, waited through the future": (
         [READY_037, WAIT_037], ["    def ready(self, p: torch.Tensor) -> None:\n        p.grad.div_(self.world)\n"
                                 "        self.bucket.append(p)\n", "            work.get_future().wait()\n"]),
@@ -511,6 +510,17 @@ WRONG_037 = {
         "    def forward(self, *args, **kwargs):\n        for p in self.module.parameters():\n"
         "            if p.requires_grad:\n                p.register_post_accumulate_grad_hook(lambda q: None)\n",
         r"rank \d: the result is right, but the model carries 12, 18, 24 hooks after steps 1, 2 and 3"),
+    # was RIGHT ("the state_dict's tensors broadcast") until round 3 got a buffer registered with persistent=False
+    "every tensor of the state_dict broadcast from rank 0 (a non-persistent buffer is not in it)": (
+        BROADCAST, "            for t in module.state_dict().values():\n                dist.broadcast(t, src=0)\n",
+        r"after your wrapper was built the ranks' buffer inv_freq still differed, though every tensor of the "
+        r"state_dict was rank 0's \(world size 3\): a buffer registered with persistent=False is not in "
+        r"state_dict\(\)"),
+    "rank 0's state_dict sent with broadcast_object_list and loaded (a non-persistent buffer is not in it)": (
+        BROADCAST, "            state = [module.state_dict() if dist.get_rank() == 0 else None]\n"
+                   "            dist.broadcast_object_list(state, src=0)\n"
+                   "            module.load_state_dict(state[0])\n",
+        r"the ranks' buffer inv_freq still differed, though every tensor of the state_dict was rank 0's"),
     "the parameters and the floating-point buffers broadcast, an integer buffer not": (
         BROADCAST, "            floats = [b for b in module.buffers() if b.is_floating_point()]\n"
                    "            for t in list(module.parameters()) + floats:\n"

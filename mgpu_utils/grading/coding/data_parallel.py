@@ -24,7 +24,8 @@ all-reduces (all-reduces for show while the gradients travel another way), a bro
 wrapper, and the top level of the student's module, hold after each step must not grow (tensors, also in deques
 and in attributes set on tensors or slots, Python numbers and bytes: a bucket kept as ``tolist()``), nor the
 hooks on the model.
-In 03.7 every rank but 0 starts from other weights, an integer buffer too, which the wrapper must broadcast. The
+In 03.7 every rank but 0 starts from other weights, an integer buffer and a non-persistent one (not in
+``state_dict()``) too, which the wrapper must broadcast, as DDP does every parameter and buffer. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
 
 Known limits (03.7): the exercise asks for models whose trainable parameters all get a gradient every step
@@ -163,9 +164,12 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             apart_now = [(n, q) for n, (q, _), a, b in zip(names, pairs, low.split(sizes), high.split(sizes))
                          if diff(a, b) > 0]
             integer = [(n, q) for n, q in apart_now if not q.is_floating_point()]
+            saved = set(mine.state_dict())                # a buffer registered with persistent=False is not
+            hidden = [n for n, _ in apart_now if n not in saved]
             note(problems, {"rank": rank, "kind": "broadcast", "agree": diff(low, high) == 0,
                             **({"buffer": integer[0][0], "dtype": str(integer[0][1].dtype).replace("torch.", "")}
-                               if integer and len(integer) == len(apart_now) else {})})
+                               if integer and len(integer) == len(apart_now) else {}),
+                            **({"non_persistent": hidden[0]} if hidden and len(hidden) == len(apart_now) else {})})
     x_all, y_all = load_data()[0][:48]
     x, y = x_all.flatten(1)[rank::world], y_all[rank::world]
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
@@ -367,9 +371,13 @@ def frozen_mlp() -> torch.nn.Sequential:
 def counted_tied_mlp() -> TiedMLP:
     """03.7's :class:`TiedMLP` (a float buffer, ``centre``) with an integer buffer too (``steps``, int64, as
     BatchNorm's ``num_batches_tracked``), which DDP broadcasts as it does every buffer: a wrapper that broadcasts
-    only the floating-point tensors leaves it apart."""
+    only the floating-point tensors leaves it apart; and a non-persistent one (``inv_freq``, registered with
+    ``persistent=False``, as a rotary embedding's inverse frequencies), which DDP broadcasts too
+    (``module.buffers()``) but ``state_dict()`` leaves out: a wrapper that broadcasts the state_dict's tensors
+    leaves it apart."""
     model = TiedMLP()
     model.register_buffer("steps", torch.arange(3, dtype=torch.int64))
+    model.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8), persistent=False)
     return model
 
 
@@ -396,7 +404,8 @@ MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), 
 def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
     for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`, once with an
-    integer buffer, an MLP in float64), with every rank but 0 starting from other weights (the integer buffer too)."""
+    integer buffer and a non-persistent one, an MLP in float64), with every rank but 0 starting from other weights
+    (those buffers too)."""
     for model_fn, b in rounds:
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one
@@ -404,7 +413,7 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
             return
         times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
                             model_fn=model_fn, perturb=True, fn=cls)
-        if problems and model_fn in (TiedMLP, counted_tied_mlp):
+        if problems and model_fn in (TiedMLP, counted_tied_mlp) and problems[0].get("kind") != "broadcast":
             problems[0]["tied"] = True
         if problems and model_fn is Float64MLP:
             problems[0]["float64"] = True
@@ -615,7 +624,12 @@ HINTS: dict[str, list[tuple]] = {
                         "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something is kept from "
                         "every step (a list of pending work never cleared, a history of buckets, as tensors, as "
                         "Python numbers or as bytes?): in a long run it fills the memory")],
-    "broadcast": [(lambda p, W: p.get("buffer"),
+    "broadcast": [(lambda p, W: p.get("non_persistent"),
+                   "after your wrapper was built the ranks' buffer {non_persistent} still differed, though every "
+                   "tensor of the state_dict was rank 0's (world size {W}): a buffer registered with "
+                   "persistent=False is not in state_dict(). DDP broadcasts every parameter and every buffer "
+                   "(module.buffers(), non-persistent ones too): broadcast those, not the state_dict's tensors"),
+                  (lambda p, W: p.get("buffer"),
                    "after your wrapper was built the ranks' integer buffer {buffer} ({dtype}) still differed, though "
                    "every floating-point tensor was rank 0's (world size {W}): DDP broadcasts every buffer, integer "
                    "ones too (BatchNorm's num_batches_tracked, a step counter); broadcast each of them, in its own "
