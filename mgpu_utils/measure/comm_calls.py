@@ -29,6 +29,7 @@ import math
 import pickle
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -495,15 +496,21 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
 
 class _Handle:
     """A Work handle that records whether the student waited for it (``wait()``, ``get_future()``, or
-    ``is_completed()`` once it says True) and whether a ``wait()`` ran inside backward (``waited_in_backward``:
-    from a hook, while autograd runs a node, where it stops backward until the bucket has travelled). With
-    ``into``: the collective works on a copy, and its result reaches the student's tensor ``into`` only when
-    wait() returns, the future completes or is_completed() says True: the only moments the result is promised,
-    so that reading the tensor before fails every time, not when the network happens to be slow."""
+    ``is_completed()`` once it says True) and whether it was waited for inside backward (``waited_in_backward``:
+    ``"wait"``, a wait() from a hook, while autograd runs a node, where it stops backward until the bucket has
+    travelled; ``"poll"``, is_completed() called again and again in one hook, a loop until done; ``"thread"``, a
+    wait() or a completed is_completed() in another thread while the hook sits blocked on it, ``blocks()``
+    saying so). Inside a hook the first :data:`POLLS_SAID_FALSE` is_completed() calls say False (an all-reduce
+    may always be still running then), so that a loop until done polls more often than that whatever the
+    network's speed. With ``into``: the collective works on a copy, and its result reaches the student's tensor
+    ``into`` only when wait() returns, the future completes or is_completed() says True: the only moments the
+    result is promised, so that reading the tensor before fails every time, not when the network happens to be
+    slow."""
 
-    def __init__(self, work, call, into=None, copy=None):
-        self._work, self._call, self._into, self._copy = work, call, into, copy
+    def __init__(self, work, call, into=None, copy=None, blocks=None):
+        self._work, self._call, self._into, self._copy, self._blocks = work, call, into, copy, blocks
         self._delivered = False
+        self._polled, self._polls = None, 0               # the node it was last polled in, and how often there
 
     def _deliver(self):
         if self._into is not None and not self._delivered:
@@ -512,18 +519,34 @@ class _Handle:
                 self._call["touched"] = True               # written (divided?) before the result was promised
             self._into.copy_(self._copy)
 
+    def _blocked(self, how: str):
+        if not self._call.get("waited_in_backward"):
+            self._call["waited_in_backward"] = how
+
     def wait(self, *args, **kwargs):
         self._call["waited"] = True
         if _in_backward():
-            self._call["waited_in_backward"] = True
+            self._blocked("wait")
         out = self._work.wait(*args, **kwargs)
+        if self._blocks is not None and self._blocks():   # in a thread that the hook waits for
+            self._blocked("thread")
         self._deliver()
         return out
 
     def is_completed(self):
+        node = _current_node()
+        if node is not None:                               # in a hook: polled how often in this one?
+            self._polls = self._polls + 1 if node is self._polled else 1
+            self._polled = node
+            if self._polls > POLLS_SAID_FALSE:             # a loop until done: the hook blocks as wait() does
+                self._blocked("poll")
+            else:
+                return False
         done = self._work.is_completed()
         if done:                                           # polled until done: as good as wait()
             self._call["waited"] = True
+            if node is None and self._blocks is not None and self._blocks():
+                self._blocked("thread")
             self._deliver()
         return done
 
@@ -543,10 +566,91 @@ class _Handle:
         return getattr(self._work, name)
 
 
+#: Inside a hook, :class:`_Handle`'s is_completed() says False this many times before it asks the Work.
+POLLS_SAID_FALSE = 2
+
+
+def _current_node():
+    """The autograd node this thread is running (in a hook of backward, not in its final callbacks), or None."""
+    node = getattr(torch._C, "_current_autograd_node", None)
+    return node() if node is not None else None
+
+
 def _in_backward() -> bool:
     """Whether autograd is running a node in this thread (a hook of backward, not its final callbacks)."""
-    node = getattr(torch._C, "_current_autograd_node", None)
-    return node is not None and node() is not None
+    return _current_node() is not None
+
+
+def _final_callback(callback):
+    """``callback`` queued for the end of backward, run by a function whose frame says so (:func:`_in_hook`)."""
+    def final_callback():
+        return callback()
+    return final_callback
+
+
+_FINAL_CODE = _final_callback(None).__code__
+
+
+class _Engine:
+    """Autograd's engine (``Variable._execution_engine``) whose queue_callback marks each final callback."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def queue_callback(self, callback):
+        return self._engine.queue_callback(_final_callback(callback))
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def _codes(*functions) -> set:
+    return {f.__code__ for f in functions if f is not None}
+
+
+#: The frames that call autograd's engine, above which the hooks it runs sit (a frame's f_back is one of them).
+_ENGINE_CODES = _codes(getattr(torch.autograd.graph, "_engine_run_backward", None)) or _codes(
+    torch.autograd.backward, torch.autograd.grad)
+#: A thread whose innermost frame is one of these sits blocked on another thread: joining it, or waiting on a
+#: condition (an Event, a Future's result, a Queue's get, a Semaphore and a Barrier wait on one).
+_BLOCKED_CODES = _codes(threading.Thread.join, getattr(threading.Thread, "_wait_for_tstate_lock", None),
+                        threading.Condition.wait)
+#: ... unless it is starting a thread (Thread.start waits until the new thread runs, not until it ends).
+_STARTING_CODES = _codes(threading.Thread.start)
+
+
+def _in_hook(frame):
+    """For a thread whose innermost frame is ``frame``: (the frame of the hook autograd's engine runs in it, or
+    None where it runs none, or a final callback; whether it sits blocked on another thread there)."""
+    top, starting = frame, False
+    while frame is not None:
+        starting = starting or frame.f_code in _STARTING_CODES
+        back = frame.f_back
+        if back is not None and back.f_code in _ENGINE_CODES:
+            if frame.f_code is _FINAL_CODE:
+                return None, False
+            return frame, top.f_code in _BLOCKED_CODES and not starting
+        frame = back
+    return None, False
+
+
+def _hook_blocks(thread_id: int, backward: Callable[[], bool], timeout: float = 0.5) -> bool:
+    """Whether the thread ``thread_id``, the one that runs backward, sits blocked on another thread (joins it,
+    waits on an event, a future, a queue) in a hook of backward, not a final callback: polled while
+    ``backward()`` until it does, or it has left the hook it was first seen in, or ``timeout`` seconds passed.
+    Called from another thread, once it has waited for a collective: the hook was waiting for that thread."""
+    deadline, first = time.monotonic() + timeout, None
+    while backward():
+        hook, blocked = _in_hook(sys._current_frames().get(thread_id))
+        if hook is None or (first is not None and hook is not first):
+            return False
+        if blocked:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        first = hook
+        time.sleep(2e-4)
+    return False
 
 
 @contextlib.contextmanager
@@ -560,7 +664,8 @@ def counted_all_reduce(state: dict, fn=None):
     ``content`` (:func:`content_of` the tensor before the call: the gradients, or zeros sent for show?), and for
     an async call whether its handle was waited for and whether the tensor was written before the result was
     delivered (``touched``: divided before wait()) and whether it was waited for inside backward
-    (``waited_in_backward``: in a hook, no overlap); an async call's result reaches its tensor at wait() (or when
+    (``waited_in_backward``: in a hook, by a loop on is_completed() there, or in another thread while a hook
+    waits for that thread: no overlap; see :class:`_Handle`; a final callback's waits are not); an async call's result reaches its tensor at wait() (or when
     its future completes), as promised, not before. A call reached below (``below``: True) counts as
     asynchronous; a process group's ``allreduce`` called from Python returns a Work whose waits are recorded
     the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for.
@@ -579,16 +684,27 @@ def counted_all_reduce(state: dict, fn=None):
     def in_backward() -> bool:
         return bool(state["backward"]) and _in_backward()
 
+    autograd_thread = threading.get_ident()               # the thread that runs backward (on CPU)
+
+    def blocks() -> bool:
+        """In another thread than backward's: whether a hook of backward sits blocked on this thread."""
+        return (threading.get_ident() != autograd_thread and bool(state["backward"])
+                and _hook_blocks(autograd_thread, lambda: bool(state["backward"])))
+
     def watched(name, work):
         """An async call's Work, whose wait() during backward goes to ``blocking`` (a hidden barrier there)."""
-        return _Waited(work, in_backward, blocking, name) if callable(getattr(work, "wait", None)) else work
+        return _Waited(work, in_backward, blocking, name, blocks) if callable(getattr(work, "wait", None)) else work
 
     def replace(name, real):
         if name in unseen[1:]:
             def blocking_call(*args, **kwargs):
-                if in_backward() and (name == "broadcast_object_list" or not kwargs.get("async_op")):
+                sync = name == "broadcast_object_list" or not kwargs.get("async_op")
+                if in_backward() and sync:
                     blocking.append(name)
-                return watched(name, real(*args, **kwargs))
+                out = real(*args, **kwargs)
+                if sync and not in_backward() and blocks():
+                    blocking.append(name)
+                return watched(name, out)
             return blocking_call
         if name != "all_reduce":
             def other(*args, **kwargs):
@@ -606,7 +722,7 @@ def counted_all_reduce(state: dict, fn=None):
                 return real(tensor, *args, **kwargs)
             call["version"] = tensor._version              # changed before wait()? (``touched`` then)
             copy = tensor.detach().clone()                 # the result lands in ``tensor`` at wait(), not before
-            return _Handle(real(copy, *args, **kwargs), call, into=tensor, copy=copy)
+            return _Handle(real(copy, *args, **kwargs), call, into=tensor, copy=copy, blocks=blocks)
         return counting
 
     def below(call: LowCall):
@@ -618,42 +734,53 @@ def counted_all_reduce(state: dict, fn=None):
                       "elements": call.elements, "content": content_of(call.inputs, call.name)}
             calls.append(record)
             if call.returns_work:                          # its Work, to see whether it is waited for
-                return lambda work: _Handle(work, record)
+                return lambda work: _Handle(work, record, blocks=blocks)
         else:
             if call.name not in unseen:
                 others.append(call.name)
             if call.returns_work:                          # a wait() on its Work in a hook blocks backward too
                 return lambda work: watched(call.name, work)
-    with patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking):
-        yield calls
+    engine = torch.autograd.variable.Variable._execution_engine
+    torch.autograd.variable.Variable._execution_engine = _Engine(engine)     # final callbacks marked
+    try:
+        with patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking, blocks):
+            yield calls
+    finally:
+        torch.autograd.variable.Variable._execution_engine = engine
 
 
 class _Waited:
     """A barrier's (or another collective's) Work that records ``name`` in ``blocking`` when it is waited for
-    while ``in_backward()``."""
+    while ``in_backward()``, or in another thread while a hook of backward sits blocked on it (``blocks()``)."""
 
-    def __init__(self, work, in_backward, blocking, name="barrier"):
+    def __init__(self, work, in_backward, blocking, name="barrier", blocks=None):
         self._work, self._in_backward, self._blocking, self._name = work, in_backward, blocking, name
+        self._blocks = blocks
 
     def wait(self, *args, **kwargs):
-        if self._in_backward():
+        inside = self._in_backward()
+        if inside:
             self._blocking.append(self._name)
-        return self._work.wait(*args, **kwargs)
+        out = self._work.wait(*args, **kwargs)
+        if not inside and self._blocks is not None and self._blocks():
+            self._blocking.append(self._name)
+        return out
 
     def __getattr__(self, name):
         return getattr(self._work, name)
 
 
 @contextlib.contextmanager
-def _barriers_watched(in_backward, blocking):
+def _barriers_watched(in_backward, blocking, blocks=None):
     """Within the block, a process group's (or its backend's) barrier waited for while ``in_backward()``
-    (``dist.barrier()`` waits for it; so may the student) and a monitored barrier called then go to ``blocking``."""
+    (``dist.barrier()`` waits for it; so may the student), or in a thread a hook waits for (``blocks()``), and a
+    monitored barrier called in a hook go to ``blocking``."""
     saved = []
     for cls in (torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend):
         original = cls.__dict__.get("barrier")
         if original is not None:
             def barrier(obj, *args, _o=original, **kwargs):
-                return _Waited(_o(obj, *args, **kwargs), in_backward, blocking)
+                return _Waited(_o(obj, *args, **kwargs), in_backward, blocking, blocks=blocks)
             saved.append((cls, "barrier", original))
             setattr(cls, "barrier", barrier)
         original = cls.__dict__.get("monitored_barrier")

@@ -309,6 +309,21 @@ RIGHT_037.update({
          "        flat = buffer(len(self.pending), flat.numel()).copy_(flat)\n" + SEND_037]),
     "waited by polling is_completed()": (
         WAIT_037, "            while not work.is_completed():\n                pass\n            flat /= self.world\n"),
+    "each bucket's wait() run in a thread started in the hook, joined in finish()": (
+        ["import torch.distributed as dist\n", SEND_037, "        for params, flat, work in self.pending:\n"],
+        ["import threading\n\nimport torch.distributed as dist\n",
+         "        work = dist.all_reduce(flat, async_op=True)\n"
+         "        waiter = threading.Thread(target=work.wait)\n        waiter.start()\n"
+         "        self.pending.append((self.bucket, flat, work, waiter))\n",
+         "        for params, flat, work, waiter in self.pending:\n            waiter.join()\n"]),
+    "the buckets waited for in threads that a callback queued for the end of backward joins": (
+        ["import torch.distributed as dist\n", SEND_037 + "        self.bucket = []\n"],
+        ["import threading\n\nimport torch.distributed as dist\n",
+         SEND_037 + "        self.bucket = []\n"
+         "        if len(self.pending) == 1 and torch._C._current_autograd_node() is not None:\n"
+         "            torch.autograd.Variable._execution_engine.queue_callback(self.settle)\n\n"
+         "    def settle(self):\n        waiters = [threading.Thread(target=w.wait) for _, _, w in self.pending]\n"
+         "        for t in waiters:\n            t.start()\n        for t in waiters:\n            t.join()\n"]),
 })
 
 REDUCER_037 = '''import torch
@@ -350,6 +365,23 @@ WRONG_037 = {
         SEND_037, "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()\n"
                   "        self.pending.append((self.bucket, flat, work))\n",
         r"rank \d: 3 of the 3 asynchronous all-reduces were waited for \(wait\(\)\) during backward, in a hook"),
+    "each bucket's all-reduce waited for by a helper thread that the hook starts and joins": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import threading\n\nimport torch.distributed as dist\n",
+         "        work = dist.all_reduce(flat, async_op=True)\n"
+         "        helper = threading.Thread(target=work.wait)       # the hook itself does not wait...\n"
+         "        helper.start()\n        helper.join()\n"
+         "        self.pending.append((self.bucket, flat, work))\n"],
+        r"rank \d: 3 of the 3 asynchronous all-reduces were waited for during backward in another thread while "
+        r"the hook that started them waited for that thread \(join\(\), a future's result\(\)\)"),
+    "the hook sleeps until its bucket's all-reduce says it is completed": (
+        ["import torch.distributed as dist\n", SEND_037],
+        ["import time\n\nimport torch.distributed as dist\n",
+         "        work = dist.all_reduce(flat, async_op=True)\n"
+         "        while not work.is_completed():\n            time.sleep(0.001)\n"
+         "        self.pending.append((self.bucket, flat, work))\n"],
+        r"rank \d: 3 of the 3 asynchronous all-reduces were polled with is_completed\(\) in a loop during "
+        r"backward, in a hook, until done"),
     "a bucket sent when it holds more than bucket_bytes (>, not >=)": (
         FULL_037, FULL_037.replace(">=", ">"),
         r"rank \d: 2 all-reduce call\(s\); the rule gives 3 for gradients of \[40, 1280, 128, 4096, 128, 8192\] "

@@ -129,6 +129,65 @@ def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
     assert calls[2]["waited_in_backward"] and torch.equal(w.grad, torch.full((2,), 2.0))
 
 
+def test_counted_all_reduce_sees_a_hook_blocked_on_another_thread_or_a_poll_loop(world_of_one):
+    """A wait() in a thread that the hook joins, or in a pool whose future the hook waits for, and a loop on
+    is_completed() in the hook, are waits in backward (03.7: the hook returns only once the all-reduce is done);
+    a waiting thread the hook starts and leaves running, one polled once from a hook, and waits in threads that
+    a final callback joins, are not."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    pool, kept = ThreadPoolExecutor(1), []
+
+    def joined(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        t = threading.Thread(target=work.wait)
+        t.start()
+        t.join()
+
+    def pooled(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        pool.submit(work.wait).result()
+
+    def polled(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        while not work.is_completed():
+            pass
+
+    def left_running(p):
+        work = dist.all_reduce(p.grad, async_op=True)
+        t = threading.Thread(target=work.wait)
+        t.start()
+        kept.append((work, t))
+
+    def polled_once(p):
+        kept.append(dist.all_reduce(p.grad, async_op=True))
+        assert not kept[0].is_completed()                 # said False in a hook: it may still be running
+
+    def settled_at_the_end(p):
+        kept.append(dist.all_reduce(p.grad, async_op=True))
+
+        def settle():
+            t = threading.Thread(target=kept[-1].wait)
+            t.start()
+            t.join()
+        torch.autograd.Variable._execution_engine.queue_callback(settle)
+
+    seen = {}
+    for hook in (joined, pooled, polled, left_running, polled_once, settled_at_the_end):
+        w, kept[:] = torch.ones(2, requires_grad=True), []
+        w.register_post_accumulate_grad_hook(hook)
+        state = {"backward": True}
+        with counted_all_reduce(state) as calls:
+            (w * 2).sum().backward()
+            state["backward"] = False
+            for k in kept:
+                (k[1].join() if isinstance(k, tuple) else k.wait())
+        seen[hook.__name__] = calls[0].get("waited_in_backward")
+    pool.shutdown()
+    assert seen == {"joined": "thread", "pooled": "thread", "polled": "poll", "left_running": None,
+                    "polled_once": None, "settled_at_the_end": None}
+
+
 def test_counted_all_reduce_names_blocking_calls_in_backward_and_records_progress(world_of_one):
     """A barrier waited for, a broadcast without async_op, or an async broadcast's Work waited for, in a hook
     during backward is as blocking as a wait() there (03.7); outside backward, or waited for after it, it is

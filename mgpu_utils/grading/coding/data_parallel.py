@@ -31,7 +31,9 @@ hints of the problems they report, the exercises' records and the step times sai
 Known limits (03.7): the exercise asks for models whose trainable parameters all get a gradient every step
 (DDP's default), so no model has an unused parameter, and a wrapper that counts hooks to close the last bucket,
 or asserts every gradient is there, passes; a wait on a bucket's future (``get_future().wait()``) inside
-backward, or a loop on is_completed() there, is not seen as a wait; gradients moved by broadcasts beside
+backward (or in a thread the hook joins), or a hook that sleeps until a flag says done, is not seen as a wait
+(a wait() or a loop on is_completed() in the hook is, and so is either in another thread while the hook waits for
+that thread: joins it, or waits on an event, a future or a queue); gradients moved by broadcasts beside
 all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
 are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
 student's module, a class attribute of its classes, and what the parameters' hooks hold in their closures and
@@ -42,7 +44,8 @@ all-reduce started from autograd's final callback, a full bucket sent one gradie
 third (2026-12-05, adv3) found 7 more, now told: every bucket started from the last gradient's hook, a barrier in
 the hook, histories in a deque, on the parameters or as Python floats, hooks registered at every forward, an
 integer buffer never broadcast. A Python-level history of strings, or one kept in a container of another module
-(array, numpy), is still not counted.
+(array, numpy), is still not counted. A fourth (2026-12-05) found 2 more, now told: a state_dict broadcast (a
+non-persistent buffer is not in it), and each all-reduce waited for in a thread that the hook joins.
 """
 
 from __future__ import annotations
@@ -231,10 +234,10 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
                                     "carried": sum(c["elements"] for c in calls),
                                     "total": sum(p.numel() for p in mine.parameters() if p.requires_grad),
                                     **what_the_gradient_is(got, [s[name] for s in shard_grads], rank)})
-        blocked = sum(bool(c.get("waited_in_backward")) for c in calls)
-        if blocked:                                       # waited in a hook: backward stopped, nothing overlapped
-            note(problems, {"rank": rank, "kind": "waited_in_backward", "blocked": blocked, "at": at,
-                            "started": sum(c["async"] for c in calls)})
+        how = [c["waited_in_backward"] for c in calls if c.get("waited_in_backward")]
+        if how:                                           # waited in a hook: backward stopped, nothing overlapped
+            note(problems, {"rank": rank, "kind": "waited_in_backward", "blocked": len(how), "at": at,
+                            "how": str(how[0]), "started": sum(c["async"] for c in calls)})
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
             note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
                             "what": ", ".join(sorted(set(state["blocking"])))})
@@ -649,6 +652,17 @@ HINTS: dict[str, list[tuple]] = {
                  "moves the gradients by all-reduce alone. All-reduce each bucket and use its result, the sum over "
                  "the ranks that wait() leaves in the tensor you gave it (not in a copy sent for show)")],
     "waited_in_backward": [
+        (lambda p, W: p.get("how") == "thread",
+         "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were waited for during backward in "
+         "another thread while the hook that started them waited for that thread (join(), a future's result()): "
+         "the hook returns only when the all-reduce is done, so backward stops there and nothing overlaps it, as "
+         "with a wait() in the hook; start the bucket's all-reduce, keep the handle and return, and wait for them "
+         "all in finish(), after backward"),
+        (lambda p, W: p.get("how") == "poll",
+         "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were polled with is_completed() in "
+         "a loop during backward, in a hook, until done: the hook returns only when the all-reduce is done, so "
+         "backward stops there and nothing overlaps it, as with a wait() in the hook; keep each handle and wait "
+         "for them all in finish(), after backward"),
         (always, "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were waited for (wait()) "
                  "during backward, in a hook: wait() blocks until the all-reduce is done, so backward stops there "
                  "and nothing overlaps it, as with a blocking all-reduce; keep each handle and wait for them all in "
