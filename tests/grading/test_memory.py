@@ -323,6 +323,11 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "a missing gradient filled with zeros": (
         SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
         r"with SGD with momentum, a parameter not used in step 3 \(its .grad None\) moved by"),
+    "a parameter whose gradient is all zeros skipped as if unused": (
+        SKIP_NONE, "            if p.grad is None or not p.grad.any():         # no gradient, or nothing in it\n"
+                   "                shard.grad = None\n                continue\n",
+        r"with SGD with momentum, a parameter used in step 4 whose gradient was exactly zero \(its input zeros\) "
+        r"did not move, where one process moved it by [\d.e-]+: a zero gradient is still a gradient"),
     "zeros for a frozen parameter only": (
         SKIP_NONE, "            if p.grad is None and p.requires_grad:\n                shard.grad = None\n"
                    "                continue\n            if p.grad is None:\n"

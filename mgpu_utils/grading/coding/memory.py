@@ -184,22 +184,25 @@ class FrozenUnusedNet(torch.nn.Module):
     """07.5's second model: an MLP (64 -> 24 -> 10, float32) whose logits [B, 10] are scaled by ``scale`` [10], a
     frozen parameter (2.0, requires_grad False: its .grad stays None), plus, while ``use_extra`` is true, a
     second head ``extra`` [10, 24] (the check turns it off in every other step: a parameter unused in a step has
-    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). With ``rows`` (07.6:
-    :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean over the rows
-    scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it gathered in every
-    step, shows in the memory measured."""
+    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). While ``zero_extra``
+    is true (07.5's last step) the head gets zeros for input: used, its gradient exactly zero, not None. With
+    ``rows`` (07.6: :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean
+    over the rows scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it
+    gathered in every step, shows in the memory measured."""
 
     def __init__(self, rows: int = 0):
         super().__init__()
         self.fc1, self.fc2 = torch.nn.Linear(64, 24), torch.nn.Linear(24, 10)
         self.extra = torch.nn.Linear(24, 10, bias=False)
         self.scale = torch.nn.Parameter(torch.full((rows, 10) if rows else (10,), 2.0), requires_grad=False)
-        self.use_extra = True
+        self.use_extra, self.zero_extra = True, False
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
         out = self.fc2(h) * (self.scale.mean(0) if self.scale.dim() > 1 else self.scale)
-        return out + self.extra(h) if self.use_extra else out
+        if not self.use_extra:
+            return out
+        return out + self.extra(torch.zeros_like(h) if self.zero_extra else h)
 
 
 #: 07.6's frozen table (:class:`FrozenUnusedNet`): 20,480 elements, 81,920 bytes, against 2,050 trained: kept
@@ -269,8 +272,11 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
         use = not frozen_round or s % 2 == 1               # the extra head: used in steps 2, 4, ... only
+        zero = frozen_round and s == steps - 1 and use     # ... and in the last, with a gradient of zeros
         mine.use_extra = ref.use_extra = use
+        mine.zero_extra = ref.zero_extra = zero
         before = mine.extra.weight.detach().clone() if frozen_round else None
+        ref_before = ref.extra.weight.detach().clone() if zero else None
         opt.zero_grad()
         F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
         calls, carried, content = [], [], []
@@ -304,6 +310,10 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         elif frozen_round and not use and not torch.equal(mine.extra.weight.detach(), before):
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
+        elif (zero and torch.equal(mine.extra.weight.detach(), before) and not torch.equal(before, extra)
+              and not torch.equal(ref.extra.weight.detach(), ref_before)):   # it trained in step 2: not "late"
+            note(problems, {**base, "kind": "any_nograd", "what": "zero", "step": s + 1,
+                            "moved": diff(ref.extra.weight.detach(), ref_before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
     last = [p.grad for p in mine.parameters() if p.grad is not None]   # the last step's whole gradients, which
     mine.zero_grad(set_to_none=True)                       # count from here on where the optimizer still keeps them
@@ -405,7 +415,8 @@ def _shards_only(params: list, model, world: int) -> list:
 def check_sharded_any(cls, ctx, problems, steps=3):
     """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS` on a small MLP, then
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
-    steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train), and with
+    steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train; in step 4 its
+    gradient is exactly zero: torch steps it, and a wrapper that skips zeros as unused does not), and with
     :data:`OTHER_OPTIMIZER` on the small MLP, each on this rank's share of the batch against the optimizer
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces more than a flag
     per parameter and a scalar (the elements each collective carries: half the model, or its biases), or whose
@@ -1009,6 +1020,11 @@ HINTS: dict[str, list[tuple]] = {
          "never moved in {steps} steps, where one process moved it by up to {moved:.3g}: its slice must be in the "
          "inner optimizer from the start, whether or not it has a gradient in the first step (torch's optimizers "
          "take every parameter they are given and skip it only in a step where its .grad is None)"),
+        (lambda p, W: p["what"] == "zero",
+         "rank {rank}: with {optimizer}, a parameter used in step {step} whose gradient was exactly zero (its "
+         "input zeros) did not move, where one process moved it by {moved:.3g}: a zero gradient is still a "
+         "gradient: only p.grad is None means unused; torch's optimizers step it (momentum, weight decay, Adam's "
+         "moments move it). Skip a parameter only when its .grad is None, not when its values are zeros"),
         (lambda p, W: p["what"] == "frozen",
          "rank {rank}: with {optimizer}, a frozen parameter (requires_grad=False, 2.0 everywhere, .grad None) is "
          "{got:.4g} on average after step {step}: torch's optimizers skip a parameter whose .grad is None (no "
