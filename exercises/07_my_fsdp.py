@@ -15,8 +15,8 @@ compute_dtype=None), a torch.nn.Module, such that
     requires_grad=False (frozen) or not used in this forward gets no gradient: its shard's .grad stays None,
     so that the optimizer skips it (no momentum, no weight decay), and nothing of it is reduce-scattered
     (FSDP2 leaves it out; FSDP1's flat layout sent zeros in its place);
-  * parameters() lists one shard per parameter of ``module``, in the order of module.named_parameters(), so
-    that parameter groups can be made of them (the grader gives the last layer half the lr);
+  * parameters() lists one shard per parameter of ``module``, in the order of module.named_parameters() (not
+    sorted), so that parameter groups can be made of them (the grader gives the last layer half the lr);
   * full_parameters() returns {name: the whole parameter, float32} on every rank, named as
     module.named_parameters() names them (a collective: every rank calls it), to evaluate or save the model;
 

@@ -706,6 +706,16 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         "        self.eval_full = None if torch.is_grad_enabled() else full   # reused while evaluating\n"
         + FORWARD_END,
         r"\(MLP, float32\): after step 3 your wrapper holds [\d,]+ bytes besides its shards"),
+    "the parameters sharded in the order of their names": (
+        "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
+        "        for name, p in sorted(module.named_parameters()):  # by name, the same on every rank\n",
+        r"\(MLP\): parameters\(\)\[0\] holds 24 elements over the 3 ranks, and the parameter at that place in "
+        r"module.named_parameters\(\), '0.weight', has 1,536: list one shard per parameter in the order"),
+    "the parameters sharded from the smallest to the largest": (
+        "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
+        "        for name, p in sorted(module.named_parameters(), key=lambda item: item[1].numel()):\n",
+        r"\(MLP\): parameters\(\)\[0\] holds 12 elements over the 3 ranks, and the parameter at that place in "
+        r"module.named_parameters\(\), '0.weight', has 1,536: list one shard per parameter in the order"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

@@ -509,7 +509,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
-    wrapper (:func:`_fsdp_outside`)."""
+    wrapper (:func:`_fsdp_outside`).
+    The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
+    tensors."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -541,12 +543,15 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             shards = list(wrapper.parameters())
             mine = sum(p.numel() for p in shards)
             grouped = model_name == "FrozenUnusedNet"       # two groups: the last layer with half the lr
+            misplaced = _shard_order(shards, refs["right"], world)   # the model's own are freed by now
             if grouped and len(shards) != len(names):
                 note(problems, {**base, "what": "order", "got": len(shards), "want": len(names)})
             elif mine > bound:
                 note(problems, {**base, "what": "params", "got": mine, "full": full, "bound": bound})
             elif any(p.dtype != torch.float32 for p in shards):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
+            elif misplaced is not None:
+                note(problems, {**base, "what": "shard_order", **misplaced})
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                           # agree before the steps: their collectives are shared
             if found.item():
@@ -728,6 +733,26 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
         note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
                         "tensors": found["tensors"], "python": found["python"], "held": held,
                         "shard": round(full / world), "full_bytes": full})
+
+
+def _shard_order(shards: list, model: torch.nn.Module, world: int) -> dict | None:
+    """07.6: where parameters() lists one shard per parameter but not in the order of ``model.named_parameters()``:
+    {index, name, got, want} of the first shard whose elements over the ranks (each rank's summed, a collective
+    every rank makes) do not fit its parameter (at least its elements, at most each rank's padded share or
+    whole rows) but fit another's (sorted by name or size), else None."""
+    params = list(model.named_parameters())
+    sizes = torch.zeros(len(params))
+    for i, p in enumerate(shards[:len(params)]):
+        sizes[i] = p.numel()
+    dist.all_reduce(sizes)                                 # every rank, whatever it lists
+    if len(shards) != len(params):
+        return None
+    fits = lambda got, p: p.numel() <= got <= world * (max(-(-p.numel() // world), -(-p.shape[0] // world)
+                                                            * (p.numel() // p.shape[0])) + 1)
+    for i, ((name, p), got) in enumerate(zip(params, sizes.tolist())):
+        if not fits(got, p) and any(fits(got, q) for j, (_, q) in enumerate(params) if j != i):
+            return {"index": i, "name": name, "got": int(got), "want": p.numel()}
+    return None
 
 
 def _module_bytes(model: torch.nn.Module) -> int:
@@ -1172,6 +1197,11 @@ HINTS: dict[str, list[tuple]] = {
          "memory too, a few kB are its own). A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only "
          "this rank's shard between steps, wherever it is kept; the gathered parameters live only while autograd "
          "needs them"),
+        (lambda p, W: p["what"] == "shard_order",
+         "rank {rank} ({model}): parameters()[{index}] holds {got:,} elements over the {W} ranks, and the "
+         "parameter at that place in module.named_parameters(), '{name}', has {want:,}: list one shard per "
+         "parameter in the order of module.named_parameters(), not sorted (by name or size): an optimizer's "
+         "parameter groups are made of them by position, and a group's lr would go to other tensors"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
