@@ -706,6 +706,20 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         "        self.eval_full = None if torch.is_grad_enabled() else full   # reused while evaluating\n"
         + FORWARD_END,
         r"\(MLP, float32\): after step 3 your wrapper holds [\d,]+ bytes besides its shards"),
+    "every gradient kept whole until the optimizer's step, reduce-scattered from a step pre-hook": (
+        [KEEP, "        ctx.numel, ctx.world = shape.numel(), world\n",
+         "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076
+         + "        return out / ctx.world, None, None\n"],
+        ["from torch.optim.optimizer import register_optimizer_step_pre_hook\n\n_WAITING = []\n\n\n"
+         "def _reduce_all(optimizer, args, kwargs):          # once per step, every gradient in one go\n"
+         "    for shard, flat in _WAITING:\n        out = torch.empty(flat.numel() // dist.get_world_size())\n"
+         "        reduce_scatter_single(out, flat)\n        out /= dist.get_world_size()\n"
+         "        shard.grad = out if shard.grad is None else shard.grad + out\n    _WAITING.clear()\n\n\n"
+         "register_optimizer_step_pre_hook(_reduce_all)\n\n\n" + KEEP,
+         "        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
+        r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
+        r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
     "the parameters sharded in the order of their names": (
         "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
         "        for name, p in sorted(module.named_parameters()):  # by name, the same on every rank\n",

@@ -511,7 +511,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
     wrapper (:func:`_fsdp_outside`).
     The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
-    tensors."""
+    tensors.
+    When loss.backward() returns, every shard that gets a gradient has its .grad, and step() makes no
+    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -579,6 +581,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
                         out = wrapper(x[rank::world])
                     F.cross_entropy(out.float(), y[rank::world]).backward()
+                    in_backward = len(calls)                     # what step() calls comes after
+                    ready = [p.grad is not None for p in shards]
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 if used and not torch_built:
@@ -588,6 +592,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 whole = len(used_now) == len(mine_now)           # a shard per parameter, in their order
                 needs = [(shapes[n], uses[n]) for (n, q), u in zip(refs["right"].named_parameters(), used_now)
                          if q.requires_grad and u]         # the parameters that get a gradient in this step
+                late = [c for c in calls[in_backward:] if c in (*SCATTERS, "reduce")]
+                unready = sum(1 for r, u, (_, q) in zip(ready, used_now, refs["right"].named_parameters())
+                              if u and q.requires_grad and not r) if whole else 0
                 wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
                                                                 {**base, "what": "scattered", "step": s + 1})
                 wrong_carried = wrong_carried or _fsdp_carried(
@@ -618,6 +625,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
                 elif not set(calls) & {*GATHERS, "broadcast", *P2P} or not set(calls) & {*SCATTERS, "reduce", *P2P}:
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
+                elif late or unready:                            # reduce-scattered at step(), not in the backward
+                    note(problems, {**base, "what": "at_step", "step": s + 1, "calls": len(late), "unready": unready})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif dtype is not None and others - {dtype}:
@@ -1202,6 +1211,11 @@ HINTS: dict[str, list[tuple]] = {
          "parameter at that place in module.named_parameters(), '{name}', has {want:,}: list one shard per "
          "parameter in the order of module.named_parameters(), not sorted (by name or size): an optimizer's "
          "parameter groups are made of them by position, and a group's lr would go to other tensors"),
+        (lambda p, W: p["what"] == "at_step",
+         "rank {rank} ({model}, {dtype}): in step {step}, when loss.backward() returned, {unready} shard(s) had no "
+         ".grad yet, and optimizer.step() made {calls} reduce-scatter(s): reduce-scatter each gradient in backward "
+         "(a hook, or the backward of an autograd.Function), not at step: until then every rank holds the full "
+         "gradients. FSDP reduce-scatters each gradient as soon as the backward has made it, and frees it"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
