@@ -720,6 +720,13 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
         r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
         r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
+    "each backward's gradient written over the shard's .grad, not added to it": (
+        ["        ctx.numel, ctx.world = shape.numel(), world\n", "        return out / ctx.world, None, None\n"],
+        ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        ctx.shard.grad = out / ctx.world                    # this step's gradient\n"
+         "        return None, None, None\n"],
+        r"\(MLP, float32\): after 3 steps the model is one process's whose step 2 used the gradient of its second "
+        r"backward only: two backward\(\) calls before step\(\) must add up their gradients"),
     "the parameters sharded in the order of their names": (
         "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
         "        for name, p in sorted(module.named_parameters()):  # by name, the same on every rank\n",

@@ -513,7 +513,10 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
     tensors.
     When loss.backward() returns, every shard that gets a gradient has its .grad, and step() makes no
-    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then)."""
+    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then).
+    The MLP's step 2 comes after two backwards, each on half of this rank's rows (:func:`_micro_batches`): their
+    gradients add up in .grad (a result equal to the second backward's alone is named), and that step's
+    collectives are not checked against one backward's gradients."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -529,7 +532,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     "dtype": "float32" if dtype is None else str(dtype).replace("torch.", "")}
             torch.manual_seed(0)
             model = model_fn()
-            refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own")}
+            accumulates = model_name == "MLP"              # step 2 after two backwards (gradient accumulation)
+            refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own", *(("last",) if accumulates else ()))}
             full = sum(p.numel() for p in model.parameters())
             # the most a rank may hold: each parameter padded to a multiple of the world, or cut in whole rows
             bound = sum(max(-(-p.numel() // world), -(-p.shape[0] // world) * (p.numel() // p.shape[0]))
@@ -573,14 +577,16 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             for s in range(steps):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
+                micro = _micro_batches(len(x), rank, world, 2 if accumulates and s == 1 else 1)
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
                 with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
-                    with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
-                        out = wrapper(x[rank::world])
-                    F.cross_entropy(out.float(), y[rank::world]).backward()
+                    for rows, _ in micro:                        # gradient accumulation: each backward adds up
+                        with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
+                            out = wrapper(x[rows])
+                        F.cross_entropy(out.float(), y[rows]).backward()
                     in_backward = len(calls)                     # what step() calls comes after
                     ready = [p.grad is not None for p in shards]
                     opt.step()
@@ -595,26 +601,31 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 late = [c for c in calls[in_backward:] if c in (*SCATTERS, "reduce")]
                 unready = sum(1 for r, u, (_, q) in zip(ready, used_now, refs["right"].named_parameters())
                               if u and q.requires_grad and not r) if whole else 0
-                wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
-                                                                {**base, "what": "scattered", "step": s + 1})
-                wrong_carried = wrong_carried or _fsdp_carried(
-                    content, mine_now, used_now if whole else [True] * len(mine_now),
-                    [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
-                    _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
-                    {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
-                wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
-                                                              {**base, "what": "rooted", "step": s + 1})
+                if len(micro) == 1:                              # one backward: what it carried is one gradient
+                    wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
+                                                                    {**base, "what": "scattered", "step": s + 1})
+                    wrong_carried = wrong_carried or _fsdp_carried(
+                        content, mine_now, used_now if whole else [True] * len(mine_now),
+                        [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
+                        _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
+                        {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
+                    wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
+                                                                  {**base, "what": "rooted", "step": s + 1})
                 narrow = [c for c in content if c.name in (*SCATTERS, "reduce") and 0 < c.nbytes < 4 * c.elements]
                 if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
                     wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
                                      "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
-                wrong_carried = wrong_carried or _sends_bound(
-                    content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
-                    {**base, "what": "sent", "step": s + 1})
+                if len(micro) == 1:
+                    wrong_carried = wrong_carried or _sends_bound(
+                        content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
+                        {**base, "what": "sent", "step": s + 1})
                 for v, m in refs.items():
-                    rows = slice(rank, None, world) if v == "own" else slice(None)
-                    loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
-                    (loss * world if v == "sum" else loss).backward()
+                    for k, (own, every) in enumerate(micro):
+                        if v == "last" and k < len(micro) - 1:   # the gradients overwritten, not added up
+                            continue
+                        rows = own if v == "own" else every
+                        loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
+                        (loss * world if v == "sum" else loss).backward()
                     ref_opts[v].step()
                     ref_opts[v].zero_grad(set_to_none=True)
                 if s == steps - 1:                               # an evaluation forward keeps nothing either
@@ -664,7 +675,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             atol, rtol = (1e-4, 0.0) if dtype is None else (4e-3, 2e-2)   # bfloat16: 2^-8 relative rounding
             close = lambda a, b: bool(((a - b).abs() <= atol + rtol * b.abs()).all())
             if not close(got, outs["right"]):
-                named = next((v for v in ("sum", "own") if close(got, outs[v])), None)
+                named = next((v for v in ("sum", "own", "last") if v in outs and close(got, outs[v])), None)
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
             params = _full_parameters(wrapper, names, base, problems, shapes)
@@ -742,6 +753,17 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
         note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
                         "tensors": found["tensors"], "python": found["python"], "held": held,
                         "shard": round(full / world), "full_bytes": full})
+
+
+def _micro_batches(n: int, rank: int, world: int, count: int) -> list:
+    """07.6: the rows of each of ``count`` backwards of a step, as (this rank's, every rank's) index tensors of
+    the ``n`` rows of the batch: this rank's rows (rank, rank + world, ...) split in ``count`` (every
+    ``count``-th of them), and the same split of every rank's, which one process trains on. One: this rank's
+    rows and the whole batch."""
+    if count == 1:
+        return [(slice(rank, None, world), slice(None))]
+    return [(torch.arange(rank, n, world)[k::count], torch.cat([torch.arange(r, n, world)[k::count]
+                                                                 for r in range(world)])) for k in range(count)]
 
 
 def _shard_order(shards: list, model: torch.nn.Module, world: int) -> dict | None:
@@ -1238,6 +1260,11 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
          "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
+        (lambda p, W: p["what"] == "output" and p["variant"] == "last",
+         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's whose step 2 used the "
+         "gradient of its second backward only: two backward() calls before step() must add up their gradients "
+         "in the shards' .grad (gradient accumulation, as torch and FSDP do): return the shard's gradient from the "
+         "backward (autograd adds it to .grad) or add to shard.grad, do not overwrite it"),
         (lambda p, W: p["what"] == "output" and p["variant"] == "own",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one trained on this rank's rows alone: "
          "the shard's gradient must be reduce-scattered from every rank's whole gradient"),
