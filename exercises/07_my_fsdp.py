@@ -11,12 +11,14 @@ compute_dtype=None), a torch.nn.Module, such that
     that dtype, so forward and backward compute in it, while the shards, their gradients and the optimizer
     stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this);
   * after loss.backward() each shard's .grad is its slice of the gradient of the mean loss over every rank's
-    batch, in float32: reduce-scattered, then divided by the world size; as in torch, a parameter with
-    requires_grad=False (frozen) or not used in this forward gets no gradient: its shard's .grad stays None,
-    so that the optimizer skips it (no momentum, no weight decay), and nothing of it is reduce-scattered
-    (FSDP2 leaves it out; FSDP1's flat layout sent zeros in its place);
-  * parameters() lists one shard per parameter of ``module``, in the order of module.named_parameters(), so
-    that parameter groups can be made of them (the grader gives the last layer half the lr);
+    batch, in float32: reduce-scattered in the backward (as each gradient is made, not at the optimizer's
+    step), then divided by the world size; two backward() calls before step() add up their gradients in
+    .grad (gradient accumulation, as in torch's FSDP); as in torch, a parameter with requires_grad=False
+    (frozen) or not used in this forward gets no gradient: its shard's .grad stays None, so that the optimizer
+    skips it (no momentum, no weight decay), and nothing of it is reduce-scattered (FSDP2 leaves it out;
+    FSDP1's flat layout sent zeros in its place);
+  * parameters() lists one shard per parameter of ``module``, in the order of module.named_parameters() (not
+    sorted), so that parameter groups can be made of them (the grader gives the last layer half the lr);
   * full_parameters() returns {name: the whole parameter, float32} on every rank, named as
     module.named_parameters() names them (a collective: every rank calls it), to evaluate or save the model;
 
@@ -28,9 +30,10 @@ not required: autograd may keep the gathered parameters until the backward; what
 between steps.
 
 The grader trains an MLP and a model whose two middle layers share one weight (TiedMLP, as tied embeddings do)
-three SGD steps with momentum, at 2 and 3 ranks, in float32 and with compute_dtype=torch.bfloat16, then a model
-with a frozen parameter and a layer used in every other step only, in two parameter groups, and compares
-each rank's output and full_parameters() with one process's; it counts the collectives of each step (all-gather and reduce-scatter;
+three SGD steps with momentum (the MLP's second after two backwards), at 2 and 3 ranks, in float32 and with
+compute_dtype=torch.bfloat16, then a model with a frozen parameter and a layer used in every other step only,
+in two parameter groups, and compares each rank's output and full_parameters() with one process's; it counts
+the collectives of each step (all-gather and reduce-scatter, the reduce-scatters in the backward;
 an all-reduce of whole gradients is ZeRO-2's at best; a process group's own methods and torch's functional
 collectives count too) and checks what they carry (the all-gathers this rank's shards, the reduce-scatters its
 gradients), the elements in parameters(), the dtype the layers saw, and the bytes your wrapper holds between

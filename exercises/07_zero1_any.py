@@ -10,7 +10,8 @@ element-wise (SGD with momentum, Adam, AdamW, RMSprop, ...): write ShardedOptimi
   * it behaves as torch.optim does: ``params`` may be a list of tensors or of parameter groups (dicts with
     "params" and their own options, e.g. {"params": head, "lr": 0.01, "weight_decay": 0.05}), and a parameter
     whose .grad is None after the backward (frozen with requires_grad=False, or not used in this step) is
-    skipped: it does not move, not even by weight decay or momentum;
+    skipped: it does not move, not even by weight decay or momentum (a .grad of zeros is still a gradient:
+    torch steps it);
   * it communicates as ZeRO does: each rank receives only its slice's gradient (summed over the ranks: a
     reduce-scatter, not an all-reduce of the whole gradient), and the updated slices are all-gathered: 2 x
     the parameters' bytes per step, as DDP's all-reduce.
@@ -19,10 +20,10 @@ Only the signature is given: the design is yours (lesson 07's figure of ZeRO-1 a
 The grader trains a small MLP three steps with SGD (momentum 0.9), Adam and AdamW (weight decay 0.1) on 2 and
 3 ranks, compares the parameters with one process, and measures the state your optimizer holds: every tensor
 it can reach, except the parameters that an optimizer inside it updates and their gradients. Then, with SGD
-and AdamW, a model with a frozen parameter and a parameter used in every other step only, in two parameter
-groups with different lr and weight_decay. It counts the elements each collective of step() carries (however
-it is made: a process group's own methods and torch's functional collectives count too), checks that the
-reduce-scatters carry this rank's gradients, and refuses torch's ZeroRedundancyOptimizer.
+and AdamW, a model with a frozen parameter and a parameter used in every other step only (its gradient zeros
+once), in two parameter groups with different lr and weight_decay. It counts the elements each collective
+of step() carries (however it is made: a process group's own methods and torch's functional collectives count
+too), checks that the reduce-scatters carry this rank's gradients, and refuses torch's ZeroRedundancyOptimizer.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.5")

@@ -323,6 +323,11 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "a missing gradient filled with zeros": (
         SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
         r"with SGD with momentum, a parameter not used in step 3 \(its .grad None\) moved by"),
+    "a parameter whose gradient is all zeros skipped as if unused": (
+        SKIP_NONE, "            if p.grad is None or not p.grad.any():         # no gradient, or nothing in it\n"
+                   "                shard.grad = None\n                continue\n",
+        r"with SGD with momentum, a parameter used in step 4 whose gradient was exactly zero \(its input zeros\) "
+        r"did not move, where one process moved it by [\d.e-]+: a zero gradient is still a gradient"),
     "zeros for a frozen parameter only": (
         SKIP_NONE, "            if p.grad is None and p.requires_grad:\n                shard.grad = None\n"
                    "                continue\n            if p.grad is None:\n"
@@ -701,6 +706,37 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         "        self.eval_full = None if torch.is_grad_enabled() else full   # reused while evaluating\n"
         + FORWARD_END,
         r"\(MLP, float32\): after step 3 your wrapper holds [\d,]+ bytes besides its shards"),
+    "every gradient kept whole until the optimizer's step, reduce-scattered from a step pre-hook": (
+        [KEEP, "        ctx.numel, ctx.world = shape.numel(), world\n",
+         "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076
+         + "        return out / ctx.world, None, None\n"],
+        ["from torch.optim.optimizer import register_optimizer_step_pre_hook\n\n_WAITING = []\n\n\n"
+         "def _reduce_all(optimizer, args, kwargs):          # once per step, every gradient in one go\n"
+         "    for shard, flat in _WAITING:\n        out = torch.empty(flat.numel() // dist.get_world_size())\n"
+         "        reduce_scatter_single(out, flat)\n        out /= dist.get_world_size()\n"
+         "        shard.grad = out if shard.grad is None else shard.grad + out\n    _WAITING.clear()\n\n\n"
+         "register_optimizer_step_pre_hook(_reduce_all)\n\n\n" + KEEP,
+         "        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
+        r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
+        r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
+    "each backward's gradient written over the shard's .grad, not added to it": (
+        ["        ctx.numel, ctx.world = shape.numel(), world\n", "        return out / ctx.world, None, None\n"],
+        ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        ctx.shard.grad = out / ctx.world                    # this step's gradient\n"
+         "        return None, None, None\n"],
+        r"\(MLP, float32\): after 3 steps the model is one process's whose step 2 used the gradient of its second "
+        r"backward only: two backward\(\) calls before step\(\) must add up their gradients"),
+    "the parameters sharded in the order of their names": (
+        "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
+        "        for name, p in sorted(module.named_parameters()):  # by name, the same on every rank\n",
+        r"\(MLP\): parameters\(\)\[0\] holds 24 elements over the 3 ranks, and the parameter at that place in "
+        r"module.named_parameters\(\), '0.weight', has 1,536: list one shard per parameter in the order"),
+    "the parameters sharded from the smallest to the largest": (
+        "        for name, p in module.named_parameters():         # a tied parameter is listed once\n",
+        "        for name, p in sorted(module.named_parameters(), key=lambda item: item[1].numel()):\n",
+        r"\(MLP\): parameters\(\)\[0\] holds 12 elements over the 3 ranks, and the parameter at that place in "
+        r"module.named_parameters\(\), '0.weight', has 1,536: list one shard per parameter in the order"),
     "a frozen parameter's shard trains": (
         FROZEN, "", r"\(FrozenUnusedNet, float32\): a frozen parameter \(requires_grad=False, 2.0 everywhere\) moved "
                     r"by up to [\d.e-]+ in step 1 \([\d.]+ on average\)"),

@@ -184,22 +184,25 @@ class FrozenUnusedNet(torch.nn.Module):
     """07.5's second model: an MLP (64 -> 24 -> 10, float32) whose logits [B, 10] are scaled by ``scale`` [10], a
     frozen parameter (2.0, requires_grad False: its .grad stays None), plus, while ``use_extra`` is true, a
     second head ``extra`` [10, 24] (the check turns it off in every other step: a parameter unused in a step has
-    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). With ``rows`` (07.6:
-    :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean over the rows
-    scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it gathered in every
-    step, shows in the memory measured."""
+    no .grad in it; 07.5 from step 1 on: one first used in step 2 must train from then on). While ``zero_extra``
+    is true (07.5's last step) the head gets zeros for input: used, its gradient exactly zero, not None. With
+    ``rows`` (07.6: :data:`FROZEN_ROWS`) the frozen parameter is a table [rows, 10], 2.0 everywhere, whose mean
+    over the rows scales the logits: the bulk of the model, so that a rank keeping it whole, or a copy of it
+    gathered in every step, shows in the memory measured."""
 
     def __init__(self, rows: int = 0):
         super().__init__()
         self.fc1, self.fc2 = torch.nn.Linear(64, 24), torch.nn.Linear(24, 10)
         self.extra = torch.nn.Linear(24, 10, bias=False)
         self.scale = torch.nn.Parameter(torch.full((rows, 10) if rows else (10,), 2.0), requires_grad=False)
-        self.use_extra = True
+        self.use_extra, self.zero_extra = True, False
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
         out = self.fc2(h) * (self.scale.mean(0) if self.scale.dim() > 1 else self.scale)
-        return out + self.extra(h) if self.use_extra else out
+        if not self.use_extra:
+            return out
+        return out + self.extra(torch.zeros_like(h) if self.zero_extra else h)
 
 
 #: 07.6's frozen table (:class:`FrozenUnusedNet`): 20,480 elements, 81,920 bytes, against 2,050 trained: kept
@@ -269,8 +272,11 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
     for s in range(steps):
         use = not frozen_round or s % 2 == 1               # the extra head: used in steps 2, 4, ... only
+        zero = frozen_round and s == steps - 1 and use     # ... and in the last, with a gradient of zeros
         mine.use_extra = ref.use_extra = use
+        mine.zero_extra = ref.zero_extra = zero
         before = mine.extra.weight.detach().clone() if frozen_round else None
+        ref_before = ref.extra.weight.detach().clone() if zero else None
         opt.zero_grad()
         F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
         calls, carried, content = [], [], []
@@ -304,6 +310,10 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         elif frozen_round and not use and not torch.equal(mine.extra.weight.detach(), before):
             note(problems, {**base, "kind": "any_nograd", "what": "unused", "step": s + 1,
                             "moved": diff(mine.extra.weight.detach(), before)})
+        elif (zero and torch.equal(mine.extra.weight.detach(), before) and not torch.equal(before, extra)
+              and not torch.equal(ref.extra.weight.detach(), ref_before)):   # it trained in step 2: not "late"
+            note(problems, {**base, "kind": "any_nograd", "what": "zero", "step": s + 1,
+                            "moved": diff(ref.extra.weight.detach(), ref_before)})
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
     last = [p.grad for p in mine.parameters() if p.grad is not None]   # the last step's whole gradients, which
     mine.zero_grad(set_to_none=True)                       # count from here on where the optimizer still keeps them
@@ -405,7 +415,8 @@ def _shards_only(params: list, model, world: int) -> list:
 def check_sharded_any(cls, ctx, problems, steps=3):
     """07.5: ``cls(params, optimizer_class, **defaults)`` for each of :data:`ANY_OPTIMIZERS` on a small MLP, then
     with SGD and AdamW on :class:`FrozenUnusedNet` in two parameter groups (:func:`frozen_unused_groups`; four
-    steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train), and with
+    steps, the extra head unused in steps 1 and 3: a parameter first used in step 2 must train; in step 4 its
+    gradient is exactly zero: torch steps it, and a wrapper that skips zeros as unused does not), and with
     :data:`OTHER_OPTIMIZER` on the small MLP, each on this rank's share of the batch against the optimizer
     in one process. Reported: a constructor that refuses parameter groups, a step that all-reduces more than a flag
     per parameter and a scalar (the elements each collective carries: half the model, or its biases), or whose
@@ -498,7 +509,14 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
-    wrapper (:func:`_fsdp_outside`)."""
+    wrapper (:func:`_fsdp_outside`).
+    The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
+    tensors.
+    When loss.backward() returns, every shard that gets a gradient has its .grad, and step() makes no
+    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then).
+    The MLP's step 2 comes after two backwards, each on half of this rank's rows (:func:`_micro_batches`): their
+    gradients add up in .grad (a result equal to the second backward's alone is named), and that step's
+    collectives are not checked against one backward's gradients."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -514,7 +532,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     "dtype": "float32" if dtype is None else str(dtype).replace("torch.", "")}
             torch.manual_seed(0)
             model = model_fn()
-            refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own")}
+            accumulates = model_name == "MLP"              # step 2 after two backwards (gradient accumulation)
+            refs = {v: copy.deepcopy(model) for v in ("right", "sum", "own", *(("last",) if accumulates else ()))}
             full = sum(p.numel() for p in model.parameters())
             # the most a rank may hold: each parameter padded to a multiple of the world, or cut in whole rows
             bound = sum(max(-(-p.numel() // world), -(-p.shape[0] // world) * (p.numel() // p.shape[0]))
@@ -530,12 +549,15 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             shards = list(wrapper.parameters())
             mine = sum(p.numel() for p in shards)
             grouped = model_name == "FrozenUnusedNet"       # two groups: the last layer with half the lr
+            misplaced = _shard_order(shards, refs["right"], world)   # the model's own are freed by now
             if grouped and len(shards) != len(names):
                 note(problems, {**base, "what": "order", "got": len(shards), "want": len(names)})
             elif mine > bound:
                 note(problems, {**base, "what": "params", "got": mine, "full": full, "bound": bound})
             elif any(p.dtype != torch.float32 for p in shards):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
+            elif misplaced is not None:
+                note(problems, {**base, "what": "shard_order", **misplaced})
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                           # agree before the steps: their collectives are shared
             if found.item():
@@ -555,14 +577,18 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             for s in range(steps):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
+                micro = _micro_batches(len(x), rank, world, 2 if accumulates and s == 1 else 1)
                 calls, content = [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
                 with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
-                    with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
-                        out = wrapper(x[rank::world])
-                    F.cross_entropy(out.float(), y[rank::world]).backward()
+                    for rows, _ in micro:                        # gradient accumulation: each backward adds up
+                        with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
+                            out = wrapper(x[rows])
+                        F.cross_entropy(out.float(), y[rows]).backward()
+                    in_backward = len(calls)                     # what step() calls comes after
+                    ready = [p.grad is not None for p in shards]
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 if used and not torch_built:
@@ -572,26 +598,34 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 whole = len(used_now) == len(mine_now)           # a shard per parameter, in their order
                 needs = [(shapes[n], uses[n]) for (n, q), u in zip(refs["right"].named_parameters(), used_now)
                          if q.requires_grad and u]         # the parameters that get a gradient in this step
-                wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
-                                                                {**base, "what": "scattered", "step": s + 1})
-                wrong_carried = wrong_carried or _fsdp_carried(
-                    content, mine_now, used_now if whole else [True] * len(mine_now),
-                    [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
-                    _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
-                    {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
-                wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
-                                                              {**base, "what": "rooted", "step": s + 1})
+                late = [c for c in calls[in_backward:] if c in (*SCATTERS, "reduce")]
+                unready = sum(1 for r, u, (_, q) in zip(ready, used_now, refs["right"].named_parameters())
+                              if u and q.requires_grad and not r) if whole else 0
+                if len(micro) == 1:                              # one backward: what it carried is one gradient
+                    wrong_carried = wrong_carried or _scatter_bound(content, needs, world,
+                                                                    {**base, "what": "scattered", "step": s + 1})
+                    wrong_carried = wrong_carried or _fsdp_carried(
+                        content, mine_now, used_now if whole else [True] * len(mine_now),
+                        [2 * uses[n] for n in names] if whole else 2 * max(uses.values()),
+                        _own_gradients(refs["right"], x[rank::world], y[rank::world], dtype), world,
+                        {**base, "what": "carried", "step": s + 1}, 1e-4 if dtype is None else 5e-2)
+                    wrong_carried = wrong_carried or _roots_bound(roots, content, needs, world,
+                                                                  {**base, "what": "rooted", "step": s + 1})
                 narrow = [c for c in content if c.name in (*SCATTERS, "reduce") and 0 < c.nbytes < 4 * c.elements]
                 if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
                     wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
                                      "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
-                wrong_carried = wrong_carried or _sends_bound(
-                    content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
-                    {**base, "what": "sent", "step": s + 1})
+                if len(micro) == 1:
+                    wrong_carried = wrong_carried or _sends_bound(
+                        content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
+                        {**base, "what": "sent", "step": s + 1})
                 for v, m in refs.items():
-                    rows = slice(rank, None, world) if v == "own" else slice(None)
-                    loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
-                    (loss * world if v == "sum" else loss).backward()
+                    for k, (own, every) in enumerate(micro):
+                        if v == "last" and k < len(micro) - 1:   # the gradients overwritten, not added up
+                            continue
+                        rows = own if v == "own" else every
+                        loss = F.cross_entropy(_fsdp_reference(m, x[rows], dtype).float(), y[rows])
+                        (loss * world if v == "sum" else loss).backward()
                     ref_opts[v].step()
                     ref_opts[v].zero_grad(set_to_none=True)
                 if s == steps - 1:                               # an evaluation forward keeps nothing either
@@ -602,6 +636,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "all_reduce", "step": s + 1, "calls": calls.count("all_reduce")})
                 elif not set(calls) & {*GATHERS, "broadcast", *P2P} or not set(calls) & {*SCATTERS, "reduce", *P2P}:
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
+                elif late or unready:                            # reduce-scattered at step(), not in the backward
+                    note(problems, {**base, "what": "at_step", "step": s + 1, "calls": len(late), "unready": unready})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif dtype is not None and others - {dtype}:
@@ -639,7 +675,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
             atol, rtol = (1e-4, 0.0) if dtype is None else (4e-3, 2e-2)   # bfloat16: 2^-8 relative rounding
             close = lambda a, b: bool(((a - b).abs() <= atol + rtol * b.abs()).all())
             if not close(got, outs["right"]):
-                named = next((v for v in ("sum", "own") if close(got, outs[v])), None)
+                named = next((v for v in ("sum", "own", "last") if v in outs and close(got, outs[v])), None)
                 note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, outs["right"]),
                                 "variant": named})
             params = _full_parameters(wrapper, names, base, problems, shapes)
@@ -717,6 +753,37 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
         note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
                         "tensors": found["tensors"], "python": found["python"], "held": held,
                         "shard": round(full / world), "full_bytes": full})
+
+
+def _micro_batches(n: int, rank: int, world: int, count: int) -> list:
+    """07.6: the rows of each of ``count`` backwards of a step, as (this rank's, every rank's) index tensors of
+    the ``n`` rows of the batch: this rank's rows (rank, rank + world, ...) split in ``count`` (every
+    ``count``-th of them), and the same split of every rank's, which one process trains on. One: this rank's
+    rows and the whole batch."""
+    if count == 1:
+        return [(slice(rank, None, world), slice(None))]
+    return [(torch.arange(rank, n, world)[k::count], torch.cat([torch.arange(r, n, world)[k::count]
+                                                                 for r in range(world)])) for k in range(count)]
+
+
+def _shard_order(shards: list, model: torch.nn.Module, world: int) -> dict | None:
+    """07.6: where parameters() lists one shard per parameter but not in the order of ``model.named_parameters()``:
+    {index, name, got, want} of the first shard whose elements over the ranks (each rank's summed, a collective
+    every rank makes) do not fit its parameter (at least its elements, at most each rank's padded share or
+    whole rows) but fit another's (sorted by name or size), else None."""
+    params = list(model.named_parameters())
+    sizes = torch.zeros(len(params))
+    for i, p in enumerate(shards[:len(params)]):
+        sizes[i] = p.numel()
+    dist.all_reduce(sizes)                                 # every rank, whatever it lists
+    if len(shards) != len(params):
+        return None
+    fits = lambda got, p: p.numel() <= got <= world * (max(-(-p.numel() // world), -(-p.shape[0] // world)
+                                                            * (p.numel() // p.shape[0])) + 1)
+    for i, ((name, p), got) in enumerate(zip(params, sizes.tolist())):
+        if not fits(got, p) and any(fits(got, q) for j, (_, q) in enumerate(params) if j != i):
+            return {"index": i, "name": name, "got": int(got), "want": p.numel()}
+    return None
 
 
 def _module_bytes(model: torch.nn.Module) -> int:
@@ -1009,6 +1076,11 @@ HINTS: dict[str, list[tuple]] = {
          "never moved in {steps} steps, where one process moved it by up to {moved:.3g}: its slice must be in the "
          "inner optimizer from the start, whether or not it has a gradient in the first step (torch's optimizers "
          "take every parameter they are given and skip it only in a step where its .grad is None)"),
+        (lambda p, W: p["what"] == "zero",
+         "rank {rank}: with {optimizer}, a parameter used in step {step} whose gradient was exactly zero (its "
+         "input zeros) did not move, where one process moved it by {moved:.3g}: a zero gradient is still a "
+         "gradient: only p.grad is None means unused; torch's optimizers step it (momentum, weight decay, Adam's "
+         "moments move it). Skip a parameter only when its .grad is None, not when its values are zeros"),
         (lambda p, W: p["what"] == "frozen",
          "rank {rank}: with {optimizer}, a frozen parameter (requires_grad=False, 2.0 everywhere, .grad None) is "
          "{got:.4g} on average after step {step}: torch's optimizers skip a parameter whose .grad is None (no "
@@ -1156,6 +1228,16 @@ HINTS: dict[str, list[tuple]] = {
          "memory too, a few kB are its own). A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only "
          "this rank's shard between steps, wherever it is kept; the gathered parameters live only while autograd "
          "needs them"),
+        (lambda p, W: p["what"] == "shard_order",
+         "rank {rank} ({model}): parameters()[{index}] holds {got:,} elements over the {W} ranks, and the "
+         "parameter at that place in module.named_parameters(), '{name}', has {want:,}: list one shard per "
+         "parameter in the order of module.named_parameters(), not sorted (by name or size): an optimizer's "
+         "parameter groups are made of them by position, and a group's lr would go to other tensors"),
+        (lambda p, W: p["what"] == "at_step",
+         "rank {rank} ({model}, {dtype}): in step {step}, when loss.backward() returned, {unready} shard(s) had no "
+         ".grad yet, and optimizer.step() made {calls} reduce-scatter(s): reduce-scatter each gradient in backward "
+         "(a hook, or the backward of an autograd.Function), not at step: until then every rank holds the full "
+         "gradients. FSDP reduce-scatters each gradient as soon as the backward has made it, and frees it"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
@@ -1178,6 +1260,11 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "output" and p["variant"] == "sum",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's trained on the sum of "
          "the ranks' gradients: divide the reduce-scattered gradient by the world size, {W}"),
+        (lambda p, W: p["what"] == "output" and p["variant"] == "last",
+         "rank {rank} ({model}, {dtype}): after {steps} steps the model is one process's whose step 2 used the "
+         "gradient of its second backward only: two backward() calls before step() must add up their gradients "
+         "in the shards' .grad (gradient accumulation, as torch and FSDP do): return the shard's gradient from the "
+         "backward (autograd adds it to .grad) or add to shard.grad, do not overwrite it"),
         (lambda p, W: p["what"] == "output" and p["variant"] == "own",
          "rank {rank} ({model}, {dtype}): after {steps} steps the model is one trained on this rank's rows alone: "
          "the shard's gradient must be reduce-scattered from every rank's whole gradient"),
