@@ -12,10 +12,11 @@ The pieces are in mgpu_utils.parallel.layouts:
   cp    context parallelism: a cp rank holds seq/cp tokens of each row (--cp-layout zigzag: two chunks, balanced
         under the causal mask); attention is lesson 08's ring attention over the cp group, rotary embeddings at the
         global positions; a rank's loss is the mean over its tokens, so gradients are summed over cp and divided.
-  ep    expert parallelism (--experts > 0): lesson 08's ExpertParallelMoE, the experts split over the ep ranks and
-        tokens sent to their expert by all-to-all. The ep ranks are data replicas too (each its own rows, as dp's):
-        the router, attention and norms are summed over ep as over dp; an expert's gradient already holds every ep
-        rank's tokens (the all-to-all's backward), so it is summed over dp and cp only. All divided by dp ep cp.
+  ep    expert parallelism (--experts, or --ep-experts in a dense launch, against their own one process): lesson
+        08's ExpertParallelMoE, the experts split over the ep ranks, tokens sent to their expert by all-to-all. The
+        ep ranks are data replicas too (each its own rows, as dp's): the router, attention and norms are summed over
+        ep as over dp; an expert's gradient already holds every ep rank's tokens (the all-to-all's backward), so it
+        is summed over dp and cp only. All divided by dp x ep x cp.
 A step's --global-batch rows are split over dp x fsdp x ep. Rank 0 trains the reference (one process, whole batch)
 and sends it to all; each layout trains from the same seeded weights, and every rank checks its parameters
 (gathered from its shards) and the losses against it: within 1e-5 after --steps SGD steps (Adam would hide a
@@ -51,12 +52,12 @@ def train_layout(L, a, cfg, ctx, batches):
     rows, per_rank = a.global_batch // reps, 2 if issubclass(cls, PipelineScheduleMulti) else 1  # a loop or a V
     n_stages, split_bw = pp * per_rank if pp > 1 else 1, "ZeroBubble" in cls.__name__ or "DualPipe" in cls.__name__
     if (reps * cp * tp * pp != W or a.layers % n_stages or a.kv_heads % tp or a.seq % (cp * tp)
-            or (cp > 1 and a.cp_layout == "zigzag" and a.seq % (2 * cp)) or (a.experts and tp > 1)
-            or (ep > 1 and (not a.experts or a.experts % ep)) or rows * reps != a.global_batch
+            or (cp > 1 and a.cp_layout == "zigzag" and a.seq % (2 * cp)) or (cfg.experts and tp > 1)
+            or (ep > 1 and cfg.experts % ep) or rows * reps != a.global_batch
             or (pp > 1 and rows % a.micro_batches) or (fsdp > 1 and split_bw)):
         raise SystemExit(f"layout {'-'.join(f'{d}{L[d]}' for d in DIMS)}: needs a product of {W} (world size), "
                          f"--layers divisible by its {n_stages} stages, --kv-heads by tp, --seq by cp x tp (zigzag: 2 cp), no --experts with tp, "
-                         "--experts by ep, --global-batch by dp x fsdp x ep (x --micro-batches with pp), no fsdp under"
+                         "the experts by ep, --global-batch by dp x fsdp x ep (x --micro-batches with pp), no fsdp under"
                          " a zero-bubble schedule or DualPipeV (0.05 off one process on torch 2.14: use 1F1B)")
     names = [n for n in DIMS if L[n] > 1]
     mesh = device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names)) if names else None
@@ -106,6 +107,25 @@ def train_layout(L, a, cfg, ctx, batches):
     return losses, [(rename(n), q.full_tensor() if isinstance(q, DTensor) else q) for n, q in params]
 
 
+def reference(cfg, ctx, batches):
+    """One process (rank 0) trains cfg's model on the whole batch; every rank gets its parameters (by name, the
+    tied weight under both names), its losses and its parameter count."""
+    ref, ref_losses = tiny_llama(cfg, SEED, MoE).to(ctx.device), torch.zeros(len(batches), dtype=torch.float64)
+    opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for step, xb in enumerate(batches if ctx.is_main else []):
+        loss = next_token_loss(ref(xb[:, :-1]), xb[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ref_losses[step] = loss.item()
+    flat = torch.cat([torch.nn.utils.parameters_to_vector(ref.parameters()).detach(), ref_losses.float()])
+    if ctx.world_size > 1:
+        dist.broadcast(flat, 0)                                   # ... sent to every rank
+    torch.nn.utils.vector_to_parameters(flat[:-len(batches)], ref.parameters())
+    return (dict(ref.named_parameters(remove_duplicate=False)), flat[-len(batches):].double().tolist(),
+            sum(q.numel() for q in ref.parameters()))
+
+
 def main():
     p = argparse.ArgumentParser(description="one small Llama under many layouts, against one process")
     g = p.add_argument_group("layouts (see the docstring)")         # the result: each layout's losses, differences
@@ -119,33 +139,25 @@ def main():
     g.add_argument("--layers", type=int, default=4, help="decoder blocks (divisible by the pipeline stages)")
     g.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA; divisible by tp)")
     g.add_argument("--experts", type=int, default=0, help="> 0: a mixture of experts in every block")
+    g.add_argument("--ep-experts", type=int, default=4, help="the experts of a layout with ep when --experts is 0 "
+                   "(its own reference, one process with them): ep layouts join a dense launch")
     g.add_argument("--seq", type=int, default=32, help="bytes per sequence (divisible by cp x tp)")
     g.add_argument("--global-batch", type=int, default=16, help="sequences per step, all replicas together")
     g.add_argument("--steps", type=int, default=10, help="SGD steps")
     a = p.parse_args()
 
     with distributed() as ctx, exact_fp32():
-        cfg = LlamaConfig(layers=a.layers, kv_heads=a.kv_heads, experts=a.experts)
-        layouts = [(text, parse_layout(text, ctx.world_size)) for text in a.layouts]
         train_bytes, _ = split(byte_corpus())
         batches = [get_batch(train_bytes, s, a.global_batch, a.seq, SEED).to(ctx.device) for s in range(a.steps)]
-        ref, ref_losses = tiny_llama(cfg, SEED, MoE).to(ctx.device), torch.zeros(a.steps, dtype=torch.float64)
-        opt = torch.optim.SGD(ref.parameters(), lr=LR)
-        for step, xb in enumerate(batches if ctx.is_main else []):    # the reference: one process, on rank 0
-            loss = next_token_loss(ref(xb[:, :-1]), xb[:, 1:])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            ref_losses[step] = loss.item()
-        flat = torch.cat([torch.nn.utils.parameters_to_vector(ref.parameters()).detach(), ref_losses.float()])
-        if ctx.world_size > 1:
-            dist.broadcast(flat, 0)                                   # ... sent to every rank
-        torch.nn.utils.vector_to_parameters(flat[:-a.steps], ref.parameters())
-        ref_losses = flat[-a.steps:].double()
-        ref_params, ref_losses = dict(ref.named_parameters(remove_duplicate=False)), ref_losses.tolist()
-        out = {"world_size": ctx.world_size, "steps": a.steps, "ref_losses": ref_losses, "bug": a.bug, "layouts": {},
-               "params": sum(q.numel() for q in ref.parameters())}
+        layouts, refs = [(text, parse_layout(text, ctx.world_size)) for text in a.layouts], {}
+        experts_of = {text: a.experts or (a.ep_experts if L["ep"] > 1 else 0) for text, L in layouts}
+        for experts in dict.fromkeys([a.experts, *experts_of.values()]):      # one reference per model
+            cfg = LlamaConfig(layers=a.layers, kv_heads=a.kv_heads, experts=experts)
+            refs[experts] = (cfg, *reference(cfg, ctx, batches))
+        out = {"world_size": ctx.world_size, "steps": a.steps, "ref_losses": refs[a.experts][2], "bug": a.bug,
+               "layouts": {}, "params": refs[a.experts][3]}
         for text, L in layouts:
+            cfg, ref_params, ref_losses, _ = refs[experts_of[text]]
             losses, mine = train_layout(L, a, cfg, ctx, batches)
             worst, where = max(((q.detach() - ref_params[n].detach()).abs().max().item(), n) for n, q in mine)
             worst_all = torch.tensor([worst], dtype=torch.float64)
@@ -158,7 +170,7 @@ def main():
                 where = where if worst > TOL else "another rank's parameter"
                 raise AssertionError(f"layout {text}: {where} differs from one process by {worst_all.item():.3g} and "
                                      f"the loss by {loss_diff:.3g} after {a.steps} steps (allowed {TOL:g})")
-            out["layouts"][text] = {**L, "losses": losses, "max_loss_diff": loss_diff,
+            out["layouts"][text] = {**L, "experts": cfg.experts, "losses": losses, "max_loss_diff": loss_diff,
                                     "max_param_diff": worst_all.item()}
         emit_result(out)
 
