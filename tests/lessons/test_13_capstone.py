@@ -12,15 +12,16 @@ from mgpu_utils.text_data import byte_corpus, get_batch, split
 
 TOL, STEPS, GLOBAL_BATCH, SEQ, LR = 1e-5, 10, 16, 32, 0.2
 
-# world size -> the layouts trained in one launch: DP, FSDP2, TP + SP, PP (seven schedules), and their 2-D and 3-D
-# combinations (a 4-D layout of size-2 dimensions needs 16 ranks)
+# world size -> the layouts trained in one launch: DP, FSDP2, TP + SP, PP (seven schedules), CP (lesson 08's ring
+# attention, zigzag), EP (lesson 08's ExpertParallelMoE; 4 experts, against its own one process), and their 2-D and
+# 3-D combinations (a 4-D layout of size-2 dimensions needs 16 ranks)
 MATRIX = {
     1: ["dp"],
-    2: ["dp2", "fsdp2", "tp2", "pp2:1F1B", "pp2:LoopedBFS"],
+    2: ["dp2", "fsdp2", "tp2", "pp2:1F1B", "pp2:LoopedBFS", "cp2", "ep2"],
     4: ["dp2-tp2", "fsdp2-tp2", "dp2-pp2:InterleavedZeroBubble", "tp2-pp2:ZBVZeroBubble", "fsdp2-pp2:Interleaved1F1B",
-        "fsdp4"],
+        "fsdp4", "dp2-cp2", "cp2-tp2", "dp2-ep2"],
     8: ["dp2-fsdp2-tp2", "dp2-tp2-pp2:Interleaved1F1B", "fsdp2-tp2-pp2:1F1B", "dp2-fsdp2-pp2:GPipe",
-        "dp4-pp2:DualPipeV", "dp8"],
+        "dp4-pp2:DualPipeV", "dp8", "cp2-tp2-pp2:1F1B", "dp2-ep2-cp2"],
 }
 # Left out, and refused by the script: FSDP2 under a schedule that splits the backward into input and weight
 # gradients (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; torch 2.14, gloo): every stage ends off one process
@@ -50,7 +51,10 @@ def check(res, layouts, one_process_losses):
     assert one_process_losses[-1] < one_process_losses[0] - 1.5                 # it learns: 5.56 -> 3.61
     for name, r in res["layouts"].items():
         assert r["max_param_diff"] <= TOL and r["max_loss_diff"] <= TOL * one_process_losses[0], (name, r)
-        assert r["dp"] * r["fsdp"] * r["tp"] * r["pp"] == res["world_size"], name
+        assert r["dp"] * r["fsdp"] * r["ep"] * r["cp"] * r["tp"] * r["pp"] == res["world_size"], name
+        assert r["experts"] == (4 if r["ep"] > 1 else 0), name
+        if r["experts"] == 0:                           # the dense model: its losses are one process's
+            torch.testing.assert_close(r["losses"], one_process_losses, rtol=TOL, atol=0)
 
 
 @pytest.mark.parametrize("nproc", sorted(MATRIX))
@@ -60,8 +64,10 @@ def test_every_layout_equals_one_process(nproc, one_process_losses, starts_proce
 
 
 def test_mixture_of_experts_layouts(starts_processes):
-    layouts = ["dp2", "fsdp2", "pp2:GPipe"]
-    res = launch("capstone_train.py", 2, args=["--experts", 4, "--layouts", *layouts], show="none")
+    """The MoE model under dp, fsdp, pp, ep, and cp with the contiguous split (the matrix's cp is zigzag)."""
+    layouts = ["dp2", "fsdp2", "pp2:GPipe", "ep2", "cp2"]
+    res = launch("capstone_train.py", 2, args=["--experts", 4, "--cp-layout", "contiguous", "--layouts", *layouts],
+                 show="none")
     assert list(res["layouts"]) == layouts and res["params"] == 332_352   # 4 x (4 x 16,576 + 256) for 4 x 24,576
     assert all(r["max_param_diff"] <= TOL for r in res["layouts"].values())
 
