@@ -56,9 +56,10 @@ def train_layout(L, a, cfg, ctx, batches):
             or (ep > 1 and cfg.experts % ep) or rows * reps != a.global_batch
             or (pp > 1 and rows % a.micro_batches) or (fsdp > 1 and split_bw)):
         raise SystemExit(f"layout {'-'.join(f'{d}{L[d]}' for d in DIMS)}: needs a product of {W} (world size), "
-                         f"--layers divisible by its {n_stages} stages, --kv-heads by tp, --seq by cp x tp (zigzag: 2 cp), no --experts with tp, "
-                         "the experts by ep, --global-batch by dp x fsdp x ep (x --micro-batches with pp), no fsdp under"
-                         " a zero-bubble schedule or DualPipeV (0.05 off one process on torch 2.14: use 1F1B)")
+                         f"--layers divisible by its {n_stages} stages, --kv-heads by tp, --seq by cp x tp (zigzag: "
+                         "2 cp), no experts with tp, the experts by ep, --global-batch by dp x fsdp x ep (x --micro-"
+                         "batches with pp), no fsdp under a zero-bubble schedule or DualPipeV (0.05 off one process on "
+                         "torch 2.14: use 1F1B)")
     names = [n for n in DIMS if L[n] > 1]
     mesh = device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names)) if names else None
     at = {n: mesh.get_local_rank(n) if n in names else 0 for n in DIMS}

@@ -97,7 +97,8 @@ class ContextParallelAttention(nn.Module):
         self.wq, self.wk, self.wv, self.wo, self.hd, self.base = attn.wq, attn.wk, attn.wv, attn.wo, attn.hd, attn.base
         self.group, self.seq_len, self.layout = group, seq_len, layout
         ranges = chunk_ranges(dist.get_rank(group), dist.get_world_size(group), seq_len, layout)
-        self.positions = torch.cat([torch.arange(a, b) for a, b in ranges])          # (L,) int64, global
+        dev = attn.wq.weight.device
+        self.positions = torch.cat([torch.arange(a, b, device=dev) for a, b in ranges])   # (L,) int64, global
 
     def forward(self, x):
         b, s, _ = x.shape
