@@ -21,7 +21,7 @@ A step's --global-batch rows are split over dp x fsdp x ep. Rank 0 trains the re
 and sends it to all; each layout trains from the same seeded weights, and every rank checks its parameters
 (gathered from its shards) and the losses against it: within 1e-5 after --steps SGD steps (Adam would hide a
 gradient scaled wrongly). --bug plants one: norm-grad (norms left out of the replicas' all-reduce), pp-unscaled
-(micro-batches summed).
+(micro-batches summed), cp-positions (rotary embeddings at a cp rank's local positions).
     torchrun --standalone --nproc-per-node 4 launch_scripts/capstone_train.py --layouts dp2-tp2 cp2-tp2 fsdp4
 """
 import argparse
@@ -70,6 +70,8 @@ def train_layout(L, a, cfg, ctx, batches):
     for m in stages:
         if cp > 1:
             context_parallel(m, cp_group, a.seq, a.cp_layout)          # ring attention over the cp ranks
+            for block in m.layers.values() if a.bug == "cp-positions" else []:
+                block.attention.positions = torch.arange(a.seq // cp, device=ctx.device)   # local, not global
         if ep > 1:
             rename = expert_parallel(m, mesh.get_group("ep"))
         if tp > 1:
@@ -135,7 +137,7 @@ def main():
     g.add_argument("--cp-layout", choices=["zigzag", "contiguous"], default="zigzag",
                    help="a cp rank's tokens: two chunks, load-balanced under the causal mask, or one slice")
     g.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches per replica per step")
-    g.add_argument("--bug", choices=["none", "norm-grad", "pp-unscaled"], default="none", help="plant a bug")
+    g.add_argument("--bug", choices=["none", "norm-grad", "pp-unscaled", "cp-positions"], default="none", help="plant a bug")
     g = p.add_argument_group("model (TinyLlama: width 64, 4 query heads) and training")
     g.add_argument("--layers", type=int, default=4, help="decoder blocks (divisible by the pipeline stages)")
     g.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA; divisible by tp)")

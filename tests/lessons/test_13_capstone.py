@@ -76,13 +76,14 @@ def test_mixture_of_experts_layouts(starts_processes):
 
 # a planted bug -> the layout that shows it, and the parameter the message must name
 BUGS = {"norm-grad": ("dp2", r"\S*norm\.weight"),        # the 9 RMSNorm weights keep their replica's gradient
-        "pp-unscaled": ("pp2:GPipe", r"\S+")}          # 4 micro-batches' gradients summed: 4 times the step
+        "pp-unscaled": ("pp2:GPipe", r"\S+"),          # 4 micro-batches' gradients summed: 4 times the step
+        "cp-positions": ("cp2", r"\S+")}               # rotary embeddings at a cp rank's own positions 0..S/cp-1
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_the_matrix_catches_a_planted_bug(bug, starts_processes):
     """Each bug misses one process by far more than 1e-5 (measured, torch 2.14: norm-grad 0.011 in norm.weight,
-    pp-unscaled 0.96 in the embedding), and the message names the layout, the parameter and the number."""
+    pp-unscaled 0.96 in the embedding, cp-positions 0.0022 in the embedding), and the message names the layout, the parameter and the number."""
     layout, param = BUGS[bug]
     with pytest.raises(LaunchError, match=rf"layout {layout}: {param} differs from one process by") as err:
         launch("capstone_train.py", 2, args=["--bug", bug, "--layouts", layout], show="none")
