@@ -23,7 +23,8 @@ Subpackages (where a new function goes):
   a clean stop before a time limit) and ``slurm`` (a real one-host Slurm cluster) (12).
 * ``parallel`` - what the lessons build from scratch: ``ring`` (04), ``schedules`` and ``pipeline``,
   ``tensor_parallel`` and ``vocab_parallel`` (05), ``context`` (ring attention, Ulysses) and ``experts``
-  (mixture of experts, expert parallelism) (08), ``staleness`` and ``sparsify`` (09).
+  (mixture of experts, expert parallelism) (08), ``staleness`` and ``sparsify`` (09); ``layouts`` (the capstone's
+  layouts of one Llama on a DeviceMesh, from those pieces: ``capstone_train.py``).
 * ``costs``    - formulas checked against published numbers: ``bandwidth`` (04), ``hardware`` and
   ``occupancy`` (01), ``overlap`` (03: DDP's buckets against the backward), ``interconnect`` (09),
   ``memory_model`` (07), ``planner`` (06), ``scaling`` (11), ``fault`` (12).

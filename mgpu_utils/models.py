@@ -207,18 +207,21 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rotary(x, base: float = 10000.0):
+def rotary(x, base: float = 10000.0, positions=None):
     """Rotary position embedding (Su et al. 2021, in the rotate-half form of GPT-NeoX and HF's Llama).
 
     Args:
         x: (B, S, H, D) queries or keys, position s at index s of dim 1; D even.
+        positions: None, or (S,) int64, the global position of each of the S tokens (a context-parallel rank
+            holds a slice of the sequence, or two: ``mgpu_utils.parallel.layouts``, capstone_train.py).
     Returns:
         (B, S, H, D): each pair (x_i, x_{i + D/2}) rotated by the angle ``s * base^(-2i/D)``, so that the dot
         product of a rotated query and key depends on their positions' difference only.
     """
     s, d = x.shape[1], x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)            # [D/2]
-    ang = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * inv                  # [S, D/2]
+    pos = torch.arange(s, device=x.device) if positions is None else positions.to(x.device)
+    ang = pos.to(torch.float32)[:, None] * inv                                                  # [S, D/2]
     cos, sin = (torch.cat([f(ang)] * 2, -1)[None, :, None, :].to(x.dtype) for f in (torch.cos, torch.sin))
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin

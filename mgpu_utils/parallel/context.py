@@ -1,8 +1,9 @@
 """Context parallelism from scratch: ring attention and Ulysses (notebooks/08_context_and_experts.ipynb).
 
-The sequence of S tokens is split over the n ranks of the default process group; every tensor here is
-``[B, H, L, D]`` (batch, heads, local tokens L = S/n, head size D), fp32 (the partial results are kept in
-the input's dtype: for bf16 inputs a real kernel keeps them in fp32), on the group's device.
+The sequence of S tokens is split over the n ranks of the default process group (ring attention: or of the
+group passed, e.g. a DeviceMesh's "cp" dimension in ``capstone_train.py``); every tensor here is
+``[B, H, L, D]`` (batch, heads, local tokens L = S/n, head size D), fp32 (the partial results are kept in the
+input's dtype: for bf16 inputs a real kernel keeps them in fp32), on the group's device.
 
 * **Ring attention** (:func:`ring_attention`, Liu et al. 2023, "Ring Attention with Blockwise
   Transformers"): each rank keeps its queries; the key/value blocks travel around the ring (n-1
@@ -77,13 +78,14 @@ def merge(out1, lse1, out2, lse2):
     return out, torch.logaddexp(lse1, lse2)
 
 
-def _exchange(tensors, log):
-    """Send tensors to rank+1 and receive the same shapes from rank-1, all posted at once."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+def _exchange(tensors, log, group=None):
+    """Send tensors to rank+1 and receive the same shapes from rank-1 (of ``group``), all posted at once."""
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))   # P2POp: global
     tensors = [t.contiguous() for t in tensors]
     recv = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t, (rank + 1) % n) for t in tensors] + \
-          [dist.P2POp(dist.irecv, r, (rank - 1) % n) for r in recv]
+    ops = [dist.P2POp(dist.isend, t, peer((rank + 1) % n), group) for t in tensors] + \
+          [dist.P2POp(dist.irecv, r, peer((rank - 1) % n), group) for r in recv]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     log["bytes_sent"] += sum(t.numel() * t.element_size() for t in tensors)
@@ -118,8 +120,8 @@ class RingAttention(torch.autograd.Function):
     """softmax(q k^T / sqrt(D) [+ causal mask]) v over the whole ring; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, q, k, v, ranges, causal, log, merge_fn):
-        rank, n = dist.get_rank(), dist.get_world_size()
+    def forward(ctx, q, k, v, ranges, causal, log, merge_fn, group=None):
+        rank, n = dist.get_rank(group), dist.get_world_size(group)
         scale = 1.0 / math.sqrt(q.shape[-1])
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
@@ -137,15 +139,15 @@ class RingAttention(torch.autograd.Function):
                                                          blk_out, blk_lse)
             log["compute_s"] += time.thread_time() - t0
             if step < n - 1:
-                kv = tuple(_exchange(kv, log))
+                kv = tuple(_exchange(kv, log, group))
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ranges, ctx.causal, ctx.log = ranges, causal, log
+        ctx.ranges, ctx.causal, ctx.log, ctx.group = ranges, causal, log, group
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        rank, n = dist.get_rank(), dist.get_world_size()
+        rank, n = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
         scale = 1.0 / math.sqrt(q.shape[-1])
         delta = (dout * out).sum(-1)                         # D_i = sum_j P_ij dP_ij, per query row
         dq = torch.zeros_like(q)
@@ -162,12 +164,12 @@ class RingAttention(torch.autograd.Function):
                 dkv[0][..., ks, :] += ds.transpose(-2, -1) @ q[..., qs, :] * scale
             ctx.log["compute_s"] += time.thread_time() - t0
             if n > 1:                                        # gradients travel with their block...
-                moved = _exchange(kv + dkv if step < n - 1 else dkv, ctx.log)
+                moved = _exchange(kv + dkv if step < n - 1 else dkv, ctx.log, ctx.group)
                 if step < n - 1:
                     kv, dkv = tuple(moved[:2]), tuple(moved[2:])
                 else:
                     dkv = tuple(moved)
-        return dq, dkv[0], dkv[1], None, None, None, None    # ...and are home after n hops
+        return dq, dkv[0], dkv[1], None, None, None, None, None    # ...and are home after n hops
 
 
 def new_log() -> dict:
@@ -176,13 +178,14 @@ def new_log() -> dict:
 
 
 def ring_attention(q, k, v, *, seq_len: int, layout: str = "contiguous", causal: bool = False, log=None,
-                   merge_fn=merge):
-    """Ring attention over the default group: q, k, v ``[B, H, L, D]`` are this rank's tokens in
-    :func:`chunk_ranges` order; returns this rank's output rows ``[B, H, L, D]``, differentiable.
-    ``merge_fn`` (default :func:`merge`) combines the partial results: exercise 08.3 passes the student's."""
-    n = dist.get_world_size()
+                   merge_fn=merge, group=None):
+    """Ring attention over ``group`` (default: the default group; the capstone passes its mesh's "cp" group):
+    q, k, v ``[B, H, L, D]`` are this rank's tokens in :func:`chunk_ranges` order (rank = its rank in the
+    group); returns this rank's output rows ``[B, H, L, D]``, differentiable. ``merge_fn`` (default
+    :func:`merge`) combines the partial results: exercise 08.3 passes the student's."""
+    n = dist.get_world_size(group)
     ranges = [chunk_ranges(r, n, seq_len, layout) for r in range(n)]
-    return RingAttention.apply(q, k, v, ranges, causal, new_log() if log is None else log, merge_fn)
+    return RingAttention.apply(q, k, v, ranges, causal, new_log() if log is None else log, merge_fn, group)
 
 
 class _SeqToHeads(torch.autograd.Function):

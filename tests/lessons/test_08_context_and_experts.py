@@ -179,11 +179,12 @@ def test_planner_context_and_expert_parallel_by_hand():
 FACTORIES = {"arange", "zeros", "ones", "full", "empty", "tensor", "randn", "rand", "randint", "eye", "linspace"}
 
 
-@pytest.mark.parametrize("module", ["context", "experts", "vocab_parallel", "sparsify"])
+@pytest.mark.parametrize("module", ["context", "experts", "vocab_parallel", "sparsify", "layouts"])
 def test_new_tensors_in_parallel_code_are_made_on_the_inputs_device(module):
     """On GPUs a tensor made without device= lands on the CPU and a CUDA op refuses it (a CPU mask in
     masked_fill, CPU positions in repeat_interleave: found by a review, cannot run here). Every factory call
-    in the code lessons 05, 08 and 09 run on the ranks names its device (or is a *_like)."""
+    in the code lessons 05, 08 and 09 (and the capstone's layouts) run on the ranks names its device (or is a
+    *_like)."""
     import ast
     import inspect
 

@@ -12,15 +12,18 @@ from mgpu_utils.text_data import byte_corpus, get_batch, split
 
 TOL, STEPS, GLOBAL_BATCH, SEQ, LR = 1e-5, 10, 16, 32, 0.2
 
-# world size -> the layouts trained in one launch: DP, FSDP2, TP + SP, PP (seven schedules), and their 2-D and 3-D
-# combinations (a 4-D layout of size-2 dimensions needs 16 ranks)
+# world size -> the layouts trained in one launch: DP, FSDP2, TP + SP, PP (seven schedules), CP (lesson 08's ring
+# attention, zigzag), EP (lesson 08's ExpertParallelMoE; 4 experts, against its own one process; ep2 alone is in the
+# MoE launch below), and their 2-D and 3-D combinations. A 4-D layout of size-2 dimensions needs 16 ranks:
+# dp2-cp2-tp2-pp2:1F1B passes at 16 gloo ranks (1.2e-7 off) but that launch took 78 s wall, 104 s CPU on 2 loaded
+# cores (16 processes importing torch), so it is left out.
 MATRIX = {
     1: ["dp"],
-    2: ["dp2", "fsdp2", "tp2", "pp2:1F1B", "pp2:LoopedBFS"],
+    2: ["dp2", "fsdp2", "tp2", "pp2:1F1B", "pp2:LoopedBFS", "cp2"],
     4: ["dp2-tp2", "fsdp2-tp2", "dp2-pp2:InterleavedZeroBubble", "tp2-pp2:ZBVZeroBubble", "fsdp2-pp2:Interleaved1F1B",
-        "fsdp4"],
+        "fsdp4", "dp2-cp2", "cp2-tp2", "dp2-ep2"],
     8: ["dp2-fsdp2-tp2", "dp2-tp2-pp2:Interleaved1F1B", "fsdp2-tp2-pp2:1F1B", "dp2-fsdp2-pp2:GPipe",
-        "dp4-pp2:DualPipeV", "dp8"],
+        "dp4-pp2:DualPipeV", "dp8", "cp2-tp2-pp2:1F1B", "dp2-ep2-cp2"],
 }
 # Left out, and refused by the script: FSDP2 under a schedule that splits the backward into input and weight
 # gradients (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; torch 2.14, gloo): every stage ends off one process
@@ -50,7 +53,10 @@ def check(res, layouts, one_process_losses):
     assert one_process_losses[-1] < one_process_losses[0] - 1.5                 # it learns: 5.56 -> 3.61
     for name, r in res["layouts"].items():
         assert r["max_param_diff"] <= TOL and r["max_loss_diff"] <= TOL * one_process_losses[0], (name, r)
-        assert r["dp"] * r["fsdp"] * r["tp"] * r["pp"] == res["world_size"], name
+        assert r["dp"] * r["fsdp"] * r["ep"] * r["cp"] * r["tp"] * r["pp"] == res["world_size"], name
+        assert r["experts"] == (4 if r["ep"] > 1 else 0), name
+        if r["experts"] == 0:                           # the dense model: its losses are one process's
+            torch.testing.assert_close(r["losses"], one_process_losses, rtol=TOL, atol=0)
 
 
 @pytest.mark.parametrize("nproc", sorted(MATRIX))
@@ -60,21 +66,24 @@ def test_every_layout_equals_one_process(nproc, one_process_losses, starts_proce
 
 
 def test_mixture_of_experts_layouts(starts_processes):
-    layouts = ["dp2", "fsdp2", "pp2:GPipe"]
-    res = launch("capstone_train.py", 2, args=["--experts", 4, "--layouts", *layouts], show="none")
+    """The MoE model under dp, fsdp, pp, ep, and cp with the contiguous split (the matrix's cp is zigzag)."""
+    layouts = ["dp2", "fsdp2", "pp2:GPipe", "ep2", "cp2"]
+    res = launch("capstone_train.py", 2, args=["--experts", 4, "--cp-layout", "contiguous", "--layouts", *layouts],
+                 show="none")
     assert list(res["layouts"]) == layouts and res["params"] == 332_352   # 4 x (4 x 16,576 + 256) for 4 x 24,576
     assert all(r["max_param_diff"] <= TOL for r in res["layouts"].values())
 
 
 # a planted bug -> the layout that shows it, and the parameter the message must name
 BUGS = {"norm-grad": ("dp2", r"\S*norm\.weight"),        # the 9 RMSNorm weights keep their replica's gradient
-        "pp-unscaled": ("pp2:GPipe", r"\S+")}          # 4 micro-batches' gradients summed: 4 times the step
+        "pp-unscaled": ("pp2:GPipe", r"\S+"),          # 4 micro-batches' gradients summed: 4 times the step
+        "cp-positions": ("cp2", r"\S+")}               # rotary embeddings at a cp rank's own positions 0..S/cp-1
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_the_matrix_catches_a_planted_bug(bug, starts_processes):
     """Each bug misses one process by far more than 1e-5 (measured, torch 2.14: norm-grad 0.011 in norm.weight,
-    pp-unscaled 0.96 in the embedding), and the message names the layout, the parameter and the number."""
+    pp-unscaled 0.96 in the embedding, cp-positions 0.0022 in the embedding), and the message names the layout, the parameter and the number."""
     layout, param = BUGS[bug]
     with pytest.raises(LaunchError, match=rf"layout {layout}: {param} differs from one process by") as err:
         launch("capstone_train.py", 2, args=["--bug", bug, "--layouts", layout], show="none")
@@ -85,3 +94,63 @@ def test_the_matrix_catches_a_planted_bug(bug, starts_processes):
 def test_fsdp_under_a_zero_bubble_schedule_is_refused_with_the_reason(starts_processes):
     with pytest.raises(LaunchError, match=r"no fsdp under a zero-bubble schedule.*use 1F1B"):
         launch("capstone_train.py", 4, args=["--layouts", "fsdp2-pp2:ZBVZeroBubble"], show="none")
+
+
+def test_the_layout_at_128_ranks_under_a_fake_process_group():
+    """dp8-tp4-pp4 at world size 128 in this one process: a fake process group (torch's backend "fake") plays rank
+    127, whose collectives return at once with no data. It tells the mesh's coordinates, each rank's parameter
+    shards (every stage is built here: a stage's TP shards are the same on each of its tp ranks) and the
+    collectives a step calls; no numerics (what comes back from a collective is not the sum). TinyLlama with
+    kv_heads 4 (divisible by tp), 4 blocks: one per stage. Per rank, fp32: a block's wq, wk, wv, wo, w1, w2, w3 split
+    by tp, its 2 norms whole; the first stage adds the embedding's V/tp rows, the last the final norm and its copy of
+    the tied output's V/tp rows."""
+    import gc
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from mgpu_utils.models import LlamaConfig, pipeline_stage
+    from mgpu_utils.parallel.layouts import parse_layout, tensor_parallel
+
+    L, cfg = parse_layout("dp8-tp4-pp4", 128), LlamaConfig(kv_heads=4)
+    pp, dp, tp = L["pp"], L["dp"], L["tp"]
+    w, v, f, hd = cfg.width, cfg.vocab, cfg.ffn, cfg.width // cfg.heads
+    block = (2 * cfg.heads * hd * w + 2 * cfg.kv_heads * hd * w + 3 * f * w) // tp + 2 * w   # elements per rank
+    expected = [4 * (block + (v * w // tp if s == 0 else 0) + (w + v * w // tp if s == pp - 1 else 0))
+                for s in range(pp)]
+    assert expected == [57_856, 41_472, 41_472, 58_112]                        # bytes per rank, by pp coordinate
+    full = dict(tiny_llama(cfg).named_parameters(remove_duplicate=False))
+    gc.disable()
+    dist.init_process_group("fake", store=FakeStore(), rank=127, world_size=128)
+    try:
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        assert list(mesh.get_coordinate()) == [3, 7, 3] and mesh.size() == 128       # (pp, dp, tp), tp fastest
+        for s in range(pp):
+            stage = pipeline_stage(tiny_llama(cfg), s, pp)
+            tensor_parallel(stage, mesh["tp"])
+            local = {n: q.to_local() if isinstance(q, DTensor) else q for n, q in stage.named_parameters()}
+            for n, q in local.items():                     # each weight split by tp along one dimension, norms whole
+                whole = tuple(full[n].shape)
+                assert tuple(q.shape) in ([whole] if "norm" in n else
+                                          [(whole[0] // tp, whole[1]), (whole[0], whole[1] // tp)]), (s, n, q.shape)
+            assert sum(q.numel() * q.element_size() for q in local.values()) == expected[s], s
+            x = torch.randint(0, v, (2, SEQ)) if s == 0 else torch.randn(2, SEQ // tp, w)   # SP: S/tp tokens in
+            with CommDebugMode() as comm:
+                out = stage(x)
+                (out.to_local() if isinstance(out, DTensor) else out).sum().backward()
+            assert tuple(out.shape) == ((2, SEQ, v) if s == pp - 1 else (2, SEQ // tp, w)), s
+            counts = {str(op).split(".")[-1]: k for op, k in comm.get_comm_counts().items()}
+            # a block's forward: 2 all-gathers (into attention, into the MLP), 2 reduce-scatters (out of them), and
+            # backward the other of each; the embedding's forward a reduce-scatter (backward: a gather); the output
+            # gathers its tokens (backward: a reduce-scatter) and then its vocabulary-sharded logits, (B, S, V) on
+            # every tp rank: the gather a vocabulary-parallel loss (lesson 05) would avoid
+            n = 4 * len(stage.layers) + (s in (0, pp - 1))
+            assert counts == {"all_gather_into_tensor": n + (s == pp - 1), "reduce_scatter_tensor": n}, (s, counts)
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
+        gc.enable()
