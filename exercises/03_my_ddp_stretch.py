@@ -22,7 +22,8 @@ bucket is full), on the MLP with its first weight frozen (1 MiB) and on a model 
 twice (2 KiB and 1 MiB), from ranks whose weights start apart, against DistributedDataParallel; every step it
 counts your all-reduce calls (one per bucket, however made: a process group's own allreduce counts too), checks
 that each was waited for, in finish() and not during backward, and that together they carry this rank's
-gradients, and refuses torch's own DistributedDataParallel inside your class. Grade it from a notebook cell:
+gradients (none through the process group's key-value store), and refuses torch's own DistributedDataParallel
+inside your class. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("03.7")
 """

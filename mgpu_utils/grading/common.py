@@ -407,6 +407,29 @@ def _watch_store(stored: dict) -> dict:
     return saved
 
 
+@contextlib.contextmanager
+def store_writes():
+    """Within the block, the c10d store's writes from Python (:func:`_watch_store`'s ``set``, ``compare_set``,
+    ``multi_set``, ``append``, ``queue_push``, and ``add``, whose counter sums integers over the ranks as an
+    all-reduce would): the block yields a dict, key -> the bytes written (8 for an ``add``). 03.7: a step whose
+    gradients travel through the store rather than in its all-reduces."""
+    stored: dict = {}
+    saved = _watch_store(stored)
+    add = getattr(_STORE, "add", None) if _STORE is not None else None
+    if add is not None:
+        def add_(store, key, value, *a, **k):
+            stored[key] = stored.get(key, 0) + 8
+            return add(store, key, value, *a, **k)
+        _STORE.add = add_
+    try:
+        yield stored
+    finally:
+        for name, method in saved.items():
+            setattr(_STORE, name, method)
+        if add is not None:
+            _STORE.add = add
+
+
 class OutsideState:
     """State a student's object keeps outside what :func:`held_bytes` reaches, from the block's start to
     :meth:`count` (07.5, 07.6), in three places:

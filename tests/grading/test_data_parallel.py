@@ -450,6 +450,16 @@ WRONG_037 = {
             reduce="        import torch.distributed._functional_collectives as funcol\n"
                    "        flat = funcol.all_reduce(flat, 'sum', dist.group.WORLD) / self.world\n")],
         r"rank \d: 4 all-reduce call\(s\), 3 of them carrying nothing but zeros; the rule gives 3"),
+    "buckets all-reduced and waited for, their sums dropped: the mean made in finish() from the c10d store": (
+        FINISH_037,
+        WHOLE_037.format(
+            reduce="        store, MyDDP.calls = dist.distributed_c10d._get_default_store(), getattr(MyDDP, 'calls', 0) + 1\n"
+                   "        key = f'{__file__}:{MyDDP.calls}:'          # the same on every rank, new every step\n"
+                   "        store.set(key + str(dist.get_rank()), flat.numpy().tobytes())\n"
+                   "        flat = sum(torch.frombuffer(bytearray(store.get(key + str(r))), dtype=flat.dtype)\n"
+                   "                   for r in range(self.world)) / self.world\n"),
+        r"rank \d: besides your 3 all-reduce\(s\), the step wrote [\d,]+ bytes under 1 key\(s\) to the process "
+        r"group's key-value store .*the store is for rendezvous, not data"),
     "every bucket all-reduced in finish() by the process group's backend, none during backward": (
         [SEND_037, WAIT_037],
         ["        self.pending.append((self.bucket, flat, None))\n",

@@ -37,8 +37,10 @@ that thread: joins it, or waits on an event, a future or a queue); gradients mov
 all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
 are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
 student's module, a class attribute of its classes, and what the parameters' hooks hold in their closures and
-default arguments are); values hidden in exotic places (mmap, ctypes, os.environ, the c10d store, thread
-locals) are not looked for. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional
+default arguments are); values hidden in exotic places (mmap, ctypes, os.environ, thread locals) are not looked
+for. Writes to the c10d store from Python during a step (set, add, append, ...: :func:`store_writes`) are a
+problem of their own (adv5's 037/w2: the buckets' sums dropped, the mean exchanged through the store): the
+values the all-reduces deliver are not told apart from the same values that came another way. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional
 collective waited inside the hook, zeros all-reduced on time while the last call carries every gradient, every
 all-reduce started from autograd's final callback, a full bucket sent one gradient late (issue 55's note). A
 third (2026-12-05, adv3) found 7 more, now told: every bucket started from the last gradient's hook, a barrier in
@@ -63,7 +65,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.costs import overlap
-from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, switched_off
+from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, store_writes, switched_off
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
                                            named_content, namespaces_of)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -192,7 +194,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         own.clear()
         before = content_of(list(mine.parameters()))     # the weights: all-reduced instead of the gradients?
         t0 = time.perf_counter()
-        with counted_all_reduce(state, fn) as calls:
+        with counted_all_reduce(state, fn) as calls, store_writes() as stored:
             state["backward"] = True
             F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y).backward()
             state["backward"] = False
@@ -249,6 +251,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if calls and state["others"]:                     # all-reduces for show, the gradients moved another way?
             note(problems, {"rank": rank, "kind": "others", "at": at, "calls": len(calls),
                             "what": ", ".join(sorted(set(state["others"]))), "n": len(state["others"])})
+        if stored:                                        # the gradients carried through the c10d store?
+            note(problems, {"rank": rank, "kind": "store", "at": at, "keys": len(stored),
+                            "bytes": sum(stored.values()), "calls": len(calls)})
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one:
         if found.item():                                  # a wrong solution may not survive more steps
@@ -644,6 +649,11 @@ HINTS: dict[str, list[tuple]] = {
                   (always, "after your wrapper was built the ranks' weights still differed (world size {W}): ranks "
                            "seeded apart start apart, so DDP broadcasts rank 0's parameters (and buffers) when it "
                            "wraps the model; do the same in __init__")],
+    "store": [
+        (always, "rank {rank}{at}: besides your {calls} all-reduce(s), the step wrote {bytes:,} bytes under {keys} "
+                 "key(s) to the process group's key-value store (store.set/add/append): the gradients must travel "
+                 "in the all-reduces, whose results (the sums that wait() leaves in each bucket) become the mean "
+                 "gradients; the store is for rendezvous, not data")],
     "unwaited": [(always, "rank {rank}{at}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
                           "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
                           "all-reduce has not written yet; keep each handle and wait for it in finish()")],
