@@ -18,8 +18,9 @@ MyDDP(module, bucket_bytes), a torch.nn.Module that
     gradient and takes no hook, but is broadcast like the others.
 
 The grader trains three SGD steps on an MLP with buckets of 1,448 bytes (its first three gradients exactly: that
-bucket is full), on the MLP with its first weight frozen (1 MiB) and on a model whose middle layer is applied
-twice (2 KiB and 1 MiB), from ranks whose weights start apart, against DistributedDataParallel; every step it
+bucket is full), on the MLP with its first weight frozen (1 MiB), on a model whose middle layer is applied
+twice (2 KiB and 1 MiB) and on an MLP whose forward uses its layers in another order than it registers them
+(1,448 bytes: the ready order is not the reverse of model.parameters()), from ranks whose weights start apart, against DistributedDataParallel; every step it
 counts your all-reduce calls (one per bucket, however made: a process group's own allreduce counts too), checks
 that each was waited for, in finish() and not during backward, and that together they carry this rank's
 gradients (none through the process group's key-value store), and refuses torch's own DistributedDataParallel

@@ -359,6 +359,53 @@ class MyDDP(torch.nn.Module):
     def finish(self) -> None:
         pass                                               # the reducer waited in its final callback
 '''
+#: Buckets fixed in __init__ from the parameters in reverse registration order, each sent once all of its
+#: gradients are in: not packed in the order the gradients become ready.
+FIXED_037 = '''import torch
+import torch.distributed as dist
+
+
+class MyDDP(torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, bucket_bytes: int):
+        super().__init__()
+        self.module, self.world, self.pending = module, dist.get_world_size(), []
+        with torch.no_grad():
+            for t in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(t, src=0)
+        self.buckets, bucket, size = [], [], 0            # backward ends where the registration began
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            bucket.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+        self.buckets += [bucket] if bucket else []
+        self.missing = [len(b) for b in self.buckets]
+        self.home = {p: i for i, b in enumerate(self.buckets) for p in b}
+        for p in self.home:
+            p.register_post_accumulate_grad_hook(self.ready)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def ready(self, p):
+        i = self.home[p]
+        self.missing[i] -= 1
+        if not self.missing[i]:
+            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
+            self.pending.append((self.buckets[i], flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish(self):
+        for params, flat, work in self.pending:
+            work.wait()
+            flat /= self.world
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.pending.clear()
+        self.missing = [len(b) for b in self.buckets]
+'''
 FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
 WRONG_037 = {
     "each bucket waited for in the hook that sent it": (
@@ -510,6 +557,10 @@ WRONG_037 = {
         r"14,032, 28,064, 42,096 bytes .*functools cache"),   # the buffers and the keys, Python ints
     "torch's C++ Reducer (DDP's engine) driven with buckets laid out by the rule": (
         None, REDUCER_037, r"rank \d: your code built torch's DDP Reducer"),
+    "buckets fixed in __init__ in reverse registration order, each sent once all its gradients are in": (
+        None, FIXED_037,
+        r"rank \d: on a model whose forward uses its layers in another order than it registers them \(registered a, "
+        r"c, b; used c, a, b\), your all-reduce \d of 3 carried other gradients than a bucket of the rule"),
     "every bucket kept in a class attribute (for debugging)": (
         ["class MyDDP(torch.nn.Module):\n", SEND_037],
         ["class MyDDP(torch.nn.Module):\n    sent = []                                      # for debugging\n",

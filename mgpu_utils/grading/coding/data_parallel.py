@@ -79,7 +79,7 @@ def check_average_gradients(fn, ctx, problems):
 
         def finish(self):
             fn(self.model)
-    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready: None, fn=fn)
+    return against_ddp(AfterBackward, ctx, problems, lambda calls, ready, own: None, fn=fn)
 
 
 def every_rank_gradients(model, x, y, world) -> list[dict]:
@@ -112,8 +112,8 @@ def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
 
 def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None):
     """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
-    ``check_calls(calls, ready_bytes)`` returns a problem dict or None for the first step's all-reduce calls
-    (``ready_bytes``: each gradient's bytes, in the order autograd completed them). ``model_fn``: the model
+    ``check_calls(calls, ready_bytes, own)`` returns a problem dict or None for a step's all-reduce calls
+    (``ready_bytes``: each gradient's bytes, in the order autograd completed them; ``own``: their contents). ``model_fn``: the model
     (default an MLP); ``perturb``: every rank but 0 starts from other weights, as ranks seeded apart do (DDP
     broadcasts rank 0's; so must a wrapper). A wrapper that is a Module runs the forward (``sync(x)``). ``fn``:
     the student's class, whose module's ``all_reduce`` (imported by name) is counted too. Every step, the
@@ -243,7 +243,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
             note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
                             "what": ", ".join(sorted(set(state["blocking"])))})
-        bad = check_calls(calls, list(ready))             # every step: a rule kept in step 1 only is not kept
+        bad = check_calls(calls, list(ready), list(own))             # every step: a rule kept in step 1 only is not kept
         if bad:
             note(problems, {"rank": rank, "at": at, **bad})
         if step == 0 and carried:                         # the right gradients and calls, but not through them
@@ -307,7 +307,7 @@ def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | N
 
 def check_overlap(cls, ctx, problems):
     """03.5: ``cls(model)`` with ``.finish()``: DDP's result, one async all-reduce per parameter inside backward."""
-    def calls_ok(calls, ready):
+    def calls_ok(calls, ready, own):
         inside = sum(c["in_backward"] and c["async"] for c in calls)
         if len(calls) != len(ready) or inside != len(ready):
             return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
@@ -326,10 +326,12 @@ def expected_buckets(ready_bytes: list, bucket_bytes: int, strict: bool = False)
     return calls + (held > 0)
 
 
-def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
-    """03.6's and 03.7's rule for the first step's all-reduce ``calls``: one asynchronous call per bucket, and
-    every bucket that fills up during backward started there (from the hook, overlapping the rest of
-    backward), not in finish(). A problem dict, or None."""
+def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int, own: list | None = None) -> dict | None:
+    """03.6's and 03.7's rule for a step's all-reduce ``calls``: one asynchronous call per bucket, each carrying
+    the gradients of one of the rule's buckets (with ``own``, each gradient's content in ready order: packed in
+    the order the gradients became ready, not in one fixed in advance), and every bucket that fills up during
+    backward started there (from the hook, overlapping the rest of backward), not in finish(). A problem dict,
+    or None."""
     want = expected_buckets(ready, bucket_bytes)
     if len(calls) != want or not all(c["async"] for c in calls):
         return {"kind": "buckets", "calls": len(calls), "want": want, "bucket_bytes": bucket_bytes,
@@ -340,6 +342,18 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int) -> dict | None:
     inside = sum(c["in_backward"] for c in calls)
     if inside < len(fills):
         return {"kind": "late_buckets", "inside": inside, "full": len(fills), "bucket_bytes": bucket_bytes}
+    world = dist.get_world_size()                         # each call one of the rule's buckets, in any order
+    if (own is not None and len(own) == len(ready) and all("content" in c for c in calls)    # (the gradients
+            and carries(add_content(c["content"] for c in calls), add_content(own), world)):  # all carried)
+        bounds = [0] + [i for i, _ in _full_buckets(ready, bucket_bytes)]
+        bounds += [len(ready)] if bounds[-1] < len(ready) else []
+        left = [add_content(own[a:b]) for a, b in zip(bounds, bounds[1:])]
+        for k, c in enumerate(calls):
+            match = next((j for j, want in enumerate(left) if carries(c["content"], want, world)), None)
+            if match is None:
+                return {"kind": "bucket_content", "call": k + 1, "calls": len(calls), "bucket_bytes": bucket_bytes,
+                        "ready_bytes": ready}
+            left.pop(match)
     started = sorted(c["progress"] for c in calls if c.get("progress") is not None)
     if len(started) == len(calls):                        # each bucket's call started by the time it was full?
         for k, (fill, start) in enumerate(zip(fills, started)):
@@ -363,7 +377,7 @@ def check_buckets(cls, ctx, problems, bucket_bytes=(2048, 1 << 20)):
     """03.6: ``cls(model, b)`` with ``.finish()``: DDP's result, one all-reduce per bucket of the rule, each full
     one started during backward, for each bucket size b: 2 KiB gives full buckets only (the last gradient is
     the largest), 1 MiB one bucket that is still open when backward ends (only finish() can send it)."""
-    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b), fn=cls)
+    times = [against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r, o: bucket_calls_ok(c, r, b, o), fn=cls)
              for b in bucket_bytes]
     return times[0]
 
@@ -401,12 +415,28 @@ class Float64MLP(torch.nn.Module):
         return self.mlp(x.double()).float()
 
 
+class ReorderedMLP(torch.nn.Module):
+    """03.7's MLP with its layers registered in another order than its forward uses them (registered ``a``,
+    ``c``, ``b``; used ``c``, ``a``, ``b``): backward makes ``b``'s gradients first, then ``a``'s, then ``c``'s,
+    not the reverse of the registration order (``b``, ``c``, ``a``). With buckets of 1,448 bytes, buckets laid
+    out in advance from the registration order (DDP's first guess, which it rebuilds from the order it saw) are
+    b's gradients with c's bias, c's weight, a's: other buckets than 03.6's rule gives (b's with a's bias, a's
+    weight, c's), which packs the gradients in the order they become ready."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.c, self.b = torch.nn.Linear(32, 32), torch.nn.Linear(64, 32), torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(torch.relu(self.c(x)))))
+
+
 #: 03.7's rounds: (model, bucket_bytes; None: make_mlp(32, 2)). 1,448 bytes is the MLP's first three gradients
 #: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
 #: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it). In float64, 2,896
 #: bytes is again the first three gradients: 3 buckets, where 4 bytes per element gives 2.
 MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20),
-                 (Float64MLP, 2896))
+                 (Float64MLP, 2896), (ReorderedMLP, 1448))
 
 
 def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
@@ -419,12 +449,14 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
         dist.all_reduce(found)                            # every rank stops together once any rank found one
         if found.item():
             return
-        times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r: bucket_calls_ok(c, r, b),
+        times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r, o: bucket_calls_ok(c, r, b, o),
                             model_fn=model_fn, perturb=True, fn=cls)
         if problems and model_fn in (TiedMLP, counted_tied_mlp) and problems[0].get("kind") != "broadcast":
             problems[0]["tied"] = True
         if problems and model_fn is Float64MLP:
             problems[0]["float64"] = True
+        if problems and model_fn is ReorderedMLP:
+            problems[0]["reordered"] = True
     return times
 
 
@@ -731,6 +763,18 @@ HINTS: dict[str, list[tuple]] = {
                  "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
                  "the gradients' {want:.4g} (world size {W}). Each all-reduce must carry gradients (divided by the "
                  "world size or not), every gradient once, and nothing else")],
+    "bucket_content": [
+        (lambda p, W: p.get("reordered"),
+         "rank {rank}{at}: on a model whose forward uses its layers in another order than it registers them "
+         "(registered a, c, b; used c, a, b), your all-reduce {call} of {calls} carried other gradients than a "
+         "bucket of the rule (gradients of {ready_bytes} bytes in ready order, buckets of {bucket_bytes} bytes): "
+         "backward makes b's gradients first, then a's, then c's, not the reverse of the registration order. Pack "
+         "each gradient into the open bucket when its hook fires, in the order they become ready, not into "
+         "buckets laid out in advance from model.parameters()"),
+        (always, "rank {rank}{at}: your all-reduce {call} of {calls} carried other gradients than a bucket of the "
+                 "rule (gradients of {ready_bytes} bytes in ready order, buckets of {bucket_bytes} bytes): each "
+                 "bucket holds the gradients in the order they become ready, from the one after the last full "
+                 "bucket to the one that fills it")],
     "late_buckets": [(always, "rank {rank}{at}: {full} bucket(s) of {bucket_bytes} bytes fill up during backward, but "
                               "{inside} all-reduce(s) started there: start each bucket's asynchronous all-reduce as "
                               "soon as it is full, from the hook, so that it overlaps the rest of backward; finish() "
@@ -776,7 +820,8 @@ EXERCISES = [
         id="03.7", template="03_my_ddp_stretch.py", entry="MyDDP", world_sizes=(2, 3),
         check=check_my_ddp, hints=HINTS, on_success=_step_times,
         what="DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
-             "model that uses one weight twice, from ranks that started apart"),
+             "model that uses one weight twice, also one that uses its layers out of registration order, from ranks "
+             "that started apart"),
     CodingExercise(
         id="03.9", template="03_bucket_cap.py", entry="choose_bucket_cap_mb", world_sizes=(1,),
         check=check_bucket_cap, hints=HINTS, on_success=_bucket_lines,
