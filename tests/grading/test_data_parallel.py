@@ -316,6 +316,14 @@ RIGHT_037.update({
          "        waiter = threading.Thread(target=work.wait)\n        waiter.start()\n"
          "        self.pending.append((self.bucket, flat, work, waiter))\n",
          "        for params, flat, work, waiter in self.pending:\n            waiter.join()\n"]),
+    "every bucket waited for in a callback queued for the end of backward, as torch's DDP does; finish() empty": (
+        ["        self.bucket, self.pending = [], []\n", READY_037, "    def finish(self) -> None:\n"],
+        ["        self.bucket, self.pending, self.queued = [], [], False\n",
+         "    def ready(self, p: torch.Tensor) -> None:\n        if not self.queued:             # the first hook of "
+         "this backward\n            self.queued = True\n"
+         "            torch.autograd.Variable._execution_engine.queue_callback(self.settle)\n"
+         "        self.bucket.append(p)\n",
+         "    def finish(self) -> None:\n        pass\n\n    def settle(self) -> None:\n        self.queued = False\n"]),
     "the buckets waited for in threads that a callback queued for the end of backward joins": (
         ["import torch.distributed as dist\n", SEND_037 + "        self.bucket = []\n"],
         ["import threading\n\nimport torch.distributed as dist\n",

@@ -47,7 +47,10 @@ third (2026-12-05, adv3) found 7 more, now told: every bucket started from the l
 the hook, histories in a deque, on the parameters or as Python floats, hooks registered at every forward, an
 integer buffer never broadcast. A Python-level history of strings, or one kept in a container of another module
 (array, numpy), is still not counted. A fourth (2026-12-05) found 2 more, now told: a state_dict broadcast (a
-non-persistent buffer is not in it), and each all-reduce waited for in a thread that the hook joins.
+non-persistent buffer is not in it), and each all-reduce waited for in a thread that the hook joins. A fifth
+(adv5) found 4 more: the gradients exchanged through the c10d store and buckets fixed in registration order, now
+told; waits in a callback queued for the end of backward (as torch's DDP waits) and in a worker thread whose
+futures finish() waits on were judged right (the statement says so).
 """
 
 from __future__ import annotations
