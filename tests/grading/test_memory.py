@@ -280,6 +280,61 @@ class ShardedOptimizer:
     def zero_grad(self):
         self.inner.zero_grad(set_to_none=True)
 '''
+#: A whole optimizer again (the mean gradient rebuilt on every rank by all-gathering the reduced chunks), made anew
+#: each step; between steps its state tensors are parked, as raw bytes, in an anonymous mmap that no tensor or
+#: Python object holds: only what the all-gathers carry tells it.
+PARKED = '''import mmap
+
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        params = list(params)
+        self.groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        self.params = [p for g in self.groups for p in g["params"]]
+        self.make = lambda: optimizer_class(self.groups, **defaults)
+        self.world, self.layout, self.scalars, self.parked = dist.get_world_size(), [], {}, None
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if p.grad is None:
+                continue
+            size = -(-p.numel() // self.world)
+            flat = torch.cat([p.grad.reshape(-1), p.grad.new_zeros(size * self.world - p.numel())])
+            mine, whole = torch.empty(size), torch.empty(size * self.world)
+            reduce_scatter_single(mine, flat)
+            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank
+            p.grad = whole[:p.numel()].view_as(p).clone()
+        opt, at = self.make(), 0
+        for i, key, shape in self.layout:                          # the state back from the mmap
+            n = shape.numel()
+            opt.state[self.params[i]][key] = torch.frombuffer(self.parked, dtype=torch.float32, count=n,
+                                                              offset=4 * at).view(shape).clone()
+            at += n
+        for (i, key), v in self.scalars.items():
+            opt.state[self.params[i]][key] = v
+        opt.step()
+        self.layout, self.scalars, kept = [], {}, []
+        for i, p in enumerate(self.params):
+            for key, v in opt.state.get(p, {}).items():
+                if torch.is_tensor(v) and v.dim():
+                    self.layout.append((i, key, v.shape))
+                    kept.append(v.reshape(-1))
+                else:
+                    self.scalars[(i, key)] = v
+        flat = torch.cat(kept) if kept else torch.zeros(1)
+        self.parked = mmap.mmap(-1, 4 * flat.numel())
+        torch.frombuffer(self.parked, dtype=torch.float32).copy_(flat)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
 TRAFFIC = r"with SGD with momentum, step 1's collectives moved [\d,]+ elements in and out of this rank "
 OUT = r"with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds \(0\): "
 
@@ -458,6 +513,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the whole optimizer's state listed as the parameters of an idle optimizer": (
         None, IDLE, r"with SGD with momentum, your optimizer holds [\d,]+ bytes of state .* the optimizer in one "
                     r"process holds 7,240"),
+    "a whole optimizer on the all-gathered mean gradient, its state parked in an anonymous mmap": (
+        None, PARKED, r"with SGD with momentum, the result is right, but in step 1 your all-gathers \(4 call\(s\), "
+                      r"1,\d{3} elements\) carried the reduced gradient slices, not the updated parameters"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),

@@ -19,7 +19,10 @@ Known limits: state or whole parameters hidden where no tensor, storage or count
 anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the
 student's module does not reach (hung on builtins), a buffer made at import hung on a function attribute) are not
 seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every rank, which the bound on a
-step's collectives and sends/recvs (:func:`_traffic_bound`) sees. A second red team (2026-12-05) found more that
+step's collectives and sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated
+parameter slices (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices
+all-gathered, its state in an anonymous mmap or a TorchScript module, is caught since; slices broadcast by their
+owners are not read). A second red team (2026-12-05) found more that
 pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()), options of a group
 other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage, gradients packed two
 float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the round that counts
@@ -49,8 +52,8 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
                                       live_storages, note, reachable_storages)
-from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, add_content, built, carries,
-                                           carries_some, content_of, counted_collectives, named_content,
+from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
+                                           carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
 from mgpu_utils.models import TiedMLP, make_mlp
 
@@ -260,13 +263,13 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
-        return None
+        return None, None
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"], opt_class) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
     few = sum(1 for p in mine.parameters() if p.requires_grad) + 1   # all-reduced: a flag per parameter, a norm
-    start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
+    start, comm, wrong_carried, traffic, gathered = _flat(mine.parameters()), None, None, None, None
     extra = mine.extra.weight.detach().clone() if frozen_round else None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
@@ -282,6 +285,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
+        stepped = [p.grad is not None for p in mine.parameters()]
         with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
             opt.step()
         if used and not torch_built:
@@ -291,6 +295,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                                                         {**base, "kind": "any_carried", "step": s + 1})
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
+        gathered = gathered or _gathered_updated(content, mine, stepped, ref, world,
+                                                 {**base, "kind": "any_gathered", "step": s + 1})
         ref_opt.step()
         if frozen_round and s == 0:                        # after one step, from the same start, a lost option
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
@@ -352,7 +358,35 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
-    return traffic
+    return traffic, gathered
+
+
+def _gathered_updated(content: list, model, stepped: list, ref, world: int, problem: dict,
+                      rtol: float = 1e-4) -> dict | None:
+    """07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``calls``, ``elements``) when a
+    step's all-gathers (``content``: each call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank
+    put in) did not carry the ranks' updated parameter slices: summed over the ranks (one all-reduce of four
+    numbers: every rank calls this), what they put in must be the parameters after the step, in any layout and
+    padded with zeros, each parameter stepped (``stepped``: its .grad was not None) once, the others (frozen,
+    unused) once or not at all. A rank that all-gathers the reduced gradient slices instead has the whole mean
+    gradient, and can step a whole optimizer kept anywhere. None when they did, or when no rank all-gathered (a
+    broadcast from each owner: not read). ``ref``: the reference after its backward (its gradients, the mean
+    over the batch, name what was gathered)."""
+    got = add_content([c for c in content if c.name in GATHERS])
+    summed = torch.tensor([got.elements, got.total, got.squares, got.absolute], dtype=torch.float64)
+    dist.all_reduce(summed)
+    if summed[0].item() == 0:
+        return None
+    got = Content("", int(summed[0].item()), *(v.item() for v in summed[1:]))
+    pieces = [content_of(p) for p in model.parameters()]
+    required = [s and p.requires_grad for s, p in zip(stepped, model.parameters())]
+    if carries_some(got, pieces, required, rtol, most=1):
+        return None
+    mean = content_of([p.grad for p in ref.parameters() if p.grad is not None])
+    summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
+                           world * mean.absolute)
+    return {**problem, "what": named_content(got, world, rtol, gradients=summed_grads),
+            "calls": sum(1 for c in content if c.name in GATHERS), "elements": got.elements}
 
 
 #: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
@@ -436,19 +470,20 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     rounds += [(*OTHER_OPTIMIZER, False, steps)]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
-    traffic = None                 # told last: a whole optimizer kept outside moves whole gradients too
+    traffic = gathered = None      # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
         watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
         try:
-            found = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
+            found, wrong_gathered = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n,
+                                                   watch)
         finally:
             if watch is not None:
                 watch.stop()
-        traffic = traffic or found
+        traffic, gathered = traffic or found, gathered or wrong_gathered
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
-    if traffic is not None:
-        note(problems, traffic)
+    if traffic is not None or gathered is not None:
+        note(problems, traffic or gathered)
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -1020,6 +1055,18 @@ HINTS: dict[str, list[tuple]] = {
                  "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
                  "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
                  "once (those that are not None), padded with zeros if need be, and nothing else")],
+    "any_gathered": [
+        (lambda p, W: p["what"] == "gradients",
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} call(s), "
+         "{elements:,} elements) carried the reduced gradient slices, not the updated parameters (world size {W}): "
+         "every rank then holds the whole mean gradient and steps every parameter, so each keeps the whole "
+         "optimizer state, wherever it is hidden. In ZeRO-1 each rank steps its own slice only, and the all-gather "
+         "after the step carries this rank's updated parameter slice"),
+        (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} "
+                 "call(s), {elements:,} elements) did not carry the ranks' updated parameter slices (summed over "
+                 "the ranks, what they put in is not the parameters after the step; world size {W}): in ZeRO-1 "
+                 "each rank steps its own slice, then all-gathers that updated slice, once per step, and nothing "
+                 "else")],
     "any_opt": [
         (lambda p, W: p["optimizer"] == OTHER_OPTIMIZER[0],
          "rank {rank}: with {optimizer}, after {steps} steps the parameters differ from one process's by "
@@ -1297,7 +1344,8 @@ EXERCISES = [
         what="SGD with momentum, Adam, AdamW and RMSprop equal one process's, also with a frozen parameter, one "
              "unused in every other step and two parameter groups, with each rank holding about 1/world of the "
              "optimizer's state (none kept outside it: not in a module-level variable, Python objects or a file) "
-             "and step() reduce-scattering, not all-reducing, the gradients"),
+             "and step() reduce-scattering, not all-reducing, the gradients and all-gathering the updated "
+             "slices"),
     CodingExercise(
         id="07.6", template="07_my_fsdp.py", entry="MyFSDP", world_sizes=(2, 3),
         check=check_my_fsdp, hints=HINTS,
