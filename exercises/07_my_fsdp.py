@@ -11,8 +11,9 @@ compute_dtype=None), a torch.nn.Module, such that
     that dtype, so forward and backward compute in it, while the shards, their gradients and the optimizer
     stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this);
   * after loss.backward() each shard's .grad is its slice of the gradient of the mean loss over every rank's
-    batch, in float32: reduce-scattered in the backward (as each gradient is made, not at the optimizer's
-    step), then divided by the world size; two backward() calls before step() add up their gradients in
+    batch, in float32: reduce-scattered in the backward (as each gradient is made, from a hook or your
+    autograd.Function's backward, not from a callback at the end of backward nor at the optimizer's step),
+    then divided by the world size; two backward() calls before step() add up their gradients in
     .grad (gradient accumulation, as in torch's FSDP); as in torch, a parameter with requires_grad=False
     (frozen) or not used in this forward gets no gradient: its shard's .grad stays None, so that the optimizer
     skips it (no momentum, no weight decay), and nothing of it is reduce-scattered (FSDP2 leaves it out;

@@ -778,6 +778,19 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
         r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
         r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
+    "each reduce-scatter put off to a callback run when loss.backward() ends": (
+        ["        ctx.numel, ctx.world = shape.numel(), world\n",
+         "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076
+         + "        return out / ctx.world, None, None\n"],
+        ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        def reduce_later(shard=ctx.shard, flat=flat, world=ctx.world):   # after the whole backward\n"
+         "            out = torch.empty(flat.numel() // world)\n"
+         "            reduce_scatter_single(out, flat)\n"
+         "            shard.grad = out / world if shard.grad is None else shard.grad + out / world\n"
+         "        torch.autograd.Variable._execution_engine.queue_callback(reduce_later)\n"
+         "        return None, None, None\n"],
+        r"\(MLP, float32\): in step 1, 4 reduce-scatter\(s\) ran after autograd had made every gradient .*"
+        r"Reduce-scatter each gradient as it is made, in the backward"),
     "each backward's gradient written over the shard's .grad, not added to it": (
         ["        ctx.numel, ctx.world = shape.numel(), world\n", "        return out / ctx.world, None, None\n"],
         ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",

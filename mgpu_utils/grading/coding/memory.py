@@ -548,7 +548,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
     tensors.
     When loss.backward() returns, every shard that gets a gradient has its .grad, and step() makes no
-    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then).
+    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then); each
+    reduce-scatter of the backward starts while autograd runs a node (a hook, a Function's backward), not from a
+    final callback queued for the end of backward (``queue_callback``: every whole gradient held until then).
     The MLP's step 2 comes after two backwards, each on half of this rank's rows (:func:`_micro_batches`): their
     gradients add up in .grad (a result equal to the second backward's alone is named), and that step's
     collectives are not checked against one backward's gradients."""
@@ -613,10 +615,11 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
                 micro = _micro_batches(len(x), rank, world, 2 if accumulates and s == 1 else 1)
-                calls, content = [], []
+                calls, content, nodes = [], [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
-                with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
+                with counted_collectives(calls, cls, content=content, p2p=True, nodes=nodes), \
+                        built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
                     for rows, _ in micro:                        # gradient accumulation: each backward adds up
                         with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
@@ -634,6 +637,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 needs = [(shapes[n], uses[n]) for (n, q), u in zip(refs["right"].named_parameters(), used_now)
                          if q.requires_grad and u]         # the parameters that get a gradient in this step
                 late = [c for c in calls[in_backward:] if c in (*SCATTERS, "reduce")]
+                after = sum(1 for c, n in zip(calls[:in_backward], nodes) if c in (*SCATTERS, "reduce") and not n)
                 unready = sum(1 for r, u, (_, q) in zip(ready, used_now, refs["right"].named_parameters())
                               if u and q.requires_grad and not r) if whole else 0
                 if len(micro) == 1:                              # one backward: what it carried is one gradient
@@ -673,6 +677,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif late or unready:                            # reduce-scattered at step(), not in the backward
                     note(problems, {**base, "what": "at_step", "step": s + 1, "calls": len(late), "unready": unready})
+                elif after:                                      # in a callback at backward's end: none overlaps
+                    note(problems, {**base, "what": "at_end", "step": s + 1, "calls": after})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif dtype is not None and others - {dtype}:
@@ -1285,6 +1291,12 @@ HINTS: dict[str, list[tuple]] = {
          ".grad yet, and optimizer.step() made {calls} reduce-scatter(s): reduce-scatter each gradient in backward "
          "(a hook, or the backward of an autograd.Function), not at step: until then every rank holds the full "
          "gradients. FSDP reduce-scatters each gradient as soon as the backward has made it, and frees it"),
+        (lambda p, W: p["what"] == "at_end",
+         "rank {rank} ({model}, {dtype}): in step {step}, {calls} reduce-scatter(s) ran after autograd had made "
+         "every gradient (from a callback queued for the end of loss.backward(), or outside the backward): until "
+         "then every rank holds the full gradients of the whole model, and no communication overlaps the backward. "
+         "Reduce-scatter each gradient as it is made, in the backward (the backward of your autograd.Function, or "
+         "a hook), so that its full gradient can be freed"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
