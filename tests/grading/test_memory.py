@@ -651,16 +651,6 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
         "        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks\n",
         "        for r, part in enumerate(flat.chunk(ctx.world)):\n            dist.reduce(part, dst=r)\n"
         "        out.copy_(flat.chunk(ctx.world)[dist.get_rank()])\n"),
-    "the shared weight gathered once per use (twice a forward), its gradient reduce-scattered per use": (
-        ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
-        ["        self.names, self.shapes, shards = [], [], []\n"
-         "        first = {id(p): n for n, p in module.named_parameters()}\n"
-         "        self.aliases = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)\n"
-         "                        if first[id(p)] != n}\n",
-         "        for alias, name in self.aliases.items():           # the shared weight, gathered for each use\n"
-         "            i = self.names.index(name)\n"
-         "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
-         "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"]),
     "the float32 gather from torch.distributed.nn (its backward reduce-scatters), cast after, a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
@@ -778,6 +768,18 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
         r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
         r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
+    "a weight two layers share gathered for each layer, so its gradient travels twice (once per use)": (
+        ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
+        ["        self.names, self.shapes, shards = [], [], []\n"
+         "        first = {id(p): n for n, p in module.named_parameters()}\n"
+         "        self.aliases = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)\n"
+         "                        if first[id(p)] != n}\n",
+         "        for alias, name in self.aliases.items():           # the shared weight, gathered for each use\n"
+         "            i = self.names.index(name)\n"
+         "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
+         "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"],
+        r"\(TiedMLP, float32\): in step 1 your reduce-scatters carried [\d,]+ elements, .* a weight used by two "
+        r"layers was reduce-scattered once per use"),
     "each reduce-scatter put off to a callback run when loss.backward() ends": (
         ["        ctx.numel, ctx.world = shape.numel(), world\n",
          "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076

@@ -867,16 +867,22 @@ def _uses(model: torch.nn.Module) -> dict:
 def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dict | None:
     """07.6: ``problem`` completed (``elements``, ``most``) when a step's reduce-scatters (all-to-alls,
     scatters: :data:`SCATTERS`) carried more elements than the gradients of the parameters that got one in this
-    step (``needs``: (shape, uses) each; a tied weight once per use) padded in the most generous right layout:
-    each padded to a multiple of ``world``, each cut in whole rows, or all flattened into one padded vector
-    (FSDP1's). A frozen parameter's or an unused one's zeros sent beside them pass none of them (FSDP1's flat
-    layout did send them); None otherwise."""
+    step (``needs``: (shape, uses) each; a tied weight is one parameter: its gradient once, however many layers
+    use it) padded in the most generous right layout: each padded to a multiple of ``world``, each cut in whole
+    rows, or all flattened into one padded vector (FSDP1's). A frozen parameter's or an unused one's zeros sent
+    beside them pass none of them (FSDP1's flat layout did send them); a tied weight's gradient reduce-scattered
+    once per use (twice the traffic) neither (``per_use``: the count would pass once per use); None otherwise."""
     sent = sum(c.elements for c in content if c.name in SCATTERS)
     up = lambda n: -(-n // world) * world
-    most = max(sum(u * up(shape.numel()) for shape, u in needs),
-               sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
-               up(sum(u * shape.numel() for shape, u in needs)))
-    return {**problem, "elements": sent, "most": most} if sent > most else None
+    bound = lambda once: max(sum((1 if once else u) * up(shape.numel()) for shape, u in needs),
+                             sum((1 if once else u) * up(shape[0]) * (shape.numel() // shape[0])
+                                 for shape, u in needs if len(shape)),
+                             up(sum((1 if once else u) * shape.numel() for shape, u in needs)))
+    most = bound(True)
+    if sent <= most:
+        return None
+    return {**problem, "elements": sent, "most": most,
+            "per_use": any(u > 1 for _, u in needs) and sent <= bound(False)}
 
 
 #: Point-to-point calls (recorded with ``p2p``): a ring of sends and recvs does an all-gather's or a
@@ -889,7 +895,7 @@ def _sends_bound(content: list, calls: list, needs: list, every: list, world: in
     rings (or each rank sending each other rank its part) of the all-gathers and reduce-scatters not made by
     named collectives move: (world - 1) / world of each parameter (``every``: (shape, uses) each) padded the most
     generous right way, gathered up to twice per use (again for the backward), and of each gradient (``needs``)
-    once per use; a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
+    once (a tied weight's too); a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
     most. None otherwise."""
     sent = sum(c.elements for c in content if c.name == "send")
     if not sent:
@@ -898,7 +904,7 @@ def _sends_bound(content: list, calls: list, needs: list, every: list, world: in
                            -(-shape[0] // world) * world * (shape.numel() // shape[0]) if len(shape) else world)
     named = set(calls)
     work = (0 if named & {*GATHERS, "broadcast"} else sum(2 * u * up(shape) for shape, u in every)) \
-        + (0 if named & {*SCATTERS, "reduce"} else sum(u * up(shape) for shape, u in needs))
+        + (0 if named & {*SCATTERS, "reduce"} else sum(up(shape) for shape, _ in needs))
     most = round(work * (world - 1) / world) + world
     return {**problem, "elements": sent, "most": most} if sent > most else None
 
@@ -933,13 +939,13 @@ def _reduce_roots(fn, roots: collections.Counter):
 def _roots_bound(roots: collections.Counter, content: list, needs: list, world: int, problem: dict) -> dict | None:
     """07.6: ``problem`` completed when a step reduced to one rank more than the gradients of its shards
     (``what`` "rooted": ``dst``, ``elements``, ``most``: each parameter that got a gradient in this step, a tied
-    one once per use, cut the most generous right way, padded to a multiple of ``world`` or in whole rows, over
+    one once, cut the most generous right way, padded to a multiple of ``world`` or in whole rows, over
     the world; a whole gradient reduced to rank 0 and broadcast back is an all-reduce made of two calls, and
     every rank receives every sum), or when its object collectives carried a quarter of those gradients'
     elements or more (``what`` "objects": pickled parameters or gradients, :data:`OBJECT_CALLS`); None
     otherwise."""
-    most = sum(u * max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
-                       else 1) for shape, u in needs) + world
+    most = sum(max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
+                   else 1) for shape, _ in needs) + world
     dst, elements = max(roots.items(), key=lambda kv: kv[1], default=(0, 0))
     if elements > most:
         return {**problem, "dst": dst, "elements": elements, "most": most}
@@ -1175,6 +1181,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
          "yourself; shard the parameters, all-gather them for the forward and reduce-scatter their gradients "
          "with your own collectives, without torch.distributed.fsdp"),
+        (lambda p, W: p["what"] == "scattered" and p.get("per_use"),
+         "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters carried {elements:,} elements, and "
+         "the gradients of the parameters that got one in this step are {most:,} at most, padded: a weight used by "
+         "two layers was reduce-scattered once per use (twice its traffic). A tied weight is one parameter: gather "
+         "it once for both uses (functional_call ties the names) so that autograd adds up its uses' gradients, "
+         "and reduce-scatter that one gradient once"),
         (lambda p, W: p["what"] == "scattered",
          "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters carried {elements:,} elements, and "
          "the gradients of the parameters that got one in this step are {most:,} at most, padded in any layout "
