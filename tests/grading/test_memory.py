@@ -651,12 +651,16 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
         "        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks\n",
         "        for r, part in enumerate(flat.chunk(ctx.world)):\n            dist.reduce(part, dst=r)\n"
         "        out.copy_(flat.chunk(ctx.world)[dist.get_rank()])\n"),
-    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), cast after, a hook for the mean": (
+    # torch.distributed.nn's gather reduce-scatters in the dtype it gathered: under compute_dtype a float32 gather
+    # moves twice the bytes, a bfloat16 one sums gradients in bfloat16; so it serves float32 only here
+    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
-        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()]"
-         ".view(shape).to(dtype)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
-         FROZEN + "            if p.requires_grad:\n"
+        ["        full = ({n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()].view(shape)\n"
+         "                 for n, s, shape in zip(self.names, self.shards, self.shapes)} if self.compute_dtype is None\n"
+         "                else {n: GatherShard.apply(s, shape, dtype)\n"
+         "                      for n, s, shape in zip(self.names, self.shards, self.shapes)})\n",
+         FROZEN + "            if p.requires_grad and compute_dtype is None:   # GatherShard divides itself\n"
                   "                shards[-1].register_hook(lambda g, w=world: g / w)\n"]),
     "full_parameters through all_gather into a list": (
         FULL, "        out = {}\n        for n, s, shape in zip(self.names, self.shards, self.shapes):\n"
@@ -780,6 +784,14 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"],
         r"\(TiedMLP, float32\): in step 1 your reduce-scatters carried [\d,]+ elements, .* a weight used by two "
         r"layers was reduce-scattered once per use"),
+    "under compute_dtype the float32 shards all-gathered, the whole parameters cast after": (
+        ["        full = torch.empty(shard.numel() * world, dtype=dtype)\n", AG_076,
+         "        return full[:shape.numel()].view(shape)\n"],
+        ["        full = torch.empty(shard.numel() * world)                # float32, as the shards are kept\n",
+         "        all_gather_single(full, shard.detach())\n",
+         "        return full[:shape.numel()].view(shape).to(dtype)\n"],
+        r"\(MLP\): with compute_dtype=bfloat16, in step 1 4 of your all-gathers moved 32-bit floats: .* Cast each "
+        r"shard to compute_dtype first"),
     "each reduce-scatter put off to a callback run when loss.backward() ends": (
         ["        ctx.numel, ctx.world = shape.numel(), world\n",
          "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076

@@ -540,7 +540,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
     reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
     a ring's, do their work, their elements bounded by :func:`_sends_bound`; reduce-scatters in a dtype narrower
-    than float32, against the statement), and torch's FSDP
+    than float32, against the statement; under compute_dtype, all-gathers or broadcasts wider than it: float32
+    shards gathered and cast after, twice FSDP2's bytes), and torch's FSDP
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
@@ -654,6 +655,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
                     wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
                                      "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
+                wide = [c for c in content if dtype is not None and c.name in (*GATHERS, "broadcast") and c.elements
+                        and c.nbytes > c.elements * dtype.itemsize]   # gathered in float32, cast after
                 if len(micro) == 1:
                     wrong_carried = wrong_carried or _sends_bound(
                         content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
@@ -684,6 +687,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 elif dtype is not None and others - {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "other": True,
                                     "seen": sorted(str(d) for d in others)})
+                elif wide:
+                    note(problems, {**base, "what": "gather_dtype", "step": s + 1, "calls": len(wide),
+                                    "bits": 8 * max(c.nbytes // c.elements for c in wide)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
@@ -1250,6 +1256,11 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}): with compute_dtype={dtype} the forward's other operations (not F.linear: a "
          "product, a mean) used parameters in {seen}: a parameter gathered in float32 (a frozen one?) promotes "
          "what it touches back to float32. Cast every gathered parameter, frozen or not, to compute_dtype"),
+        (lambda p, W: p["what"] == "gather_dtype",
+         "rank {rank} ({model}): with compute_dtype={dtype}, in step {step} {calls} of your all-gathers moved "
+         "{bits}-bit floats: the shards were gathered in float32 and cast after, twice the bytes on the wire. Cast "
+         "each shard to compute_dtype first and all-gather that, as FSDP2's MixedPrecisionPolicy(param_dtype) "
+         "does (frozen or not); full_parameters() alone gathers float32"),
         (lambda p, W: p["what"] == "compute_dtype",
          "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
          "gathered parameters (and a floating-point input) to compute_dtype"),
