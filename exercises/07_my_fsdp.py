@@ -9,10 +9,13 @@ compute_dtype=None), a torch.nn.Module, such that
   * forward(x) all-gathers the whole parameters just before they are used, runs ``module`` with them and
     returns its output; with ``compute_dtype`` (torch.bfloat16) the gathered parameters and the input are in
     that dtype, so forward and backward compute in it, while the shards, their gradients and the optimizer
-    stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this);
+    stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this: each shard, frozen or not, is cast
+    before its all-gather, which so moves half the bytes; full_parameters() gathers float32);
   * after loss.backward() each shard's .grad is its slice of the gradient of the mean loss over every rank's
-    batch, in float32: reduce-scattered in the backward (as each gradient is made, not at the optimizer's
-    step), then divided by the world size; two backward() calls before step() add up their gradients in
+    batch, in float32: reduce-scattered in the backward (as each gradient is made, from a hook or your
+    autograd.Function's backward, not from a callback at the end of backward nor at the optimizer's step),
+    then divided by the world size (a tied weight is one parameter: its gradient, the sum of its uses, is
+    reduce-scattered once); two backward() calls before step() add up their gradients in
     .grad (gradient accumulation, as in torch's FSDP); as in torch, a parameter with requires_grad=False
     (frozen) or not used in this forward gets no gradient: its shard's .grad stays None, so that the optimizer
     skips it (no momentum, no weight decay), and nothing of it is reduce-scattered (FSDP2 leaves it out;

@@ -447,7 +447,7 @@ def point_to_point_only(exercise, fn=None):
 
 
 def counted_collectives(calls: list, fn=None, carried: list | None = None, content: list | None = None,
-                        p2p: bool = False):
+                        p2p: bool = False, nodes: list | None = None):
     """Within the block every collective still runs, and its name is appended to ``calls``; with ``carried``,
     ``(name, elements)`` too, ``elements`` the element count of its first tensor argument (all_reduce: the
     tensor reduced; the ``*_single`` and ``*_tensor`` forms: the output), so that a check sees what a call
@@ -455,7 +455,9 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
     :class:`Content` of what this rank put in, taken before the call ran (07.4 to 07.6: the gradients, or zeros
     sent for show while the work happens elsewhere). Collectives reached below torch.distributed's functions
     count too (:func:`patched_collectives`); with ``p2p``, point-to-point calls too (``send``, ``recv``: isend,
-    irecv and batch_isend_irecv reach them; 07.5's bound on a step's traffic counts what they move)."""
+    irecv and batch_isend_irecv reach them; 07.5's bound on a step's traffic counts what they move); with
+    ``nodes``, whether each call started while autograd ran a node in its thread (:func:`_in_backward`: a hook or
+    an autograd.Function's backward, not a final callback queued for the end of backward; 07.6)."""
     def first_elements(args, kwargs) -> int:
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.Tensor):
@@ -467,6 +469,8 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
     def counting(name, original):
         def call(*args, **kwargs):
             calls.append(name)
+            if nodes is not None:
+                nodes.append(_in_backward())
             if name in OBJECT_CALLS:                     # pickled: its bytes, float32's worth, in and out
                 bound = _SIGNATURES[name].bind_partial(*args, **kwargs).arguments
                 put = pickled_elements(bound.get(OBJECT_CALLS[name][0]))
@@ -485,6 +489,8 @@ def counted_collectives(calls: list, fn=None, carried: list | None = None, conte
 
     def below(call: LowCall):
         calls.append(call.name)
+        if nodes is not None:
+            nodes.append(_in_backward())
         raw = call.name in ("send", "recv") and not any(t.is_floating_point() for t in call.inputs + call.outputs)
         if carried is not None:                         # send/recv_object_list's bytes: float32's worth
             carried.append((call.name, call.first.nbytes // 4 if raw else call.elements))

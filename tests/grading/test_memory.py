@@ -280,6 +280,61 @@ class ShardedOptimizer:
     def zero_grad(self):
         self.inner.zero_grad(set_to_none=True)
 '''
+#: A whole optimizer again (the mean gradient rebuilt on every rank by all-gathering the reduced chunks), made anew
+#: each step; between steps its state tensors are parked, as raw bytes, in an anonymous mmap that no tensor or
+#: Python object holds: only what the all-gathers carry tells it.
+PARKED = '''import mmap
+
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
+
+class ShardedOptimizer:
+    def __init__(self, params, optimizer_class, **defaults):
+        params = list(params)
+        self.groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        self.params = [p for g in self.groups for p in g["params"]]
+        self.make = lambda: optimizer_class(self.groups, **defaults)
+        self.world, self.layout, self.scalars, self.parked = dist.get_world_size(), [], {}, None
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            if p.grad is None:
+                continue
+            size = -(-p.numel() // self.world)
+            flat = torch.cat([p.grad.reshape(-1), p.grad.new_zeros(size * self.world - p.numel())])
+            mine, whole = torch.empty(size), torch.empty(size * self.world)
+            reduce_scatter_single(mine, flat)
+            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank
+            p.grad = whole[:p.numel()].view_as(p).clone()
+        opt, at = self.make(), 0
+        for i, key, shape in self.layout:                          # the state back from the mmap
+            n = shape.numel()
+            opt.state[self.params[i]][key] = torch.frombuffer(self.parked, dtype=torch.float32, count=n,
+                                                              offset=4 * at).view(shape).clone()
+            at += n
+        for (i, key), v in self.scalars.items():
+            opt.state[self.params[i]][key] = v
+        opt.step()
+        self.layout, self.scalars, kept = [], {}, []
+        for i, p in enumerate(self.params):
+            for key, v in opt.state.get(p, {}).items():
+                if torch.is_tensor(v) and v.dim():
+                    self.layout.append((i, key, v.shape))
+                    kept.append(v.reshape(-1))
+                else:
+                    self.scalars[(i, key)] = v
+        flat = torch.cat(kept) if kept else torch.zeros(1)
+        self.parked = mmap.mmap(-1, 4 * flat.numel())
+        torch.frombuffer(self.parked, dtype=torch.float32).copy_(flat)
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
 TRAFFIC = r"with SGD with momentum, step 1's collectives moved [\d,]+ elements in and out of this rank "
 OUT = r"with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds \(0\): "
 
@@ -458,6 +513,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the whole optimizer's state listed as the parameters of an idle optimizer": (
         None, IDLE, r"with SGD with momentum, your optimizer holds [\d,]+ bytes of state .* the optimizer in one "
                     r"process holds 7,240"),
+    "a whole optimizer on the all-gathered mean gradient, its state parked in an anonymous mmap": (
+        None, PARKED, r"with SGD with momentum, the result is right, but in step 1 your all-gathers \(4 call\(s\), "
+                      r"1,\d{3} elements\) carried the reduced gradient slices, not the updated parameters"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),
@@ -593,22 +651,16 @@ RIGHT_076 = {   # name: (text of the solution, replaced by)
         "        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks\n",
         "        for r, part in enumerate(flat.chunk(ctx.world)):\n            dist.reduce(part, dst=r)\n"
         "        out.copy_(flat.chunk(ctx.world)[dist.get_rank()])\n"),
-    "the shared weight gathered once per use (twice a forward), its gradient reduce-scattered per use": (
-        ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
-        ["        self.names, self.shapes, shards = [], [], []\n"
-         "        first = {id(p): n for n, p in module.named_parameters()}\n"
-         "        self.aliases = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)\n"
-         "                        if first[id(p)] != n}\n",
-         "        for alias, name in self.aliases.items():           # the shared weight, gathered for each use\n"
-         "            i = self.names.index(name)\n"
-         "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
-         "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"]),
-    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), cast after, a hook for the mean": (
+    # torch.distributed.nn's gather reduce-scatters in the dtype it gathered: under compute_dtype a float32 gather
+    # moves twice the bytes, a bfloat16 one sums gradients in bfloat16; so it serves float32 only here
+    "the float32 gather from torch.distributed.nn (its backward reduce-scatters), a hook for the mean": (
         ["        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, "
          "self.shapes)}\n", FROZEN],
-        ["        full = {n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()]"
-         ".view(shape).to(dtype)\n                for n, s, shape in zip(self.names, self.shards, self.shapes)}\n",
-         FROZEN + "            if p.requires_grad:\n"
+        ["        full = ({n: torch.cat(torch.distributed.nn.functional.all_gather(s))[:shape.numel()].view(shape)\n"
+         "                 for n, s, shape in zip(self.names, self.shards, self.shapes)} if self.compute_dtype is None\n"
+         "                else {n: GatherShard.apply(s, shape, dtype)\n"
+         "                      for n, s, shape in zip(self.names, self.shards, self.shapes)})\n",
+         FROZEN + "            if p.requires_grad and compute_dtype is None:   # GatherShard divides itself\n"
                   "                shards[-1].register_hook(lambda g, w=world: g / w)\n"]),
     "full_parameters through all_gather into a list": (
         FULL, "        out = {}\n        for n, s, shape in zip(self.names, self.shards, self.shapes):\n"
@@ -720,6 +772,39 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _WAITING.append((ctx.shard, flat))\n        return None, None, None\n"],
         r"\(MLP, float32\): in step 1, when loss.backward\(\) returned, 4 shard\(s\) had no .grad yet, and "
         r"optimizer.step\(\) made 4 reduce-scatter\(s\): reduce-scatter each gradient in backward"),
+    "a weight two layers share gathered for each layer, so its gradient travels twice (once per use)": (
+        ["        self.names, self.shapes, shards = [], [], []\n", FORWARD_END],
+        ["        self.names, self.shapes, shards = [], [], []\n"
+         "        first = {id(p): n for n, p in module.named_parameters()}\n"
+         "        self.aliases = {n: first[id(p)] for n, p in module.named_parameters(remove_duplicate=False)\n"
+         "                        if first[id(p)] != n}\n",
+         "        for alias, name in self.aliases.items():           # the shared weight, gathered for each use\n"
+         "            i = self.names.index(name)\n"
+         "            full[alias] = GatherShard.apply(self.shards[i], self.shapes[i], dtype)\n"
+         "        return torch.func.functional_call(self.inner[0], full, (x,), tie_weights=False)\n"],
+        r"\(TiedMLP, float32\): in step 1 your reduce-scatters carried [\d,]+ elements, .* a weight used by two "
+        r"layers was reduce-scattered once per use"),
+    "under compute_dtype the float32 shards all-gathered, the whole parameters cast after": (
+        ["        full = torch.empty(shard.numel() * world, dtype=dtype)\n", AG_076,
+         "        return full[:shape.numel()].view(shape)\n"],
+        ["        full = torch.empty(shard.numel() * world)                # float32, as the shards are kept\n",
+         "        all_gather_single(full, shard.detach())\n",
+         "        return full[:shape.numel()].view(shape).to(dtype)\n"],
+        r"\(MLP\): with compute_dtype=bfloat16, in step 1 4 of your all-gathers moved 32-bit floats: .* Cast each "
+        r"shard to compute_dtype first"),
+    "each reduce-scatter put off to a callback run when loss.backward() ends": (
+        ["        ctx.numel, ctx.world = shape.numel(), world\n",
+         "        out = torch.empty(flat.numel() // ctx.world)\n" + RS_076
+         + "        return out / ctx.world, None, None\n"],
+        ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",
+         "        def reduce_later(shard=ctx.shard, flat=flat, world=ctx.world):   # after the whole backward\n"
+         "            out = torch.empty(flat.numel() // world)\n"
+         "            reduce_scatter_single(out, flat)\n"
+         "            shard.grad = out / world if shard.grad is None else shard.grad + out / world\n"
+         "        torch.autograd.Variable._execution_engine.queue_callback(reduce_later)\n"
+         "        return None, None, None\n"],
+        r"\(MLP, float32\): in step 1, 4 reduce-scatter\(s\) ran after autograd had made every gradient .*"
+        r"Reduce-scatter each gradient as it is made, in the backward"),
     "each backward's gradient written over the shard's .grad, not added to it": (
         ["        ctx.numel, ctx.world = shape.numel(), world\n", "        return out / ctx.world, None, None\n"],
         ["        ctx.numel, ctx.world, ctx.shard = shape.numel(), world, shard\n",

@@ -19,7 +19,10 @@ Known limits: state or whole parameters hidden where no tensor, storage or count
 anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the
 student's module does not reach (hung on builtins), a buffer made at import hung on a function attribute) are not
 seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every rank, which the bound on a
-step's collectives and sends/recvs (:func:`_traffic_bound`) sees. A second red team (2026-12-05) found more that
+step's collectives and sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated
+parameter slices (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices
+all-gathered, its state in an anonymous mmap or a TorchScript module, is caught since; slices broadcast by their
+owners are not read). A second red team (2026-12-05) found more that
 pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()), options of a group
 other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage, gradients packed two
 float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the round that counts
@@ -49,8 +52,8 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
                                       live_storages, note, reachable_storages)
-from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, add_content, built, carries,
-                                           carries_some, content_of, counted_collectives, named_content,
+from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
+                                           carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
 from mgpu_utils.models import TiedMLP, make_mlp
 
@@ -260,13 +263,13 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
-        return None
+        return None, None
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"], opt_class) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
     padded = sum(-(-p.numel() // world) * world for p in mine.parameters() if p.requires_grad)
     few = sum(1 for p in mine.parameters() if p.requires_grad) + 1   # all-reduced: a flag per parameter, a norm
-    start, comm, wrong_carried, traffic = _flat(mine.parameters()), None, None, None
+    start, comm, wrong_carried, traffic, gathered = _flat(mine.parameters()), None, None, None, None
     extra = mine.extra.weight.detach().clone() if frozen_round else None
     if torch_built:
         note(problems, {**base, "kind": "torch_zero", "what": torch_built[0]})
@@ -282,6 +285,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
+        stepped = [p.grad is not None for p in mine.parameters()]
         with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
             opt.step()
         if used and not torch_built:
@@ -291,6 +295,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                                                         {**base, "kind": "any_carried", "step": s + 1})
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
+        gathered = gathered or _gathered_updated(content, mine, stepped, ref, world,
+                                                 {**base, "kind": "any_gathered", "step": s + 1})
         ref_opt.step()
         if frozen_round and s == 0:                        # after one step, from the same start, a lost option
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
@@ -352,7 +358,35 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
-    return traffic
+    return traffic, gathered
+
+
+def _gathered_updated(content: list, model, stepped: list, ref, world: int, problem: dict,
+                      rtol: float = 1e-4) -> dict | None:
+    """07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``calls``, ``elements``) when a
+    step's all-gathers (``content``: each call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank
+    put in) did not carry the ranks' updated parameter slices: summed over the ranks (one all-reduce of four
+    numbers: every rank calls this), what they put in must be the parameters after the step, in any layout and
+    padded with zeros, each parameter stepped (``stepped``: its .grad was not None) once, the others (frozen,
+    unused) once or not at all. A rank that all-gathers the reduced gradient slices instead has the whole mean
+    gradient, and can step a whole optimizer kept anywhere. None when they did, or when no rank all-gathered (a
+    broadcast from each owner: not read). ``ref``: the reference after its backward (its gradients, the mean
+    over the batch, name what was gathered)."""
+    got = add_content([c for c in content if c.name in GATHERS])
+    summed = torch.tensor([got.elements, got.total, got.squares, got.absolute], dtype=torch.float64)
+    dist.all_reduce(summed)
+    if summed[0].item() == 0:
+        return None
+    got = Content("", int(summed[0].item()), *(v.item() for v in summed[1:]))
+    pieces = [content_of(p) for p in model.parameters()]
+    required = [s and p.requires_grad for s, p in zip(stepped, model.parameters())]
+    if carries_some(got, pieces, required, rtol, most=1):
+        return None
+    mean = content_of([p.grad for p in ref.parameters() if p.grad is not None])
+    summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
+                           world * mean.absolute)
+    return {**problem, "what": named_content(got, world, rtol, gradients=summed_grads),
+            "calls": sum(1 for c in content if c.name in GATHERS), "elements": got.elements}
 
 
 #: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
@@ -436,19 +470,20 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     rounds += [(*OTHER_OPTIMIZER, False, steps)]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
-    traffic = None                 # told last: a whole optimizer kept outside moves whole gradients too
+    traffic = gathered = None      # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
         watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
         try:
-            found = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n, watch)
+            found, wrong_gathered = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n,
+                                                   watch)
         finally:
             if watch is not None:
                 watch.stop()
-        traffic = traffic or found
+        traffic, gathered = traffic or found, gathered or wrong_gathered
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
-    if traffic is not None:
-        note(problems, traffic)
+    if traffic is not None or gathered is not None:
+        note(problems, traffic or gathered)
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -505,7 +540,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     what the collectives carried (:func:`_fsdp_carried`: the all-gathers this rank's shards, the
     reduce-scatters its own gradients, not zeros while the gradients are summed another way; sends and recvs,
     a ring's, do their work, their elements bounded by :func:`_sends_bound`; reduce-scatters in a dtype narrower
-    than float32, against the statement), and torch's FSDP
+    than float32, against the statement; under compute_dtype, all-gathers or broadcasts wider than it: float32
+    shards gathered and cast after, twice FSDP2's bytes), and torch's FSDP
     or fully_shard built, each a problem of its own; the module handed to the wrapper still holding its whole
     parameters between steps (:func:`_module_bytes`, wherever it is kept); in bfloat16, full_parameters() whose
     values are all bfloat16 numbers (gathered in the compute dtype); then what the process keeps outside the
@@ -513,7 +549,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
     The shards' order (:func:`_shard_order`): parameters() sorted by name or size puts a group's lr on other
     tensors.
     When loss.backward() returns, every shard that gets a gradient has its .grad, and step() makes no
-    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then).
+    reduce-scatter (one made from an optimizer step hook holds every whole gradient until then); each
+    reduce-scatter of the backward starts while autograd runs a node (a hook, a Function's backward), not from a
+    final callback queued for the end of backward (``queue_callback``: every whole gradient held until then).
     The MLP's step 2 comes after two backwards, each on half of this rank's rows (:func:`_micro_batches`): their
     gradients add up in .grad (a result equal to the second backward's alone is named), and that step's
     collectives are not checked against one backward's gradients."""
@@ -578,10 +616,11 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 for m in [model, *refs.values()]:
                     m.use_extra = s % 2 == 0                     # FrozenUnusedNet: its extra head in odd steps only
                 micro = _micro_batches(len(x), rank, world, 2 if accumulates and s == 1 else 1)
-                calls, content = [], []
+                calls, content, nodes = [], [], []
                 mine_now = [content_of(p) for p in shards]       # this rank's shards, before the step
                 roots, others = collections.Counter(), set()    # elements reduced to each rank; dtypes used
-                with counted_collectives(calls, cls, content=content, p2p=True), built(TORCH_FSDP) as used, \
+                with counted_collectives(calls, cls, content=content, p2p=True, nodes=nodes), \
+                        built(TORCH_FSDP) as used, \
                         _reduce_roots(cls, roots):
                     for rows, _ in micro:                        # gradient accumulation: each backward adds up
                         with LinearDtypes(seen, [tuple(t) for t in shapes.values()], others):
@@ -599,6 +638,7 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 needs = [(shapes[n], uses[n]) for (n, q), u in zip(refs["right"].named_parameters(), used_now)
                          if q.requires_grad and u]         # the parameters that get a gradient in this step
                 late = [c for c in calls[in_backward:] if c in (*SCATTERS, "reduce")]
+                after = sum(1 for c, n in zip(calls[:in_backward], nodes) if c in (*SCATTERS, "reduce") and not n)
                 unready = sum(1 for r, u, (_, q) in zip(ready, used_now, refs["right"].named_parameters())
                               if u and q.requires_grad and not r) if whole else 0
                 if len(micro) == 1:                              # one backward: what it carried is one gradient
@@ -615,6 +655,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 if narrow and wrong_carried is None:            # the statement: reduce-scattered in float32
                     wrong_carried = {**base, "what": "scatter_dtype", "step": s + 1, "calls": len(narrow),
                                      "bits": 8 * min(c.nbytes // c.elements for c in narrow)}
+                wide = [c for c in content if dtype is not None and c.name in (*GATHERS, "broadcast") and c.elements
+                        and c.nbytes > c.elements * dtype.itemsize]   # gathered in float32, cast after
                 if len(micro) == 1:
                     wrong_carried = wrong_carried or _sends_bound(
                         content, calls, needs, [(shapes[n], uses[n]) for n in names], world,
@@ -638,11 +680,16 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     note(problems, {**base, "what": "collectives", "step": s + 1, "calls": sorted(set(calls))})
                 elif late or unready:                            # reduce-scattered at step(), not in the backward
                     note(problems, {**base, "what": "at_step", "step": s + 1, "calls": len(late), "unready": unready})
+                elif after:                                      # in a callback at backward's end: none overlaps
+                    note(problems, {**base, "what": "at_end", "step": s + 1, "calls": after})
                 elif dtype is not None and seen != {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "seen": sorted(str(d) for d in seen)})
                 elif dtype is not None and others - {dtype}:
                     note(problems, {**base, "what": "compute_dtype", "other": True,
                                     "seen": sorted(str(d) for d in others)})
+                elif wide:
+                    note(problems, {**base, "what": "gather_dtype", "step": s + 1, "calls": len(wide),
+                                    "bits": 8 * max(c.nbytes // c.elements for c in wide)})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
@@ -826,16 +873,22 @@ def _uses(model: torch.nn.Module) -> dict:
 def _scatter_bound(content: list, needs: list, world: int, problem: dict) -> dict | None:
     """07.6: ``problem`` completed (``elements``, ``most``) when a step's reduce-scatters (all-to-alls,
     scatters: :data:`SCATTERS`) carried more elements than the gradients of the parameters that got one in this
-    step (``needs``: (shape, uses) each; a tied weight once per use) padded in the most generous right layout:
-    each padded to a multiple of ``world``, each cut in whole rows, or all flattened into one padded vector
-    (FSDP1's). A frozen parameter's or an unused one's zeros sent beside them pass none of them (FSDP1's flat
-    layout did send them); None otherwise."""
+    step (``needs``: (shape, uses) each; a tied weight is one parameter: its gradient once, however many layers
+    use it) padded in the most generous right layout: each padded to a multiple of ``world``, each cut in whole
+    rows, or all flattened into one padded vector (FSDP1's). A frozen parameter's or an unused one's zeros sent
+    beside them pass none of them (FSDP1's flat layout did send them); a tied weight's gradient reduce-scattered
+    once per use (twice the traffic) neither (``per_use``: the count would pass once per use); None otherwise."""
     sent = sum(c.elements for c in content if c.name in SCATTERS)
     up = lambda n: -(-n // world) * world
-    most = max(sum(u * up(shape.numel()) for shape, u in needs),
-               sum(u * up(shape[0]) * (shape.numel() // shape[0]) for shape, u in needs if len(shape)),
-               up(sum(u * shape.numel() for shape, u in needs)))
-    return {**problem, "elements": sent, "most": most} if sent > most else None
+    bound = lambda once: max(sum((1 if once else u) * up(shape.numel()) for shape, u in needs),
+                             sum((1 if once else u) * up(shape[0]) * (shape.numel() // shape[0])
+                                 for shape, u in needs if len(shape)),
+                             up(sum((1 if once else u) * shape.numel() for shape, u in needs)))
+    most = bound(True)
+    if sent <= most:
+        return None
+    return {**problem, "elements": sent, "most": most,
+            "per_use": any(u > 1 for _, u in needs) and sent <= bound(False)}
 
 
 #: Point-to-point calls (recorded with ``p2p``): a ring of sends and recvs does an all-gather's or a
@@ -848,7 +901,7 @@ def _sends_bound(content: list, calls: list, needs: list, every: list, world: in
     rings (or each rank sending each other rank its part) of the all-gathers and reduce-scatters not made by
     named collectives move: (world - 1) / world of each parameter (``every``: (shape, uses) each) padded the most
     generous right way, gathered up to twice per use (again for the backward), and of each gradient (``needs``)
-    once per use; a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
+    once (a tied weight's too); a whole gradient or parameter sent to every rank ((world - 1) x) passes it at world 2 at
     most. None otherwise."""
     sent = sum(c.elements for c in content if c.name == "send")
     if not sent:
@@ -857,7 +910,7 @@ def _sends_bound(content: list, calls: list, needs: list, every: list, world: in
                            -(-shape[0] // world) * world * (shape.numel() // shape[0]) if len(shape) else world)
     named = set(calls)
     work = (0 if named & {*GATHERS, "broadcast"} else sum(2 * u * up(shape) for shape, u in every)) \
-        + (0 if named & {*SCATTERS, "reduce"} else sum(u * up(shape) for shape, u in needs))
+        + (0 if named & {*SCATTERS, "reduce"} else sum(up(shape) for shape, _ in needs))
     most = round(work * (world - 1) / world) + world
     return {**problem, "elements": sent, "most": most} if sent > most else None
 
@@ -892,13 +945,13 @@ def _reduce_roots(fn, roots: collections.Counter):
 def _roots_bound(roots: collections.Counter, content: list, needs: list, world: int, problem: dict) -> dict | None:
     """07.6: ``problem`` completed when a step reduced to one rank more than the gradients of its shards
     (``what`` "rooted": ``dst``, ``elements``, ``most``: each parameter that got a gradient in this step, a tied
-    one once per use, cut the most generous right way, padded to a multiple of ``world`` or in whole rows, over
+    one once, cut the most generous right way, padded to a multiple of ``world`` or in whole rows, over
     the world; a whole gradient reduced to rank 0 and broadcast back is an all-reduce made of two calls, and
     every rank receives every sum), or when its object collectives carried a quarter of those gradients'
     elements or more (``what`` "objects": pickled parameters or gradients, :data:`OBJECT_CALLS`); None
     otherwise."""
-    most = sum(u * max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
-                       else 1) for shape, u in needs) + world
+    most = sum(max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
+                   else 1) for shape, _ in needs) + world
     dst, elements = max(roots.items(), key=lambda kv: kv[1], default=(0, 0))
     if elements > most:
         return {**problem, "dst": dst, "elements": elements, "most": most}
@@ -1020,6 +1073,18 @@ HINTS: dict[str, list[tuple]] = {
                  "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
                  "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
                  "once (those that are not None), padded with zeros if need be, and nothing else")],
+    "any_gathered": [
+        (lambda p, W: p["what"] == "gradients",
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} call(s), "
+         "{elements:,} elements) carried the reduced gradient slices, not the updated parameters (world size {W}): "
+         "every rank then holds the whole mean gradient and steps every parameter, so each keeps the whole "
+         "optimizer state, wherever it is hidden. In ZeRO-1 each rank steps its own slice only, and the all-gather "
+         "after the step carries this rank's updated parameter slice"),
+        (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} "
+                 "call(s), {elements:,} elements) did not carry the ranks' updated parameter slices (summed over "
+                 "the ranks, what they put in is not the parameters after the step; world size {W}): in ZeRO-1 "
+                 "each rank steps its own slice, then all-gathers that updated slice, once per step, and nothing "
+                 "else")],
     "any_opt": [
         (lambda p, W: p["optimizer"] == OTHER_OPTIMIZER[0],
          "rank {rank}: with {optimizer}, after {steps} steps the parameters differ from one process's by "
@@ -1122,6 +1187,12 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}): your wrapper built {used} (world size {W}): the exercise is to write ZeRO-3 "
          "yourself; shard the parameters, all-gather them for the forward and reduce-scatter their gradients "
          "with your own collectives, without torch.distributed.fsdp"),
+        (lambda p, W: p["what"] == "scattered" and p.get("per_use"),
+         "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters carried {elements:,} elements, and "
+         "the gradients of the parameters that got one in this step are {most:,} at most, padded: a weight used by "
+         "two layers was reduce-scattered once per use (twice its traffic). A tied weight is one parameter: gather "
+         "it once for both uses (functional_call ties the names) so that autograd adds up its uses' gradients, "
+         "and reduce-scatter that one gradient once"),
         (lambda p, W: p["what"] == "scattered",
          "rank {rank} ({model}, {dtype}): in step {step} your reduce-scatters carried {elements:,} elements, and "
          "the gradients of the parameters that got one in this step are {most:,} at most, padded in any layout "
@@ -1185,6 +1256,11 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}): with compute_dtype={dtype} the forward's other operations (not F.linear: a "
          "product, a mean) used parameters in {seen}: a parameter gathered in float32 (a frozen one?) promotes "
          "what it touches back to float32. Cast every gathered parameter, frozen or not, to compute_dtype"),
+        (lambda p, W: p["what"] == "gather_dtype",
+         "rank {rank} ({model}): with compute_dtype={dtype}, in step {step} {calls} of your all-gathers moved "
+         "{bits}-bit floats: the shards were gathered in float32 and cast after, twice the bytes on the wire. Cast "
+         "each shard to compute_dtype first and all-gather that, as FSDP2's MixedPrecisionPolicy(param_dtype) "
+         "does (frozen or not); full_parameters() alone gathers float32"),
         (lambda p, W: p["what"] == "compute_dtype",
          "rank {rank} ({model}): with compute_dtype={dtype} the Linear layers saw weights of {seen}: cast the "
          "gathered parameters (and a floating-point input) to compute_dtype"),
@@ -1238,6 +1314,12 @@ HINTS: dict[str, list[tuple]] = {
          ".grad yet, and optimizer.step() made {calls} reduce-scatter(s): reduce-scatter each gradient in backward "
          "(a hook, or the backward of an autograd.Function), not at step: until then every rank holds the full "
          "gradients. FSDP reduce-scatters each gradient as soon as the backward has made it, and frees it"),
+        (lambda p, W: p["what"] == "at_end",
+         "rank {rank} ({model}, {dtype}): in step {step}, {calls} reduce-scatter(s) ran after autograd had made "
+         "every gradient (from a callback queued for the end of loss.backward(), or outside the backward): until "
+         "then every rank holds the full gradients of the whole model, and no communication overlaps the backward. "
+         "Reduce-scatter each gradient as it is made, in the backward (the backward of your autograd.Function, or "
+         "a hook), so that its full gradient can be freed"),
         (lambda p, W: p["what"] == "order",
          "rank {rank} ({model}): parameters() lists {got} tensors and the module has {want} parameters: list one "
          "shard per parameter, in the order of module.named_parameters() (the grader makes parameter groups of "
@@ -1297,7 +1379,8 @@ EXERCISES = [
         what="SGD with momentum, Adam, AdamW and RMSprop equal one process's, also with a frozen parameter, one "
              "unused in every other step and two parameter groups, with each rank holding about 1/world of the "
              "optimizer's state (none kept outside it: not in a module-level variable, Python objects or a file) "
-             "and step() reduce-scattering, not all-reducing, the gradients"),
+             "and step() reduce-scattering, not all-reducing, the gradients and all-gathering the updated "
+             "slices"),
     CodingExercise(
         id="07.6", template="07_my_fsdp.py", entry="MyFSDP", world_sizes=(2, 3),
         check=check_my_fsdp, hints=HINTS,
