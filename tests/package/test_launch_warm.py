@@ -1,8 +1,32 @@
 """Warm launches (mgpu_utils.launch.warm) against real torchrun: the same environment, results and error reports.
 
-Every launch script runs in both modes with the small arguments of benchmarks/exit_stress.py; their result
-JSON must agree value for value, except measured times (keys named like ``*_s``, ``*_ms``, ``*seconds*``,
-``*GBps*``, ``*per_s*``) and process ids.
+What a warm rank must reproduce is the launch path's, not a script's: the environment, argv, sys.path, cwd,
+``__main__``, threads and seeds (test_the_environment_is_torchruns, with tests/scripts/env_report.py); exit codes and
+error reports (test_failures_are_reported_the_same, test_a_timeout_is_reported_the_same); output, C's included
+(test_output_from_c_is_kept); TORCH_DISTRIBUTED_DEBUG (collective_errors.py, both modes). Those are checked with
+scripts made for them.
+
+What could still differ per script is listed in mgpu_utils/launch/warm.py's docstring; the end of a rank cannot
+(every launch script ends in mgpu_utils.dist.shutdown, os._exit after the atexit callbacks, under torchrun too):
+
+* the template has imported torch's distributed packages, numpy and scikit-learn's datasets before it forks
+  (warm_template.PREIMPORT): a script that uses ``torch.distributed.fsdp.X`` without importing the package works
+  warm and fails in a fresh process. test_scripts_import_the_packages_they_use checks that for every launch script
+  and every module of mgpu_utils, without launching anything;
+* the rest is what a script does with the launch path: reads torchrun's variables, writes files, starts threads,
+  forms sub-groups, sends point to point. COMPARED launches one script per such feature in both modes (below); their
+  result JSON must agree value for value, except measured times (keys named like ``*_s``, ``*_ms``, ``*seconds*``,
+  ``*GBps*``, ``*per_s*``) and process ids.
+
+The other launch scripts run warm in their lessons' tests, against one-process references; under real torchrun
+(each rank a fresh process) in make test: hello_dist.py (tests/package/test_launch_launcher.py, lesson 00 and
+lesson 12's launch_nodes), elastic_train.py (tests/lessons/test_12_fault_tolerance.py: a torchrun restart against a
+warm resume), collective_errors.py (test_torch_distributed_debug_is_read_per_launch), ddp_train.py (two Slurm nodes
+against one warm launch, tests/repo/test_slurm.py; CI requires Slurm). Every script runs under torchrun on a GPU
+in `make gpu-check` (benchmarks/gpu_smoke.py), and ``benchmarks/exit_stress.py --via torchrun`` runs them all on any
+machine. Left to those runs: Python's hash seed (warm ranks share the template's, torchrun's ranks draw one each),
+which matters only to ranks that order their collectives by iterating a set of strings (the launch scripts' sets are
+for membership and counts).
 """
 import os
 import re
@@ -56,8 +80,24 @@ def test_untimed_keeps_what_must_agree():
                           ("curve", 0, 0): 10, ("curve", 0, 2): 0.9, ("timelines", 0, "op"): "F"}
 
 
-@pytest.mark.parametrize("script", sorted(CASES))
-def test_every_launch_script_gives_the_same_result_in_both_modes(script, starts_processes):
+#: One launch script per feature of the launch path that a script's own code meets; each of them in both modes.
+COMPARED = {
+    "preflight.py": "reads torchrun's variables (GROUP_RANK, CUDA_VISIBLE_DEVICES) and reports the environment",
+    "grade_exercise.py": "the grader: the solution imported from a path, faulthandler, the grading variables",
+    "checkpoint_formats.py": "writes files (distributed checkpoint, state_dict), FSDP2, ZeRO-1, DDP, a DeviceMesh "
+                             "and new_group sub-groups, scikit-learn's digits",
+    "capstone_train.py": "DTensor layouts on a DeviceMesh and torch's pipeline schedules (point to point)",
+    "sync_async.py": "a parameter server: send/recv between ranks of a new_group, ranks with different roles",
+    "comm_hooks.py": "Python code on gloo's threads (DDP communication hooks, PowerSGD)",
+}
+
+
+def test_compared_scripts_exist():
+    assert set(COMPARED) <= set(CASES), "COMPARED names scripts of benchmarks/exit_stress.py's CASES"
+
+
+@pytest.mark.parametrize("script", sorted(COMPARED))
+def test_launch_scripts_give_the_same_result_in_both_modes(script, starts_processes):
     args = args_for(script, 2)
     ref = run_torchrun(script, 2, args() if callable(args) else args, show="none", via="torchrun")
     args = args_for(script, 2)
@@ -67,6 +107,75 @@ def test_every_launch_script_gives_the_same_result_in_both_modes(script, starts_
     a, b = untimed(ref.result), untimed(got.result)
     assert a == b, f"{script}: values that differ: {sorted(set(a.items()) ^ set(b.items()), key=str)[:10]}"
     assert len(a) >= 2, "the comparison must cover something"
+
+
+def imports_and_uses(source: str) -> tuple[set, list]:
+    """The modules a file imports (``import a.b`` imports a and a.b; ``from a.b import c`` a, a.b and a.b.c if c is a
+    module), and the dotted module paths it reaches through attributes: ``[(line, "torch.distributed.fsdp.X"), ...]``
+    for ``torch.distributed.fsdp.X`` or ``dist.fsdp.X`` after ``import torch.distributed as dist``."""
+    import ast
+
+    tree = ast.parse(source)
+    names, imported = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                imported |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+                names[a.asname or parts[0]] = a.name if a.asname else parts[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            parts = node.module.split(".")
+            imported |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+                imported.add(f"{node.module}.{a.name}")
+    used = []
+    for node in ast.walk(tree):
+        chain, n = [], node
+        while isinstance(n, ast.Attribute):
+            chain.append(n.attr)
+            n = n.value
+        if chain and isinstance(n, ast.Name) and n.id in names:
+            used.append((node.lineno, ".".join([names[n.id], *reversed(chain)])))
+    return imported, used
+
+
+def test_imports_and_uses_reads_aliases_and_from_imports():
+    imported, used = imports_and_uses("import torch.distributed as dist\nfrom torch.distributed import fsdp\n"
+                                      "import numpy\ndist.checkpoint.save(x)\nfsdp.fully_shard(m)\nnumpy.linalg.norm(v)\n")
+    assert {"torch", "torch.distributed", "torch.distributed.fsdp", "numpy"} <= imported
+    assert "torch.distributed.checkpoint" not in imported
+    assert (4, "torch.distributed.checkpoint.save") in used and (5, "torch.distributed.fsdp.fully_shard") in used
+
+
+def test_scripts_import_the_packages_they_use(starts_processes):
+    """Every launch script and every module of mgpu_utils imports the template's packages it reaches through an
+    attribute (warm_template.PREIMPORT: imported in a warm rank before the script starts, not in a fresh process),
+    unless a fresh ``import torch, numpy`` makes them reachable anyway (torch.distributed; torch._dynamo, which torch
+    imports on first use). Checked on the source, so for every script, without a launch."""
+    import json
+
+    from mgpu_utils.launch.warm_template import PREIMPORT
+
+    code = ("import json, sys, torch, numpy\n"
+            "pre = json.loads(sys.argv[1])\n"
+            "lazy = getattr(torch, '_lazy_modules', ())\n"
+            "print(json.dumps([m for m in pre if m in sys.modules or (m.count('.') == 1 and m.startswith('torch.') "
+            "and m.split('.')[1] in lazy)]))\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(PREIMPORT)], capture_output=True, text=True,
+                         timeout=300, check=True)
+    reachable = set(json.loads(out.stdout.splitlines()[-1]))
+    assert {"torch", "numpy", "torch.distributed"} <= reachable
+    must_import = [m for m in PREIMPORT if m not in reachable]
+    assert "torch.distributed.fsdp" in must_import and "sklearn.datasets" in must_import
+    missing = []
+    files = sorted((ROOT / "launch_scripts").glob("*.py")) + sorted((ROOT / "mgpu_utils").rglob("*.py"))
+    for f in files:
+        imported, used = imports_and_uses(f.read_text())
+        missing += sorted({f"{f.relative_to(ROOT)}:{line}: {m}" for line, dotted in used for m in must_import
+                           if (dotted == m or dotted.startswith(m + ".")) and m not in imported})
+    assert not missing, ("reached through an attribute without importing it (works in a warm rank, AttributeError "
+                         "in a fresh process under torchrun): " + "; ".join(missing))
 
 
 def test_the_environment_is_torchruns(starts_processes):
