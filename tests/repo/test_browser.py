@@ -12,7 +12,7 @@ kernel's error messages, read on the page's websocket) and no traceback on stder
 sanitizers (tests/nbval_sanitize.cfg; see output_diff); every figure the committed notebook has is drawn and
 shown at 0.75x its size or larger in a 1280-pixel window; every widget renders as a widget and redraws within
 15 s when its first control changes, without an error.
-After the first page load no "Jupyter news" question appears.
+No "Jupyter news" question appears (looked for on the last lesson's page, up for a whole Run All).
 Screenshots go to build/browser/. The browser is Debian's Chromium (/usr/bin/chromium, or $MGPU_CHROMIUM);
 without it, or without the playwright package, the test says SKIPPED and how to install them, and nbval runs
 the notebooks instead (lab_server.browser_missing decides for both).
@@ -57,6 +57,14 @@ CELLS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')]
               stderr: [...c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
                       .map(e => e.textContent).join('\\n'),
               text: (c.querySelector('.jp-OutputArea') || {}).textContent || ''}))"""
+# Run All has ended: every code cell's prompt shows its execution count ([12]), or none is running ([*]) ``arg`` ms
+# after Run All was clicked (window.__runAllSince; Run All stopped at an error). It reads only the prompts: cheap to
+# ask 5 times a second, so the test goes on within 0.2 s of the last cell (it looked once a second, at every output)
+RUN_ALL_ENDED_JS = """(quiet_ms) => {
+  const prompts = [...document.querySelectorAll('""" + PANEL + """ .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+  if (prompts.every(p => /\\[\\d+\\]/.test(p))) return true;
+  return !prompts.some(p => p.includes('*')) && Date.now() - window.__runAllSince > quiet_ms;
+}"""
 # per cell: hidden (under a collapsed heading: JupyterLab sets display none), as the page shows it
 HIDDEN_JS = "() => [...document.querySelectorAll('" + PANEL + " .jp-Cell')].map(c => c.offsetParent === null)"
 # per cell, its own outputs (not those inside a widget): [data-mime-type, textContent] each
@@ -276,6 +284,8 @@ def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path, starts_p
 
 def _run_all_notebooks(context, base, token, patterns, report):
     """Open, check, Run All, check and screenshot every notebook; one row per notebook into ``report``."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = context.new_page()
     errors, connected = [], []                      # the kernel's error messages; its kernel_info replies
 
@@ -289,8 +299,6 @@ def _run_all_notebooks(context, base, token, patterns, report):
     page.on("websocket", lambda ws: ws.on("framereceived", on_frame) if "/channels" in ws.url else None)
     page.goto(f"{base}/lab?token={token}")
     page.wait_for_selector(".jp-LauncherCard, .jp-Launcher", timeout=90_000)
-    time.sleep(3)                                   # where JupyterLab would ask about news
-    assert "Jupyter news" not in page.inner_text("body"), "the news pop-up appeared"
     page.screenshot(path=str(SHOTS / "00_start.png"))
     for path in NOTEBOOKS:
         committed = _cells(path)
@@ -327,18 +335,16 @@ def _run_all_notebooks(context, base, token, patterns, report):
                                ".every(p => !/\\d/.test(p.textContent))", timeout=10_000)
         errors.clear()
         t0 = time.monotonic()
+        page.evaluate("() => { window.__runAllSince = Date.now(); }")
         _menu(page, "Run", "Run All Cells")
-        deadline = t0 + RUN_ALL_TIMEOUT_S
-        while True:
-            now = page.evaluate(CELLS_JS)
-            running = [i for i, c in enumerate(now) if c["code"] and "*" in c["prompt"]]
-            done = all(re.search(r"\[\d+\]", c["prompt"]) for c in now if c["code"])
-            if done or (not running and time.monotonic() > t0 + 10):   # finished, or stopped by an error
-                break
-            # margin: the slowest lesson takes about a minute here, 1.5 minutes with a core busy; 420 s is a hang
-            assert time.monotonic() < deadline, f"{path.name}: Run All still running cell {running}"
-            time.sleep(1.0)
+        try:                                        # finished, or stopped by an error (nothing running after 10 s)
+            # margin: the slowest lesson takes about 100 s on a quiet 2-core machine; 420 s is a hang
+            page.wait_for_function(RUN_ALL_ENDED_JS, arg=10_000, polling=200, timeout=RUN_ALL_TIMEOUT_S * 1000)
+        except PlaywrightTimeout:
+            running = [i for i, c in enumerate(page.evaluate(CELLS_JS)) if c["code"] and "*" in c["prompt"]]
+            raise AssertionError(f"{path.name}: Run All still running cell {running}") from None
         seconds = time.monotonic() - t0
+        now = page.evaluate(CELLS_JS)
         outputs = page.evaluate(OUTPUTS_JS)         # also lets Playwright hand over the last websocket frames
         _assert_no_error(path, errors, outputs, "in Run All")
         not_run = [i for i, c in enumerate(now) if c["code"] and not re.search(r"\[\d+\]", c["prompt"])]
@@ -374,6 +380,8 @@ def _run_all_notebooks(context, base, token, patterns, report):
         report.append((path.name, round(seconds, 1), len(checked), widgets, round(min(scales, default=1.0), 2)))
         for s in api(base, token, "/api/sessions") or []:   # the next notebook gets a fresh kernel
             api(base, token, f"/api/sessions/{s['id']}", "DELETE")
+    # JupyterLab asks about news a few seconds after a page loads; this page has been up for a whole lesson
+    assert "Jupyter news" not in page.inner_text("body"), "the news pop-up appeared"
 
 
 def _assert_no_error(path: Path, errors: list, shown: list, when: str):
