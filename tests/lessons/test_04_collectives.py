@@ -90,12 +90,9 @@ def test_bench_rows_csv_and_factors(tmp_path, starts_processes):
     assert res["copy_GBps"] > 0
 
 
-def test_mismatched_collective_is_named_with_debug_detail(starts_processes):
-    with pytest.raises(LaunchError) as info:
-        launch("collective_errors.py", nproc=2, show="none", args=["--case", "mismatch", "--timeout", 5],
-               env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-    text = str(info.value)
-    assert "mismatch between collectives" in text and "BROADCAST" in text and "ALLREDUCE" in text
+# The mismatched collective named with TORCH_DISTRIBUTED_DEBUG=DETAIL: lesson 04's section 5 (the hang-and-error lab)
+# makes this exact launch and asserts more (each rank's collective, ALLREDUCE and BROADCAST, read from the message);
+# make test runs every notebook once. The missing rank's test below checks the rank too, which the lesson does not.
 
 
 def test_missing_rank_is_named_within_the_timeout(starts_processes):

@@ -91,11 +91,9 @@ def test_without_restarts_the_killed_rank_is_named(tmp_path, starts_processes):
     assert info.value.rank == 1 and "SIGKILL" in str(info.value)
 
 
-def test_a_hung_rank_times_out_and_the_job_resumes(tmp_path, starts_processes):
-    r = run_torchrun("elastic_train.py", 2, ["--ckpt-dir", tmp_path, "--hang-rank", 1, "--hang-step", 13],
-                     max_restarts=1, show="none", env={"MGPU_COLLECTIVE_TIMEOUT_S": 3})
-    assert r.restarts == 1 and r.result["max_param_diff_vs_uninterrupted"] <= 1e-6
-    assert "Timed out" in r.attempt_failures[0] or "timed out" in r.attempt_failures[0].lower()
+# A hung rank times out and the job resumes: lesson 12's section 5 makes this exact launch (2 ranks, rank 1 hangs in
+# step 13, max_restarts=1, MGPU_COLLECTIVE_TIMEOUT_S=3) with these asserts (one restart, the uninterrupted run's
+# parameters within 1e-6, "timed out" in the failed attempt), and make test runs every notebook once.
 
 
 @pytest.mark.parametrize("kind, nproc", [("group", 2), ("mesh", 4)])
