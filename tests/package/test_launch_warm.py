@@ -142,7 +142,8 @@ def imports_and_uses(source: str) -> tuple[set, list]:
 
 def test_imports_and_uses_reads_aliases_and_from_imports():
     imported, used = imports_and_uses("import torch.distributed as dist\nfrom torch.distributed import fsdp\n"
-                                      "import numpy\ndist.checkpoint.save(x)\nfsdp.fully_shard(m)\nnumpy.linalg.norm(v)\n")
+                                      "import numpy\ndist.checkpoint.save(x)\nfsdp.fully_shard(m)\n"
+                                      "numpy.linalg.norm(v)\n")
     assert {"torch", "torch.distributed", "torch.distributed.fsdp", "numpy"} <= imported
     assert "torch.distributed.checkpoint" not in imported
     assert (4, "torch.distributed.checkpoint.save") in used and (5, "torch.distributed.fsdp.fully_shard") in used

@@ -61,7 +61,8 @@ CELLS_JS = """() => [...document.querySelectorAll('""" + PANEL + """ .jp-Cell')]
 # after Run All was clicked (window.__runAllSince; Run All stopped at an error). It reads only the prompts: cheap to
 # ask 5 times a second, so the test goes on within 0.2 s of the last cell (it looked once a second, at every output)
 RUN_ALL_ENDED_JS = """(quiet_ms) => {
-  const prompts = [...document.querySelectorAll('""" + PANEL + """ .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+  const prompts = [...document.querySelectorAll('""" + PANEL + """ .jp-CodeCell .jp-InputPrompt')]
+    .map(p => p.textContent);
   if (prompts.every(p => /\\[\\d+\\]/.test(p))) return true;
   return !prompts.some(p => p.includes('*')) && Date.now() - window.__runAllSince > quiet_ms;
 }"""
