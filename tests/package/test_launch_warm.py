@@ -22,9 +22,9 @@ The other launch scripts run warm in their lessons' tests, against one-process r
 (each rank a fresh process) in make test: hello_dist.py (tests/package/test_launch_launcher.py, lesson 00 and
 lesson 12's launch_nodes), elastic_train.py (tests/lessons/test_12_fault_tolerance.py: a torchrun restart against a
 warm resume), collective_errors.py (test_torch_distributed_debug_is_read_per_launch), ddp_train.py (two Slurm nodes
-against one warm launch, tests/repo/test_slurm.py; CI requires Slurm). Every script runs under torchrun on a GPU
-in `make gpu-check` (benchmarks/gpu_smoke.py), and ``benchmarks/exit_stress.py --via torchrun`` runs them all on any
-machine. Left to those runs: Python's hash seed (warm ranks share the template's, torchrun's ranks draw one each),
+against one warm launch, tests/repo/test_slurm.py; CI requires Slurm). Every script that runs on one rank runs
+under torchrun on a GPU in `make gpu-check` (benchmarks/gpu_smoke.py), and ``benchmarks/exit_stress.py --via
+torchrun`` runs them all on any machine. Left to those runs: Python's hash seed (warm ranks share the template's, torchrun's ranks draw one each),
 which matters only to ranks that order their collectives by iterating a set of strings (the launch scripts' sets are
 for membership and counts).
 """
