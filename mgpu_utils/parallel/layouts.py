@@ -1,5 +1,5 @@
-"""The capstone's layouts of one model (used by ``launch_scripts/capstone_train.py``, issue 59; lesson 13 when it
-comes): a layout string parsed into the sizes of a DeviceMesh, and the pieces that put
+"""The capstone's layouts of one model (used by ``launch_scripts/capstone_train.py``, issue 59;
+notebooks/13_capstone.ipynb): a layout string parsed into the sizes of a DeviceMesh, and the pieces that put
 :class:`mgpu_utils.models.TinyLlama` (or a pipeline stage of it) on that mesh, built from the lessons' own parts.
 
 * **tp** (05): Megatron tensor parallelism with sequence parallelism, PyTorch's ``parallelize_module``
@@ -11,6 +11,7 @@ comes): a layout string parsed into the sizes of a DeviceMesh, and the pieces th
   :class:`~mgpu_utils.parallel.experts.ExpertParallelMoE` over the "ep" group (:func:`expert_parallel`).
 * What the replicas must reduce: :func:`reduce_gradients` (dp, ep, cp), :func:`tie_group` and
   :func:`sum_tied` (a pipeline's two copies of the tied embedding), :func:`local_grad` (a DTensor's shard).
+* One rank of a large layout in this process, under a fake process group: :func:`fake_rank` (lesson 13).
 
 Nothing runs at import time. Everything is fp32 on the ranks' device; the groups are a DeviceMesh's.
 """
@@ -161,16 +162,19 @@ def local_grad(q):
 
 
 def reduce_gradients(params, mesh, sizes: dict, skip=lambda name: False) -> None:
-    """Sum the local gradients of ``params`` ((name, parameter) pairs) over the replicas and divide by their count.
+    """Sum the local gradients of ``params`` ((name, parameter) pairs) over the replicas and divide
+    by their count.
 
-    A rank's loss is the mean over its own tokens: its rows (dp, ep; fsdp's reduce-scatter averages its own) and
-    its slice of the sequence (cp). The whole batch's gradient is the mean over the dp x ep x cp ranks: each
-    gradient is all-reduced (one flat buffer per group) over "dp", "cp" and, except an expert's, "ep" (an expert
-    already got the gradients of every ep rank's tokens back through the all-to-all), then divided by dp ep cp.
-    ``sizes``: each dimension's size (:func:`parse_layout`); ``skip(name)``: parameters left out (a planted bug)."""
+    A rank's loss is the mean over its own tokens: its rows (dp, ep; fsdp's reduce-scatter averages
+    its own) and its slice of the sequence (cp). The whole batch's gradient is the mean over the
+    dp x ep x cp ranks: each gradient is all-reduced (one flat buffer per group) over "dp", "cp"
+    and, except an expert's, "ep" (an expert already got the gradients of every ep rank's tokens
+    back through the all-to-all), then divided by dp ep cp. ``sizes``: each dimension's size
+    (:func:`parse_layout`); ``skip(name)``: parameters left out (a planted bug)."""
     params = [(n, q) for n, q in params if not skip(n)]
     for dim in ("dp", "ep", "cp"):
-        grads = [local_grad(q) for n, q in params if sizes[dim] > 1 and not (dim == "ep" and EXPERT.search(n))]
+        grads = [local_grad(q) for n, q in params
+                 if sizes[dim] > 1 and not (dim == "ep" and EXPERT.search(n))]
         if grads:
             flat = torch.cat([t.reshape(-1) for t in grads])
             dist.all_reduce(flat, group=mesh.get_group(dim))
