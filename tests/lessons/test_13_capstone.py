@@ -1,4 +1,4 @@
-"""The capstone (issue 59; its lesson, 13, comes when the lessons settle): one TinyLlama
+"""The capstone (issue 59; notebooks/13_capstone.ipynb runs a subset of it): one TinyLlama
 trained 10 steps under every layout capstone_train.py knows, each equal to one process within 1e-5 (fp32), and
 planted bugs that the matrix catches. One launch per world size (the script trains its --layouts in turn)."""
 import re
