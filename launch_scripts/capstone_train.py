@@ -45,26 +45,30 @@ TOL, SEED, LR = 1e-5, 0, 0.2   # fp32 layouts differ from one process in summati
 
 
 def train_layout(L, a, cfg, ctx, batches):
-    """Train layout L for --steps; returns the losses and this rank's parameters (gathered from their shards,
-    named as in the whole model)."""
+    """Train layout L for --steps; returns the losses and this rank's parameters (gathered from
+    their shards, named as in the whole model)."""
     W, (pp, dp, fsdp, ep, cp, tp) = ctx.world_size, (L[d] for d in DIMS)
     cls, reps = get_schedule_class(L["schedule"]), dp * fsdp * ep           # reps: the replicas, each its rows
     rows, per_rank = a.global_batch // reps, 2 if issubclass(cls, PipelineScheduleMulti) else 1  # a loop or a V
-    n_stages, split_bw = pp * per_rank if pp > 1 else 1, "ZeroBubble" in cls.__name__ or "DualPipe" in cls.__name__
+    n_stages = pp * per_rank if pp > 1 else 1
+    split_bw = "ZeroBubble" in cls.__name__ or "DualPipe" in cls.__name__
     if (reps * cp * tp * pp != W or a.layers % n_stages or a.kv_heads % tp or a.seq % (cp * tp)
             or (cp > 1 and a.cp_layout == "zigzag" and a.seq % (2 * cp)) or (cfg.experts and tp > 1)
             or (ep > 1 and cfg.experts % ep) or rows * reps != a.global_batch
             or (pp > 1 and rows % a.micro_batches) or (fsdp > 1 and split_bw)):
-        raise SystemExit(f"layout {'-'.join(f'{d}{L[d]}' for d in DIMS)}: needs a product of {W} (world size), "
-                         f"--layers divisible by its {n_stages} stages, --kv-heads by tp, --seq by cp x tp (zigzag: "
-                         "2 cp), no experts with tp, the experts by ep, --global-batch by dp x fsdp x ep (x --micro-"
-                         "batches with pp), no fsdp under a zero-bubble schedule or DualPipeV (0.05 off one process on "
-                         "torch 2.14: use 1F1B)")
+        raise SystemExit(
+            f"layout {'-'.join(f'{d}{L[d]}' for d in DIMS)}: needs a product of {W} (world size), "
+            f"--layers divisible by its {n_stages} stages, --kv-heads by tp, --seq by cp x tp "
+            "(zigzag: 2 cp), no experts with tp, the experts by ep, --global-batch by dp x fsdp "
+            "x ep (x --micro-batches with pp), no fsdp under a zero-bubble schedule or DualPipeV "
+            "(0.05 off one process on torch 2.14: use 1F1B)")
     names = [n for n in DIMS if L[n] > 1]
-    mesh = device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names)) if names else None
+    mesh = (device_mesh(ctx.device.type, tuple(L[n] for n in names), mesh_dim_names=tuple(names))
+            if names else None)
     at = {n: mesh.get_local_rank(n) if n in names else 0 for n in DIMS}
     cp_group = mesh.get_group("cp") if cp > 1 else None
-    data_rank, v, rename = (at["dp"] * fsdp + at["fsdp"]) * ep + at["ep"], "V" in cls.__name__, (lambda n: n)
+    data_rank = (at["dp"] * fsdp + at["fsdp"]) * ep + at["ep"]
+    v, rename = "V" in cls.__name__, (lambda n: n)
     ids = [at["pp"], (2 * pp - 1 - at["pp"]) if v else at["pp"] + pp][:per_rank] if pp > 1 else [0]
     stages = [pipeline_stage(tiny_llama(cfg, SEED, MoE).to(ctx.device), s, n_stages) for s in ids]
     for m in stages:
@@ -81,7 +85,8 @@ def train_layout(L, a, cfg, ctx, batches):
     tied = [m.tok_embeddings.weight for m in stages if m.tok_embeddings is not None]
     tied += [m.output.weight for m in stages if m.output is not None and m.tok_embeddings is None]
     if pp > 1:
-        pipe = [PipelineStage(m, s, n_stages, ctx.device, group=mesh.get_group("pp")) for s, m in zip(ids, stages)]
+        pipe = [PipelineStage(m, s, n_stages, ctx.device, group=mesh.get_group("pp"))
+                for s, m in zip(ids, stages)]
         schedule = cls(pipe if per_rank > 1 else pipe[0], a.micro_batches, next_token_loss,
                        scale_grads=a.bug != "pp-unscaled")
         tied_with = tie_group(mesh, pp, 0 if v else pp - 1, ctx.rank)   # the other copy's rank (V: this one)
@@ -93,7 +98,8 @@ def train_layout(L, a, cfg, ctx, batches):
         opt.zero_grad()
         if pp > 1:
             mb_losses = []
-            schedule.step(*([x] if 0 in ids else []), target=y if n_stages - 1 in ids else None, losses=mb_losses)
+            schedule.step(*([x] if 0 in ids else []), target=y if n_stages - 1 in ids else None,
+                          losses=mb_losses)
             mine = torch.stack(mb_losses).mean().item() if mb_losses else 0.0
             sum_tied(tied, tied_with)                                  # the tied copies' gradients summed
         else:
@@ -107,7 +113,8 @@ def train_layout(L, a, cfg, ctx, batches):
         if W > 1:
             dist.all_reduce(total)                      # the mean over every replica's rows and cp rank's tokens
         losses.append(total.item())
-    return losses, [(rename(n), q.full_tensor() if isinstance(q, DTensor) else q) for n, q in params]
+    return losses, [(rename(n), q.full_tensor() if isinstance(q, DTensor) else q)
+                    for n, q in params]
 
 
 def reference(cfg, ctx, batches):

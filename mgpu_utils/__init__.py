@@ -32,8 +32,8 @@ Subpackages (where a new function goes):
   ``comm_calls`` (collectives counted or switched off: the graders, and 05's vocabulary parallelism).
 * ``figures``  - every figure and widget, one module per lesson topic: ``data_parallel`` (00, 02, 03),
   ``collectives`` (04), ``model_parallel`` (05), ``hybrid`` (06), ``memory`` (07), ``context_experts`` (08),
-  ``sync_async`` (09), ``case_studies`` (10), ``benchmarking`` (11), ``fault_tolerance`` (12); ``common`` (colours, loss
-  curves) and ``widget_view`` (widgets that still show something where they cannot run).
+  ``sync_async`` (09), ``case_studies`` (10), ``benchmarking`` (11), ``fault_tolerance`` (12), ``capstone`` (13);
+  ``common`` (colours, loss curves) and ``widget_view`` (widgets that still show something where they cannot run).
 * ``grading``  - ``quiz`` (each lesson's checked answers), ``predict`` (locked predictions: a number asked
   before a run, shown against its result), ``runner`` (graded coding exercises, from the
   notebook), ``coding`` (one module per lesson topic, named as in ``figures``: each exercise's record, its

@@ -1,4 +1,4 @@
-"""The course's notebooks: every lesson's setup call (:func:`start`, lessons 00-12), and running every
+"""The course's notebooks: every lesson's setup call (:func:`start`, lessons 00-13), and running every
 notebook in order, headless, into ``build/`` (``make course``).
 
 Writes ``build/NAME.ipynb`` (executed, with outputs) and ``build/NAME.html``, then prints a table
@@ -25,7 +25,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def start() -> None:
-    """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-12).
+    """What every lesson's setup cell calls once ``mgpu_utils`` is importable (lessons 00-13).
 
     On Colab it moves to the course's ``notebooks/`` folder (as a local kernel runs) and prints what
     differs there (:func:`mgpu_utils.colab.colab_notes`). Then it starts the launcher's warm template

@@ -1,4 +1,4 @@
-"""The quiz of every lesson (00-12): a wrong answer gets a hint, a right one a confirmation.
+"""The quiz of every lesson (00-13): a wrong answer gets a hint, a right one a confirmation.
 
 Each lesson ends with exercises; a cell looks like::
 
@@ -529,6 +529,32 @@ EXERCISES: dict[str, Exercise] = {
         "6: each run trains 4 h - 5 min - 2 min = 233 minutes, and 20 h = 1,200 minutes; 1200 / 233 = 5.15, so a "
         "sixth run trains the last 35 minutes. The 7 minutes per run are 3% here; with a 30-minute limit they "
         "would be 23%, which is why long runs ask for the longest time limit the cluster allows."),
+    "13.2": Exercise(
+        "The layout dp4-tp2-pp2 on 16 ranks, in the capstone's mesh order (pp, dp, tp; tp fastest, as in "
+        "section 1): which rank holds the other pipeline stage for rank 5, its partner in its pp group?",
+        _int_answer(13, {4: "rank 4 is rank 5's tp partner: neighbouring ranks differ in tp, the fastest "
+                            "dimension",
+                         7: "rank 7 is a dp neighbour of rank 5 (dp steps by the tp size, 2)",
+                         3: "rank 3 is a dp neighbour of rank 5 (dp steps by the tp size, 2)",
+                         "default": "rank = (pp x 4 + dp) x 2 + tp: find rank 5's coordinates, then change pp only"},
+                    "13 = (1 x 4 + 2) x 2 + 1: rank 5 is (pp 0, dp 2, tp 1), its partner (pp 1, dp 2, tp 1)"),
+        "13: torch.arange(16).view(2, 4, 2) puts rank 5 at (0, 2, 1); the same (dp, tp) at pp = 1 is 8 + 5 = 13. "
+        "pp steps by dp x tp = 8 ranks: the slowest dimension, so a pipeline's stages sit far apart in rank "
+        "(on a cluster, on other nodes), and tp's partners next to each other (one node's NVLink)."),
+    "13.3": Exercise(
+        "Rank 127 of dp8-tp4-pp4 (section 5, key/value heads 4) holds 41,472 bytes of parameters on a middle "
+        "stage. Under dp16-tp2-pp4 on the same 128 ranks, how many bytes does a middle-stage rank hold?",
+        _int_answer(82_432, {82_944: "82,944 = 2 x 41,472 halves the tp split of the norms too: the norms are "
+                                     "whole on every tp rank (2 x 64 floats per block), only the seven matrices "
+                                     "are split",
+                             20_736: "20,736 halves the bytes: a smaller tp splits each matrix over fewer ranks, "
+                                     "so each holds more",
+                             "default": "a middle stage is one block: its seven matrices (40,960 floats) over tp, "
+                                        "plus its two norms whole (128 floats), 4 bytes each"},
+                    "82,432 = 4 x (40,960 / 2 + 128)"),
+        "82,432 bytes: the block's matrices wq, wk, wv, wo (4 x 4,096) and w1, w3, w2 (3 x 8,192) are 40,960 floats, "
+        "split by tp = 2 into 20,480; its two RMSNorm weights (2 x 64) are whole on every tp rank; 20,608 x 4 "
+        "bytes. Doubling tp does not halve the bytes exactly, because the replicated norms do not shrink."),
     "08.1": Exercise(
         "Ring attention on 8 ranks: each rank's block of keys K is 64 MiB (its share of the sequence, every head, "
         "bf16), and V the same. How many MiB does each rank send in one forward pass of one attention layer?",

@@ -1,5 +1,5 @@
-"""The capstone's layouts of one model (used by ``launch_scripts/capstone_train.py``, issue 59; lesson 13 when it
-comes): a layout string parsed into the sizes of a DeviceMesh, and the pieces that put
+"""The capstone's layouts of one model (used by ``launch_scripts/capstone_train.py``, issue 59;
+notebooks/13_capstone.ipynb): a layout string parsed into the sizes of a DeviceMesh, and the pieces that put
 :class:`mgpu_utils.models.TinyLlama` (or a pipeline stage of it) on that mesh, built from the lessons' own parts.
 
 * **tp** (05): Megatron tensor parallelism with sequence parallelism, PyTorch's ``parallelize_module``
@@ -11,6 +11,7 @@ comes): a layout string parsed into the sizes of a DeviceMesh, and the pieces th
   :class:`~mgpu_utils.parallel.experts.ExpertParallelMoE` over the "ep" group (:func:`expert_parallel`).
 * What the replicas must reduce: :func:`reduce_gradients` (dp, ep, cp), :func:`tie_group` and
   :func:`sum_tied` (a pipeline's two copies of the tied embedding), :func:`local_grad` (a DTensor's shard).
+* One rank of a large layout in this process, under a fake process group: :func:`fake_rank` (lesson 13).
 
 Nothing runs at import time. Everything is fp32 on the ranks' device; the groups are a DeviceMesh's.
 """
@@ -161,16 +162,19 @@ def local_grad(q):
 
 
 def reduce_gradients(params, mesh, sizes: dict, skip=lambda name: False) -> None:
-    """Sum the local gradients of ``params`` ((name, parameter) pairs) over the replicas and divide by their count.
+    """Sum the local gradients of ``params`` ((name, parameter) pairs) over the replicas and divide
+    by their count.
 
-    A rank's loss is the mean over its own tokens: its rows (dp, ep; fsdp's reduce-scatter averages its own) and
-    its slice of the sequence (cp). The whole batch's gradient is the mean over the dp x ep x cp ranks: each
-    gradient is all-reduced (one flat buffer per group) over "dp", "cp" and, except an expert's, "ep" (an expert
-    already got the gradients of every ep rank's tokens back through the all-to-all), then divided by dp ep cp.
-    ``sizes``: each dimension's size (:func:`parse_layout`); ``skip(name)``: parameters left out (a planted bug)."""
+    A rank's loss is the mean over its own tokens: its rows (dp, ep; fsdp's reduce-scatter averages
+    its own) and its slice of the sequence (cp). The whole batch's gradient is the mean over the
+    dp x ep x cp ranks: each gradient is all-reduced (one flat buffer per group) over "dp", "cp"
+    and, except an expert's, "ep" (an expert already got the gradients of every ep rank's tokens
+    back through the all-to-all), then divided by dp ep cp. ``sizes``: each dimension's size
+    (:func:`parse_layout`); ``skip(name)``: parameters left out (a planted bug)."""
     params = [(n, q) for n, q in params if not skip(n)]
     for dim in ("dp", "ep", "cp"):
-        grads = [local_grad(q) for n, q in params if sizes[dim] > 1 and not (dim == "ep" and EXPERT.search(n))]
+        grads = [local_grad(q) for n, q in params
+                 if sizes[dim] > 1 and not (dim == "ep" and EXPERT.search(n))]
         if grads:
             flat = torch.cat([t.reshape(-1) for t in grads])
             dist.all_reduce(flat, group=mesh.get_group(dim))
@@ -205,3 +209,54 @@ def sum_tied(tied, group) -> None:
         dist.all_reduce(total, group=group)
     for q in tied:
         local_grad(q).copy_(total)
+
+
+def fake_rank(layout: str, world: int, rank: int, cfg, seq: int, rows: int = 2) -> dict:
+    """One rank of a dp x tp x pp layout at any world size, in this process, under a fake process group (torch's
+    backend "fake": every collective returns at once, with no data): capstone lesson 13 and its test.
+
+    Builds each pipeline stage of a TinyLlama of ``cfg`` (a stage's TP shards are the same on each of its tp
+    ranks) with :func:`tensor_parallel`, and runs a forward and a backward of ``rows`` sequences of ``seq``
+    tokens under ``CommDebugMode``. Returns ``{"coordinate": {dim: index}, "fake_sum": what an all-reduce of 1.0
+    returned, "stages": [{"shapes": {name: (local shape, whole shape)}, "bytes": this rank's parameter bytes,
+    "out_shape", "comm": {collective: calls}}]}``. Shapes, bytes and calls are what a fake group can tell; the
+    values are not (an all-reduce returns its input). Needs no process group already initialised.
+    """
+    import gc
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from mgpu_utils.models import pipeline_stage, tiny_llama
+
+    L = parse_layout(layout, world)
+    pp, dp, tp = L["pp"], L["dp"], L["tp"]
+    full = {n: tuple(q.shape) for n, q in tiny_llama(cfg).named_parameters(remove_duplicate=False)}
+    gc.disable()                       # no collection while the fake group's objects are alive
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        one = torch.ones(1)
+        dist.all_reduce(one)
+        out = {"coordinate": dict(zip(("pp", "dp", "tp"), mesh.get_coordinate())), "fake_sum": one.item(),
+               "stages": []}
+        for s in range(pp):
+            stage = pipeline_stage(tiny_llama(cfg), s, pp)
+            tensor_parallel(stage, mesh["tp"])
+            local = {n: q.to_local() if isinstance(q, DTensor) else q for n, q in stage.named_parameters()}
+            x = torch.randint(0, cfg.vocab, (rows, seq)) if s == 0 else torch.randn(rows, seq // tp, cfg.width)
+            with CommDebugMode() as comm:
+                y = stage(x)
+                (y.to_local() if isinstance(y, DTensor) else y).sum().backward()
+            out["stages"].append({
+                "shapes": {n: (tuple(q.shape), full[n]) for n, q in local.items()},
+                "bytes": sum(q.numel() * q.element_size() for q in local.values()), "out_shape": tuple(y.shape),
+                "comm": {str(op).split(".")[-1]: k for op, k in comm.get_comm_counts().items()}})
+        return out
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
+        gc.enable()

@@ -50,6 +50,8 @@ RIGHT = {
     "12.2": 20,
     "12.3": 32,
     "12.4": 6,
+    "13.2": 13,
+    "13.3": 82_432,
     "08.1": 896,
     "08.2": 224,
     "08.4": 160,
@@ -99,6 +101,8 @@ WRONG = {
     "12.2": 23,
     "12.3": 24,
     "12.4": 5,
+    "13.2": 4,
+    "13.3": 82_944,
     "08.1": 448,
     "08.2": 168,
     "08.4": 128,
@@ -138,6 +142,13 @@ def test_exercise_answers_match_the_facts():
     from mgpu_utils.costs.occupancy import occupancy, sm_limits
     assert occupancy(256, 48, 0, sm_limits(capability=(9, 0)))["occupancy"] == RIGHT["01.3"]
     assert busbw_gbps("all_gather", 1e9, 0.1, 4) == RIGHT["04.2"]
+    import torch
+    from mgpu_utils.models import LlamaConfig
+    ranks = torch.arange(16).view(2, 4, 2)                          # 13.2: (pp, dp, tp), tp fastest
+    assert ranks[1][tuple(c[0] for c in torch.where(ranks[0] == 5))].item() == RIGHT["13.2"]
+    cfg, hd = LlamaConfig(kv_heads=4), 16                           # 13.3: a middle stage's bytes at tp 2 and 4
+    mats = 2 * cfg.heads * hd * cfg.width + 2 * cfg.kv_heads * hd * cfg.width + 3 * cfg.ffn * cfg.width
+    assert 4 * (mats // 4 + 2 * cfg.width) == 41_472 and 4 * (mats // 2 + 2 * cfg.width) == RIGHT["13.3"]
     from mgpu_utils.parallel.schedules import bubble_formula, one_f_one_b_actions, peak_in_flight
     from mgpu_utils.parallel.tensor_parallel import tp_bytes_per_layer
     assert bubble_formula(8, 24) == RIGHT["05.1"]

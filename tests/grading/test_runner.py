@@ -32,6 +32,8 @@ TEMPLATE_HINTS = {
     "03.7": r"after your wrapper was built the ranks' weights still differed",
     "03.9": r"for ResNet-50, 64 images per GPU, 8 A100 over PCIe 4\.0 your cap of 25 MiB .* You return 25 MiB for "
             r"every model and link",
+    "13.1": r"the matrix at 2 ranks: dp2 equal; cp2 equal; ep2 layers\.\d\.feed_forward\.moe\.experts\.\d\.\S+ off by "
+            r".* Only the layouts with ep fail, and there only the experts' weights",
     "07.6": r"\(MLP\): your wrapper's parameters\(\) hold 1,810 elements, the whole model 1,810: keep only .* at most 907",
 }
 
@@ -72,6 +74,8 @@ MISTAKES = {   # exercise: (text of the solution, replaced by, the hint it must 
     "03.7": ("            flat /= self.world\n", "", r"is 3 times DDP's .* divide by the world size"),
     "03.9": ("        return 2 * (n - 1) * alpha_s + ", "        return ",     # the latency left out of the timeline
              r"32 L4 over 100 GbE your cap of .* about one all-reduce per gradient"),
+    "13.1": ('dim == "ep" and ".experts." in name', 'dim != "cp" and ".experts." in name',
+             r"Under dp3 \(no ep\) the expert layers\.\d\.feed_forward\.moe\.experts\.\d\.\S+ differs"),
     # torch < 2.13 has all_gather_into_tensor where 2.13 has all_gather_single (mgpu_utils.compat)
     "07.6": ("        reduce_scatter_single(out, flat)  ",
              "        out = flat.view(ctx.world, -1)[dist.get_rank()].clone()  ",
@@ -737,7 +741,7 @@ def test_lessons_03_to_12_each_grade_a_coding_exercise_they_hold():
                     graded_in[i] = nb.name[:2]
     assert set(graded_in) == set(EXERCISES), set(EXERCISES) ^ set(graded_in)
     assert all(graded_in[i] == i[:2] for i in graded_in), graded_in
-    assert {i[:2] for i in EXERCISES} >= {f"{n:02d}" for n in range(3, 13)}
+    assert {i[:2] for i in EXERCISES} >= {f"{n:02d}" for n in range(3, 14)}
 
 
 def test_a_right_ddp_that_imports_all_reduce_by_name_passes(tmp_path, starts_processes):

@@ -1,4 +1,4 @@
-"""The capstone (issue 59; its lesson, 13, comes when the lessons settle): one TinyLlama
+"""The capstone (issue 59; notebooks/13_capstone.ipynb runs a subset of it): one TinyLlama
 trained 10 steps under every layout capstone_train.py knows, each equal to one process within 1e-5 (fp32), and
 planted bugs that the matrix catches. One launch per world size (the script trains its --layouts in turn)."""
 import re
@@ -104,16 +104,8 @@ def test_the_layout_at_128_ranks_under_a_fake_process_group():
     kv_heads 4 (divisible by tp), 4 blocks: one per stage. Per rank, fp32: a block's wq, wk, wv, wo, w1, w2, w3 split
     by tp, its 2 norms whole; the first stage adds the embedding's V/tp rows, the last the final norm and its copy of
     the tied output's V/tp rows."""
-    import gc
-
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from mgpu_utils.models import LlamaConfig, pipeline_stage
-    from mgpu_utils.parallel.layouts import parse_layout, tensor_parallel
+    from mgpu_utils.models import LlamaConfig
+    from mgpu_utils.parallel.layouts import fake_rank, parse_layout
 
     L, cfg = parse_layout("dp8-tp4-pp4", 128), LlamaConfig(kv_heads=4)
     pp, dp, tp = L["pp"], L["dp"], L["tp"]
@@ -122,35 +114,19 @@ def test_the_layout_at_128_ranks_under_a_fake_process_group():
     expected = [4 * (block + (v * w // tp if s == 0 else 0) + (w + v * w // tp if s == pp - 1 else 0))
                 for s in range(pp)]
     assert expected == [57_856, 41_472, 41_472, 58_112]                        # bytes per rank, by pp coordinate
-    full = dict(tiny_llama(cfg).named_parameters(remove_duplicate=False))
-    gc.disable()
-    dist.init_process_group("fake", store=FakeStore(), rank=127, world_size=128)
-    try:
-        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-        assert list(mesh.get_coordinate()) == [3, 7, 3] and mesh.size() == 128       # (pp, dp, tp), tp fastest
-        for s in range(pp):
-            stage = pipeline_stage(tiny_llama(cfg), s, pp)
-            tensor_parallel(stage, mesh["tp"])
-            local = {n: q.to_local() if isinstance(q, DTensor) else q for n, q in stage.named_parameters()}
-            for n, q in local.items():                     # each weight split by tp along one dimension, norms whole
-                whole = tuple(full[n].shape)
-                assert tuple(q.shape) in ([whole] if "norm" in n else
-                                          [(whole[0] // tp, whole[1]), (whole[0], whole[1] // tp)]), (s, n, q.shape)
-            assert sum(q.numel() * q.element_size() for q in local.values()) == expected[s], s
-            x = torch.randint(0, v, (2, SEQ)) if s == 0 else torch.randn(2, SEQ // tp, w)   # SP: S/tp tokens in
-            with CommDebugMode() as comm:
-                out = stage(x)
-                (out.to_local() if isinstance(out, DTensor) else out).sum().backward()
-            assert tuple(out.shape) == ((2, SEQ, v) if s == pp - 1 else (2, SEQ // tp, w)), s
-            counts = {str(op).split(".")[-1]: k for op, k in comm.get_comm_counts().items()}
-            # a block's forward: 2 all-gathers (into attention, into the MLP), 2 reduce-scatters (out of them), and
-            # backward the other of each; the embedding's forward a reduce-scatter (backward: a gather); the output
-            # gathers its tokens (backward: a reduce-scatter) and then its vocabulary-sharded logits, (B, S, V) on
-            # every tp rank: the gather a vocabulary-parallel loss (lesson 05) would avoid
-            n = 4 * len(stage.layers) + (s in (0, pp - 1))
-            assert counts == {"all_gather_into_tensor": n + (s == pp - 1), "reduce_scatter_tensor": n}, (s, counts)
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-        gc.collect()
-        gc.enable()
+    sim = fake_rank("dp8-tp4-pp4", 128, 127, cfg, SEQ)
+    assert sim["coordinate"] == {"pp": 3, "dp": 7, "tp": 3}                     # (pp, dp, tp), tp fastest
+    assert sim["fake_sum"] == 1.0                                               # no numerics: not 128
+    for s, stage in enumerate(sim["stages"]):
+        for n, (mine, whole) in stage["shapes"].items():   # each weight split by tp along one dimension, norms whole
+            assert mine in ([whole] if "norm" in n else [(whole[0] // tp, whole[1]), (whole[0], whole[1] // tp)]), \
+                (s, n, mine)
+        assert stage["bytes"] == expected[s], s
+        assert stage["out_shape"] == ((2, SEQ, v) if s == pp - 1 else (2, SEQ // tp, w)), s
+        # a block's forward: 2 all-gathers (into attention, into the MLP), 2 reduce-scatters (out of them), and
+        # backward the other of each; the embedding's forward a reduce-scatter (backward: a gather); the output
+        # gathers its tokens (backward: a reduce-scatter) and then its vocabulary-sharded logits, (B, S, V) on
+        # every tp rank: the gather a vocabulary-parallel loss (lesson 05) would avoid
+        n = 4 * (4 // pp) + (s in (0, pp - 1))
+        assert stage["comm"] == {"all_gather_into_tensor": n + (s == pp - 1), "reduce_scatter_tensor": n}, \
+            (s, stage["comm"])

@@ -22,10 +22,11 @@ TERMS = {
     "10": ["GAN", "BERT", "ResNet", "critical batch", "34 days"],
     "11": ["FlopCounterMode", "profiler", "strong scaling", "weak scaling", "scaling study", "energy"],
     "12": ["snapshot", "Slurm", "elastic", "requeue", "Young's"],
+    "13": ["parity matrix", "fake process group", "planted bug"],
 }
 #: Notebook names that tests make up for their own temporary folders.
 FIXTURES = {"01_ok", "02_bad", "99_x", "01_gpu", "01_a", "02_b"}
-MENTION = re.compile(r"\b[Ll]essons? ((?:1[0-2]|0?\d)(?:(?:,\s+|\s+and\s+|\s+or\s+|/)(?:1[0-2]|0?\d))*)\b(?![.\d-])")
+MENTION = re.compile(r"\b[Ll]essons? ((?:1[0-3]|0?\d)(?:(?:,\s+|\s+and\s+|\s+or\s+|/)(?:1[0-3]|0?\d))*)\b(?![.\d-])")
 
 
 def texts():

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ or ROOT.name =
 
 
 #: Lessons whose tests come before their notebook, with why: their tests are named as the notebook will be.
-PLANNED_LESSONS = {"13_capstone": "issue 59: the parity matrix first, the notebook when the lessons settle"}
+PLANNED_LESSONS: dict[str, str] = {}
 
 
 def lesson_names() -> set[str]:
