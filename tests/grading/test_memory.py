@@ -516,6 +516,14 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "a whole optimizer on the all-gathered mean gradient, its state parked in an anonymous mmap": (
         None, PARKED, r"with SGD with momentum, the result is right, but in step 1 your all-gathers \(4 call\(s\), "
                       r"1,\d{3} elements\) carried the reduced gradient slices, not the updated parameters"),
+    "a whole optimizer on the mean gradient broadcast slice by slice by its owners, its state in an mmap": (
+        None, PARKED.replace(
+            "            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank\n",
+            "            whole[dist.get_rank() * size:(dist.get_rank() + 1) * size] = mine / self.world\n"
+            "            for r in range(self.world):                            # each owner's mean chunk, to all\n"
+            "                dist.broadcast(whole[r * size:(r + 1) * size], src=r)\n"),
+        r"with SGD with momentum, the result is right, but in step 1 your broadcasts \(4 call\(s\), 1,\d{3} "
+        r"elements\) carried the reduced gradient slices, not the updated parameters"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),

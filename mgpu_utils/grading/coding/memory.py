@@ -15,26 +15,26 @@ the c10d store, files written);
 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 
-Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an
-anonymous mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the
-student's module does not reach (hung on builtins), a buffer made at import hung on a function attribute) are not
-seen; in 07.5 a whole optimizer kept there still needs every whole gradient on every rank, which the bound on a
-step's collectives and sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated
-parameter slices (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices
-all-gathered, its state in an anonymous mmap or a TorchScript module, is caught since; slices broadcast by their
-owners are not read). A second red team (2026-12-05) found more that
-pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()), options of a group
-other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage, gradients packed two
-float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the round that counts
-what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on the wrapped
-module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in the
-compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner
-are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients sent whole by
-all_gather_object (object collectives count their pickled bytes), update rules written for SGD and Adam only
-(an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole to
-rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered
-parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its
-float32 round counts what is kept outside).
+Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an anonymous
+mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
+not reach (hung on builtins), a buffer made at import hung on a function attribute) are not seen; in 07.5 a whole
+optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives and
+sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
+(:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
+state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
+:func:`_broadcast_sources`; a process group's own broadcast method is not read). A second red team (2026-12-05)
+found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()),
+options of a group other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage,
+gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the
+round that counts what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on
+the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in
+the compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner are
+accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients sent whole by
+all_gather_object (object collectives count their pickled bytes), update rules written for SGD and Adam only (an
+RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole to rank 0
+and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered parameters
+kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its float32 round
+counts what is kept outside).
 """
 
 from __future__ import annotations
@@ -286,7 +286,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
         stepped = [p.grad is not None for p in mine.parameters()]
-        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
+        sent = []                                          # what this rank broadcast as the source
+        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used, \
+                _broadcast_sources(cls, sent):
             opt.step()
         if used and not torch_built:
             torch_built += used
@@ -295,7 +297,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                                                         {**base, "kind": "any_carried", "step": s + 1})
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
-        gathered = gathered or _gathered_updated(content, mine, stepped, ref, world,
+        gathered = gathered or _gathered_updated(content, sent, mine, stepped, ref, world,
                                                  {**base, "kind": "any_gathered", "step": s + 1})
         ref_opt.step()
         if frozen_round and s == 0:                        # after one step, from the same start, a lost option
@@ -361,18 +363,21 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     return traffic, gathered
 
 
-def _gathered_updated(content: list, model, stepped: list, ref, world: int, problem: dict,
+def _gathered_updated(content: list, sent: list, model, stepped: list, ref, world: int, problem: dict,
                       rtol: float = 1e-4) -> dict | None:
-    """07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``calls``, ``elements``) when a
-    step's all-gathers (``content``: each call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank
-    put in) did not carry the ranks' updated parameter slices: summed over the ranks (one all-reduce of four
-    numbers: every rank calls this), what they put in must be the parameters after the step, in any layout and
-    padded with zeros, each parameter stepped (``stepped``: its .grad was not None) once, the others (frozen,
-    unused) once or not at all. A rank that all-gathers the reduced gradient slices instead has the whole mean
-    gradient, and can step a whole optimizer kept anywhere. None when they did, or when no rank all-gathered (a
-    broadcast from each owner: not read). ``ref``: the reference after its backward (its gradients, the mean
-    over the batch, name what was gathered)."""
-    got = add_content([c for c in content if c.name in GATHERS])
+    """07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``how``: "all-gathers",
+    "broadcasts" or both; ``calls``, ``elements``) when a step's all-gathers and broadcasts (``content``: each
+    call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank put in; ``sent``: the broadcasts whose
+    source this rank was, :func:`_broadcast_sources`) did not carry the ranks' updated parameter slices: summed
+    over the ranks (one all-reduce of four numbers: every rank calls this), what they put in must be the
+    parameters after the step, in any layout and padded with zeros, each parameter stepped (``stepped``: its
+    .grad was not None) once, the others (frozen, unused) once or not at all. A rank that all-gathers (or whose
+    owners broadcast) the reduced gradient slices instead has the whole mean gradient, and can step a whole
+    optimizer kept anywhere. None when they did, or when no rank all-gathered or broadcast (a process group's own
+    broadcast method is not read). ``ref``: the reference after its backward (its gradients, the mean over the
+    batch, name what was gathered)."""
+    mine = [c for c in content if c.name in GATHERS] + list(sent)
+    got = add_content(mine)
     summed = torch.tensor([got.elements, got.total, got.squares, got.absolute], dtype=torch.float64)
     dist.all_reduce(summed)
     if summed[0].item() == 0:
@@ -385,8 +390,41 @@ def _gathered_updated(content: list, model, stepped: list, ref, world: int, prob
     mean = content_of([p.grad for p in ref.parameters() if p.grad is not None])
     summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
                            world * mean.absolute)
+    names = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine}
     return {**problem, "what": named_content(got, world, rtol, gradients=summed_grads),
-            "calls": sum(1 for c in content if c.name in GATHERS), "elements": got.elements}
+            "how": " and ".join(sorted(names)) or "all-gathers",
+            "calls": len(mine), "elements": got.elements}
+
+
+_BROADCAST = inspect.signature(dist.broadcast)
+
+
+@contextlib.contextmanager
+def _broadcast_sources(fn, sent: list):
+    """Within the block (inside :func:`~mgpu_utils.measure.comm_calls.counted_collectives`'s), the
+    :class:`~mgpu_utils.measure.comm_calls.Content` of the tensor of every ``dist.broadcast`` call whose source
+    (``src``, or ``group_src`` in its group) is this rank goes to ``sent``, taken before the call: what this
+    rank sent (07.5: an owner's updated slice, broadcast in place of an all-gather), however torch.distributed's
+    function is reached (:func:`~mgpu_utils.measure.comm_calls.patched_collectives`; a process group's own
+    broadcast is not seen)."""
+    def replace(name, original):
+        if name != "broadcast":
+            return original
+
+        def call(*args, **kwargs):
+            try:
+                bound = _BROADCAST.bind_partial(*args, **kwargs).arguments
+                tensor, group = bound.get("tensor"), bound.get("group")
+                mine = (bound.get("src") == dist.get_rank() if bound.get("src") is not None else
+                        bound.get("group_src") is not None and bound.get("group_src") == dist.get_rank(group))
+                if mine and isinstance(tensor, torch.Tensor):
+                    sent.append(content_of(tensor, "broadcast"))
+            except (TypeError, ValueError, RuntimeError):   # torch tells the student what is wrong
+                pass
+            return original(*args, **kwargs)
+        return call
+    with patched_collectives(replace, fn, lambda call: None):
+        yield
 
 
 #: The collectives whose first tensor (what :func:`~mgpu_utils.measure.comm_calls.counted_collectives` counts) is
@@ -1075,12 +1113,12 @@ HINTS: dict[str, list[tuple]] = {
                  "once (those that are not None), padded with zeros if need be, and nothing else")],
     "any_gathered": [
         (lambda p, W: p["what"] == "gradients",
-         "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} call(s), "
+         "rank {rank}: with {optimizer}, the result is right, but in step {step} your {how} ({calls} call(s), "
          "{elements:,} elements) carried the reduced gradient slices, not the updated parameters (world size {W}): "
          "every rank then holds the whole mean gradient and steps every parameter, so each keeps the whole "
          "optimizer state, wherever it is hidden. In ZeRO-1 each rank steps its own slice only, and the all-gather "
-         "after the step carries this rank's updated parameter slice"),
-        (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your all-gathers ({calls} "
+         "(or each owner's broadcast) after the step carries this rank's updated parameter slice"),
+        (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your {how} ({calls} "
                  "call(s), {elements:,} elements) did not carry the ranks' updated parameter slices (summed over "
                  "the ranks, what they put in is not the parameters after the step; world size {W}): in ZeRO-1 "
                  "each rank steps its own slice, then all-gathers that updated slice, once per step, and nothing "
