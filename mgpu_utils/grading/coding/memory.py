@@ -22,19 +22,19 @@ optimizer kept there still needs every whole gradient on every rank, which the b
 sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
 state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
-:func:`_broadcast_sources`; a process group's own broadcast method is not read). A second red team (2026-12-05)
-found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward (outside step()),
-options of a group other than lr and weight_decay dropped, state hidden in spare room of a parameter's storage,
-gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when compute_dtype is set (the
-round that counts what is kept outside runs float32), whole parameters kept in autograd's saved tensors or hung on
-the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a frozen weight trained in
-the compute dtype are caught since; an all-gather made of broadcasts from each owner and a reduce to each owner are
-accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients sent whole by
-all_gather_object (object collectives count their pickled bytes), update rules written for SGD and Adam only (an
-RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole to rank 0
-and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered parameters
-kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its float32 round
-counts what is kept outside).
+:func:`_broadcast_sources`; a process group's own broadcast method is not read; 07.4's all-gathers too). A second
+red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward
+(outside step()), options of a group other than lr and weight_decay dropped, state hidden in spare room of a
+parameter's storage, gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when
+compute_dtype is set (the round that counts what is kept outside runs float32), whole parameters kept in autograd's
+saved tensors or hung on the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a
+frozen weight trained in the compute dtype are caught since; an all-gather made of broadcasts from each owner and a
+reduce to each owner are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients
+sent whole by all_gather_object (object collectives count their pickled bytes), update rules written for SGD and
+Adam only (an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced
+whole to rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype,
+gathered parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB,
+and its float32 round counts what is kept outside).
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     bytes the optimizer holds and those that appeared in the process outside it (a module-level dict), and a step whose
     collectives carry whole gradients (an all-reduce, or an all-gather or broadcast of every rank's gradient):
     each rank needs its slice's gradient only; and reducing collectives that do not carry this rank's gradients
-    (:func:`_reduced_right`), and torch's ZeroRedundancyOptimizer built, each a problem of its own."""
+    (:func:`_reduced_right`), all-gathers (or owners' broadcasts) that do not carry the updated slices
+    (:func:`_gathered_updated`: the mean gradient's slices gathered give every rank the whole gradient, and whole
+    moments can be kept where no tensor is, numpy arrays), and torch's ZeroRedundancyOptimizer built, each a
+    problem of its own."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = make_mlp(24, 1)
@@ -81,14 +84,16 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, foreach=False)
     sum_opt = torch.optim.Adam(ref_sum.parameters(), lr=1e-2, foreach=False)
     start = [p.detach().clone() for p in mine.parameters()]
-    comm = wrong_carried = None
+    comm = wrong_carried = gathered_wrong = None
     for s in range(steps):
         opt.zero_grad()
         (F.cross_entropy(mine(x[rank::world]), y[rank::world]) * scale).backward()   # this rank's share of the batch
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
-        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used:
+        sent = []                                           # what this rank broadcast as the source
+        with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used, \
+                _broadcast_sources(cls, sent):
             opt.step()
         torch_built += used
         wrong_carried = wrong_carried or _reduced_right(content, grads, world, weights,
@@ -97,6 +102,8 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
             o.zero_grad()
             (F.cross_entropy(model(x), y) * scale * times).backward()      # one process, the whole batch
             o.step()
+        gathered_wrong = gathered_wrong or _gathered_updated(content, sent, mine, [True] * len(start), ref, world,
+                                                             {"rank": rank, "kind": "adam_gathered", "step": s + 1})
         reduced = sum(k for call, k in carried if call == "all_reduce")
         gathered = sum(k for call, k in carried if call in GATHERS + ("broadcast",))
         if comm is None and (reduced >= n / 2 or gathered >= 2 * world * size):
@@ -125,6 +132,8 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
         note(problems, comm)
     elif wrong_carried is not None:
         note(problems, wrong_carried)
+    elif gathered_wrong is not None:
+        note(problems, gathered_wrong)
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
 
 
@@ -1089,6 +1098,16 @@ HINTS: dict[str, list[tuple]] = {
                  "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
                  "the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient once, padded with "
                  "zeros if need be, and nothing else")],
+    "adam_gathered": [
+        (lambda p, W: p["what"] == "gradients",
+         "rank {rank}: the result is right, but in step {step} your {how} ({calls} call(s), {elements:,} elements) "
+         "carried the mean gradient's slices, not the updated parameters (world size {W}): every rank then holds "
+         "the whole gradient and can run Adam on every parameter, its moments kept whole wherever they are. "
+         "Step 3 gathers each rank's updated slice (mine, after Adam), not its gradient slice"),
+        (always, "rank {rank}: the result is right, but in step {step} your {how} ({calls} call(s), {elements:,} "
+                 "elements) did not carry the ranks' updated slices (summed over the ranks, what they put in is "
+                 "not the parameters after the step; world size {W}): step 3 gathers each rank's updated slice "
+                 "(mine, after Adam), once, and nothing else")],
     "torch_zero": [(always, "rank {rank}: your optimizer built {what} (world size {W}): the exercise is to write "
                             "ZeRO-1 yourself; shard the optimizer's state with your own reduce-scatter and "
                             "all-gather, without torch.distributed.optim")],
