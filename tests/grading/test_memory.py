@@ -650,6 +650,28 @@ class MyFSDP(torch.nn.Module):
 FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
                "given\n")
 
+#: A TorchScript module whose List[Tensor] is filled by a scripted method: the clones are made and held in C++,
+#: no Python object ever points to them.
+SCRIPTED = '''import typing
+
+
+class LastWeights(torch.nn.Module):
+    kept: typing.List[torch.Tensor]
+
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+
+    @torch.jit.export
+    def keep(self, ts: typing.List[torch.Tensor]):
+        self.kept = [t.detach().clone() for t in ts]
+
+    def forward(self):
+        return None
+
+
+'''
+
 RIGHT_076 = {   # name: (text of the solution, replaced by)
     "each parameter gathered by one broadcast from each shard's owner": (
         "        all_gather_single(full, shard.detach().to(dtype))\n",
@@ -965,6 +987,14 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
                      "            .float().numpy().tobytes())\n" + FORWARD_END,
         kept_out(r".*: 0 in tensors or storages .*, 3\d\d,\d{3} in Python objects \(.*c10d store",
                  r".*: [\d,]+ in tensors or storages .*, (9\d|1\d\d),\d{3} in Python objects \(.*c10d store")),
+    "a copy of the gathered parameters kept by a TorchScript module (C++ only) between steps": (
+        ["class MyFSDP(torch.nn.Module):\n", FORWARD_END],
+        [SCRIPTED + "class MyFSDP(torch.nn.Module):\n",
+         "        if 'last' not in self.__dict__:                    # not a submodule: no parameters of its own\n"
+         "            self.__dict__['last'] = torch.jit.script(LastWeights())\n"
+         "        self.__dict__['last'].keep(list(full.values()))\n" + FORWARD_END],
+        r"\(MLP of 1024 hidden units\): after 2 steps, deleting your wrapper, its module and the optimizer gave back "
+        r"3\d\d,\d{3} bytes more than the tensors they reach hold .* the tensors of a TorchScript module"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,

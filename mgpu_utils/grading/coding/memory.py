@@ -22,10 +22,12 @@ optimizer kept there still needs every whole gradient on every rank, which the b
 sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
 state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
-:func:`_broadcast_sources`; a process group's own broadcast method is not read; 07.4's all-gathers too). A second
-red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during backward
-(outside step()), options of a group other than lr and weight_decay dropped, state hidden in spare room of a
-parameter's storage, gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when
+:func:`_broadcast_sources`; a process group's own broadcast method is not read; 07.4's all-gathers too). 07.6
+counts what only C++ held for the wrapper (:func:`_malloc_settled`: a TorchScript module's List[Tensor], a fourth
+red team's copy of the gathered model); C++-held state the student's module keeps at module level is not seen. A
+second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during
+backward (outside step()), options of a group other than lr and weight_decay dropped, state hidden in spare room of
+a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when
 compute_dtype is set (the round that counts what is kept outside runs float32), whole parameters kept in autograd's
 saved tensors or hung on the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a
 frozen weight trained in the compute dtype are caught since; an all-gather made of broadcasts from each owner and a
@@ -42,8 +44,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import gc
 import inspect
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -51,7 +55,7 @@ import torch.nn.functional as F
 
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
-                                      live_storages, note, reachable_storages)
+                                      live_storages, malloc_bytes, note, reachable_storages)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
                                            carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
@@ -839,14 +843,47 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
         found = watch.count(wrapper, model, shards, opt, ref, ref_opt, x, y, limit=allowed - held)
     with torch.no_grad():
         got, want = wrapper(x[:16]).float(), ref(x[:16])
+    del found["optimizers"]                                # the student's optimizer, inside it or not
+    owned, start = held_bytes([wrapper, shards, opt, model], grads=True), _malloc_settled()
+    try:
+        alive = weakref.ref(wrapper)
+    except TypeError:                                      # __slots__ without __weakref__
+        alive = lambda: True
+    del wrapper, shards, opt, model                        # what only they hold is freed: C++'s too
+    hidden = max(0, start - _malloc_settled(collect=alive() is not None) - owned) if start is not None else 0
     if diff(got, want) > 1e-4:
         note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, want), "variant": None})
     elif found["files"]:
         note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
-    elif held + found["tensors"] + found["python"] > allowed:
-        note(problems, {**base, "what": "outside", "steps": steps, "bytes": found["tensors"] + found["python"],
+    elif held + found["tensors"] + found["python"] + hidden > allowed:
+        note(problems, {**base, "what": "hidden" if hidden > found["tensors"] + found["python"] else "outside",
+                        "steps": steps, "bytes": found["tensors"] + found["python"], "hidden": hidden,
                         "tensors": found["tensors"], "python": found["python"], "held": held,
                         "shard": round(full / world), "full_bytes": full})
+
+
+def _malloc_settled(tries: int = 5, collect: bool = True) -> int | None:
+    """:func:`~mgpu_utils.grading.common.malloc_bytes` after a full collection of the garbage collector
+    (``collect``; 0.1 to 0.2 s in a grading rank: 07.6 makes one before deleting the student's objects, where
+    reading without it counted 141 kB to 1.1 MB of the right solutions' cycles as freed by the deletion, and one
+    after it only when the wrapper is still alive, in a reference cycle), read again after a pause
+    until two reads agree (up to ``tries`` times; the last read): gloo's worker thread lets go of a collective's
+    buffers a moment after the call returned (131 or 262 kB at times, gone 50 ms later), which would count as
+    freed by what is deleted next. None without mallinfo2. 07.6 reads it before and after deleting the wrapper,
+    its shards, the optimizer and the module: what the C allocator got back beyond the tensors they reach is
+    what only C++ held for them (a TorchScript module's List[Tensor]: no Python object, no tensor the garbage
+    collector lists); the math libraries' and gloo's caches, kept for the process, are not in it."""
+    if collect:
+        gc.collect()
+    now = malloc_bytes()
+    for _ in range(tries):
+        if now is None:
+            return None
+        time.sleep(0.05)
+        now, before = malloc_bytes(), now
+        if now == before:
+            break
+    return now
 
 
 def _micro_batches(n: int, rank: int, world: int, count: int) -> list:
@@ -1351,6 +1388,14 @@ HINTS: dict[str, list[tuple]] = {
          "{path}, written during the steps (torch.save to a path, then torch.load). A file keeps whole parameters "
          "out of sight, but this rank still holds them; keep only this rank's shard between steps, and gather "
          "the whole parameters when they are used"),
+        (lambda p, W: p["what"] == "hidden",
+         "rank {rank} ({model}): after {steps} steps, deleting your wrapper, its module and the optimizer gave "
+         "back {hidden:,} bytes more than the tensors they reach hold (the shards, the optimizer's state, the "
+         "{held:,} bytes your wrapper holds next to its shards): memory your wrapper kept through C++ only, such as "
+         "the tensors of a TorchScript module (torch.jit.script), a torch.futures.Future's value or a ctypes "
+         "buffer. A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only this rank's shard between "
+         "steps, wherever it is kept; the gathered parameters live only while autograd needs them (the exercise "
+         "needs no TorchScript)"),
         (lambda p, W: p["what"] == "outside",
          "rank {rank} ({model}): after {steps} steps, {bytes:,} bytes stayed in this process outside your "
          "wrapper, its module and the optimizer, besides the {held:,} it holds next to its shards: {tensors:,} "
