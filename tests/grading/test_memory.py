@@ -524,6 +524,13 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
             "                dist.broadcast(whole[r * size:(r + 1) * size], src=r)\n"),
         r"with SGD with momentum, the result is right, but in step 1 your broadcasts \(4 call\(s\), 1,\d{3} "
         r"elements\) carried the reduced gradient slices, not the updated parameters"),
+    "a whole optimizer on the mean gradient spread by an all-to-all (each chunk sent to every rank), its state "
+    "in an mmap": (
+        None, PARKED.replace(
+            "            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank\n",
+            "            dist.all_to_all_single(whole, (mine / self.world).repeat(self.world))   # to every rank\n"),
+        r"with SGD with momentum, the result is right, but in step 1 your all-to-alls \(4 call\(s\), 5,\d{3} "
+        r"elements\) carried the reduced gradient slices, not the updated parameters"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),

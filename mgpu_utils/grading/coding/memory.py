@@ -22,21 +22,21 @@ optimizer kept there still needs every whole gradient on every rank, which the b
 sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
 state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
-:func:`_broadcast_sources`; a process group's own broadcast method is not read; 07.4's all-gathers too). 07.6
-counts what only C++ held for the wrapper (:func:`_malloc_settled`: a TorchScript module's List[Tensor], a fourth
-red team's copy of the gathered model); C++-held state the student's module keeps at module level is not seen. A
-second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during
-backward (outside step()), options of a group other than lr and weight_decay dropped, state hidden in spare room of
-a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when
-compute_dtype is set (the round that counts what is kept outside runs float32), whole parameters kept in autograd's
-saved tensors or hung on the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a
-frozen weight trained in the compute dtype are caught since; an all-gather made of broadcasts from each owner and a
-reduce to each owner are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients
-sent whole by all_gather_object (object collectives count their pickled bytes), update rules written for SGD and
-Adam only (an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced
-whole to rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype,
-gathered parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB,
-and its float32 round counts what is kept outside).
+:func:`_broadcast_sources`, and an all-to-all spreading them; a process group's own broadcast method is not read;
+07.4's all-gathers too). 07.6 counts what only C++ held for the wrapper (:func:`_malloc_settled`: a TorchScript
+module's List[Tensor], a fourth red team's copy of the gathered model); C++-held state the student's module keeps
+at module level is not seen. A second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients
+all-reduced by hooks during backward (outside step()), options of a group other than lr and weight_decay dropped,
+state hidden in spare room of a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the
+gathered parameters kept when compute_dtype is set (the round that counts what is kept outside runs float32), whole
+parameters kept in autograd's saved tensors or hung on the wrapped module beside its parameters. (Its flat
+reduce-scatter of frozen zeros and a frozen weight trained in the compute dtype are caught since; an all-gather
+made of broadcasts from each owner and a reduce to each owner are accepted, as in 07.5.) A third red team's
+(2026-12-05) are caught since: 07.5 gradients sent whole by all_gather_object (object collectives count their
+pickled bytes), update rules written for SGD and Adam only (an RMSprop round), an inner optimizer built from the
+first step's gradients; 07.6 gradients reduced whole to rank 0 and broadcast back, a frozen parameter kept whole or
+gathered in float32 under compute_dtype, gathered parameters kept until a backward that a frozen one never runs
+(FrozenUnusedNet's frozen table is 80 kB, and its float32 round counts what is kept outside).
 """
 
 from __future__ import annotations
@@ -106,8 +106,9 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
             o.zero_grad()
             (F.cross_entropy(model(x), y) * scale * times).backward()      # one process, the whole batch
             o.step()
-        gathered_wrong = gathered_wrong or _gathered_updated(content, sent, mine, [True] * len(start), ref, world,
-                                                             {"rank": rank, "kind": "adam_gathered", "step": s + 1})
+        gathered_wrong = gathered_wrong or _gathered_updated(
+            content, sent, grads, mine, [True] * len(start), ref, world,
+            {"rank": rank, "kind": "adam_gathered", "step": s + 1})
         reduced = sum(k for call, k in carried if call == "all_reduce")
         gathered = sum(k for call, k in carried if call in GATHERS + ("broadcast",))
         if comm is None and (reduced >= n / 2 or gathered >= 2 * world * size):
@@ -310,7 +311,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                                                         {**base, "kind": "any_carried", "step": s + 1})
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
-        gathered = gathered or _gathered_updated(content, sent, mine, stepped, ref, world,
+        gathered = gathered or _gathered_updated(content, sent, grads, mine, stepped, ref, world,
                                                  {**base, "kind": "any_gathered", "step": s + 1})
         ref_opt.step()
         if frozen_round and s == 0:                        # after one step, from the same start, a lost option
@@ -376,37 +377,51 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     return traffic, gathered
 
 
-def _gathered_updated(content: list, sent: list, model, stepped: list, ref, world: int, problem: dict,
+def _gathered_updated(content: list, sent: list, grads, model, stepped: list, ref, world: int, problem: dict,
                       rtol: float = 1e-4) -> dict | None:
-    """07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``how``: "all-gathers",
-    "broadcasts" or both; ``calls``, ``elements``) when a step's all-gathers and broadcasts (``content``: each
-    call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank put in; ``sent``: the broadcasts whose
-    source this rank was, :func:`_broadcast_sources`) did not carry the ranks' updated parameter slices: summed
-    over the ranks (one all-reduce of four numbers: every rank calls this), what they put in must be the
-    parameters after the step, in any layout and padded with zeros, each parameter stepped (``stepped``: its
-    .grad was not None) once, the others (frozen, unused) once or not at all. A rank that all-gathers (or whose
-    owners broadcast) the reduced gradient slices instead has the whole mean gradient, and can step a whole
-    optimizer kept anywhere. None when they did, or when no rank all-gathered or broadcast (a process group's own
-    broadcast method is not read). ``ref``: the reference after its backward (its gradients, the mean over the
-    batch, name what was gathered)."""
+    """07.4, 07.5: ``problem`` completed (``what``: "gradients", "zeros" or "other"; ``how``: "all-gathers",
+    "broadcasts", "all-to-alls" or several; ``calls``, ``elements``) when a step's all-gathers, broadcasts and
+    all-to-alls (``content``: each call's :class:`~mgpu_utils.measure.comm_calls.Content`, what this rank put in;
+    ``sent``: the broadcasts whose source this rank was, :func:`_broadcast_sources`) did not carry the ranks'
+    updated parameter slices: summed over the ranks (one all-reduce of twelve numbers: every rank calls this),
+    what they put in must be the parameters after the step, in any layout and padded with zeros, each parameter
+    stepped (``stepped``: its .grad was not None) once, the others (frozen, unused) once or not at all. An
+    all-to-all counts for 1/world of what it carries (a slice sent to every rank is put in world times), after
+    the gradients it may sum as a reduce-scatter does (``grads``: this rank's, summed over the ranks, divided by
+    the world size or not). A rank that all-gathers (or whose owners broadcast, or that all-to-alls) the reduced
+    gradient slices instead has the whole mean gradient, and can step a whole optimizer kept anywhere. None when
+    they did, or when nothing but reduce-scatters ran (a process group's own broadcast method is not read).
+    ``ref``: the reference after its backward (its gradients, the mean over the batch, name what was
+    gathered)."""
     mine = [c for c in content if c.name in GATHERS] + list(sent)
-    got = add_content(mine)
-    summed = torch.tensor([got.elements, got.total, got.squares, got.absolute], dtype=torch.float64)
+    spread = [c for c in content if c.name in ("all_to_all", "all_to_all_single")]
+    parts = (add_content(mine), add_content(spread), grads)
+    summed = torch.tensor([v for c in parts for v in (c.elements, c.total, c.squares, c.absolute)],
+                          dtype=torch.float64)
     dist.all_reduce(summed)
-    if summed[0].item() == 0:
+    got, moved, every = (Content("", int(summed[k].item()), *(v.item() for v in summed[k + 1:k + 4]))
+                         for k in (0, 4, 8))
+    if got.elements == 0 and moved.elements == 0:
         return None
-    got = Content("", int(summed[0].item()), *(v.item() for v in summed[1:]))
     pieces = [content_of(p) for p in model.parameters()]
     required = [s and p.requires_grad for s, p in zip(stepped, model.parameters())]
-    if carries_some(got, pieces, required, rtol, most=1):
-        return None
+    for f in ((0.0, 1.0, 1.0 / world) if moved.elements else (0.0,)):   # what the all-to-alls summed as gradients
+        rest = Content("", 0, (moved.total - f * every.total) / world, (moved.squares - f * f * every.squares) / world,
+                       (moved.absolute - f * every.absolute) / world)
+        if (got.elements == 0 and f and abs(rest.absolute) <= rtol * every.absolute * f + 1e-30
+                and abs(rest.squares) <= 2 * rtol * f * f * every.squares + 1e-30):
+            return None                                   # all-to-alls as reduce-scatters, and nothing gathered
+        if carries_some(add_content([got, rest]), pieces, required, rtol, most=1):
+            return None
     mean = content_of([p.grad for p in ref.parameters() if p.grad is not None])
     summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
                            world * mean.absolute)
-    names = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine}
-    return {**problem, "what": named_content(got, world, rtol, gradients=summed_grads),
-            "how": " and ".join(sorted(names)) or "all-gathers",
-            "calls": len(mine), "elements": got.elements}
+    named = add_content([got, Content("", 0, moved.total / world, moved.squares / world, moved.absolute / world)])
+    how = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine} | (
+        {"all-to-alls"} if spread else set())
+    return {**problem, "what": named_content(named, world, rtol, gradients=summed_grads),
+            "how": " and ".join(sorted(how)) or "all-gathers",
+            "calls": len(mine) + len(spread), "elements": got.elements + moved.elements}
 
 
 _BROADCAST = inspect.signature(dist.broadcast)
