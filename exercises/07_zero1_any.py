@@ -23,8 +23,8 @@ it can reach, except the parameters that an optimizer inside it updates and thei
 and AdamW, a model with a frozen parameter and a parameter used in every other step only (its gradient zeros
 once), in two parameter groups with different lr and weight_decay. It counts the elements each collective
 of step() carries (however it is made: a process group's own methods and torch's functional collectives count
-too), checks that the reduce-scatters carry this rank's gradients and the all-gathers the updated parameter
-slices (not gradients), and refuses torch's ZeroRedundancyOptimizer.
+too), checks that the reduce-scatters carry this rank's gradients and the all-gathers (or owners' broadcasts,
+all-to-alls) the updated parameter slices (not gradients), and refuses torch's ZeroRedundancyOptimizer.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.5")

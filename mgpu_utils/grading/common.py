@@ -13,7 +13,8 @@ exercise, and the helpers that compare, report and count.
 * :func:`live_storages` and :func:`reachable_storages` (every tensor or storage alive in the process, and those
   an object reaches: state kept outside the graded object, in a module-level dict or a registry, 07.4), and
   :class:`OutsideState` (what appeared in the process while a block ran, tensors, storages and Python objects
-  such as bytes, BytesIO or numpy arrays, and the files written: 07.5, 07.6).
+  such as bytes, BytesIO or numpy arrays, and the files written: 07.5, 07.6); :func:`malloc_bytes` (what the C
+  allocator holds: tensors only C++ holds too, 07.6).
 * :func:`watching_opens`: every file path Python opens while a block runs, from one audit hook per process
   (07.5 and 07.6: state kept in a file; 12.5: which rank writes its snapshot, and how).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import functools
 import gc
 import itertools
@@ -220,6 +222,33 @@ def _bare_storage(o):
     if isinstance(o, torch.TypedStorage):
         return o._untyped_storage
     return None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    try:
+        f = ctypes.CDLL(None).mallinfo2                      # glibc 2.33 and later
+    except (AttributeError, OSError):
+        return None
+    f.restype, f.argtypes = _MallInfo2, []
+    return f
+
+
+def malloc_bytes() -> int | None:
+    """Bytes the C allocator (glibc's malloc, every thread's arena, and its mmapped chunks) has handed out and
+    not taken back: every tensor's storage on the CPU, whoever holds it (Python, or C++ only: a TorchScript
+    module's attributes, a Future's value), and ctypes' buffers; not Python's small objects (its own arenas)
+    nor an anonymous mmap. None where glibc's mallinfo2 is missing (another C library, macOS)."""
+    f = _mallinfo2()
+    if f is None:
+        return None
+    m = f()
+    return m.uordblks + m.hblkhd
 
 
 def live_storages(collect: bool = True) -> dict[int, int]:

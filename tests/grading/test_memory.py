@@ -516,6 +516,21 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "a whole optimizer on the all-gathered mean gradient, its state parked in an anonymous mmap": (
         None, PARKED, r"with SGD with momentum, the result is right, but in step 1 your all-gathers \(4 call\(s\), "
                       r"1,\d{3} elements\) carried the reduced gradient slices, not the updated parameters"),
+    "a whole optimizer on the mean gradient broadcast slice by slice by its owners, its state in an mmap": (
+        None, PARKED.replace(
+            "            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank\n",
+            "            whole[dist.get_rank() * size:(dist.get_rank() + 1) * size] = mine / self.world\n"
+            "            for r in range(self.world):                            # each owner's mean chunk, to all\n"
+            "                dist.broadcast(whole[r * size:(r + 1) * size], src=r)\n"),
+        r"with SGD with momentum, the result is right, but in step 1 your broadcasts \(4 call\(s\), 1,\d{3} "
+        r"elements\) carried the reduced gradient slices, not the updated parameters"),
+    "a whole optimizer on the mean gradient spread by an all-to-all (each chunk sent to every rank), its state "
+    "in an mmap": (
+        None, PARKED.replace(
+            "            all_gather_single(whole, mine / self.world)           # the mean chunks, to every rank\n",
+            "            dist.all_to_all_single(whole, (mine / self.world).repeat(self.world))   # to every rank\n"),
+        r"with SGD with momentum, the result is right, but in step 1 your all-to-alls \(4 call\(s\), 5,\d{3} "
+        r"elements\) carried the reduced gradient slices, not the updated parameters"),
     # the collectives counted carry something else while the gradients travel another way
     "torch's ZeroRedundancyOptimizer inside": (
         None, ZERO_OPTIMIZER, r"your optimizer built torch's ZeroRedundancyOptimizer \(world size 3\)"),
@@ -641,6 +656,28 @@ class MyFSDP(torch.nn.Module):
 
 FORWARD_END = ("        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one "
                "given\n")
+
+#: A TorchScript module whose List[Tensor] is filled by a scripted method: the clones are made and held in C++,
+#: no Python object ever points to them.
+SCRIPTED = '''import typing
+
+
+class LastWeights(torch.nn.Module):
+    kept: typing.List[torch.Tensor]
+
+    def __init__(self):
+        super().__init__()
+        self.kept = []
+
+    @torch.jit.export
+    def keep(self, ts: typing.List[torch.Tensor]):
+        self.kept = [t.detach().clone() for t in ts]
+
+    def forward(self):
+        return None
+
+
+'''
 
 RIGHT_076 = {   # name: (text of the solution, replaced by)
     "each parameter gathered by one broadcast from each shard's owner": (
@@ -957,6 +994,14 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
                      "            .float().numpy().tobytes())\n" + FORWARD_END,
         kept_out(r".*: 0 in tensors or storages .*, 3\d\d,\d{3} in Python objects \(.*c10d store",
                  r".*: [\d,]+ in tensors or storages .*, (9\d|1\d\d),\d{3} in Python objects \(.*c10d store")),
+    "a copy of the gathered parameters kept by a TorchScript module (C++ only) between steps": (
+        ["class MyFSDP(torch.nn.Module):\n", FORWARD_END],
+        [SCRIPTED + "class MyFSDP(torch.nn.Module):\n",
+         "        if 'last' not in self.__dict__:                    # not a submodule: no parameters of its own\n"
+         "            self.__dict__['last'] = torch.jit.script(LastWeights())\n"
+         "        self.__dict__['last'].keep(list(full.values()))\n" + FORWARD_END],
+        r"\(MLP of 1024 hidden units\): after 2 steps, deleting your wrapper, its module and the optimizer gave back "
+        r"3\d\d,\d{3} bytes more than the tensors they reach hold .* the tensors of a TorchScript module"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,

@@ -48,6 +48,50 @@ class ShardedAdam:
             p.grad = None
 '''
 
+#: Every rank gets the whole mean gradient (its slice reduce-scattered, then the mean slices all-gathered) and runs
+#: Adam on every parameter, its whole moments kept as numpy arrays, where no tensor is.
+GATHERED_GRADIENTS = '''import numpy as np
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
+_MOMENTS = {}
+
+
+class ShardedAdam:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        self.params, self.lr, self.betas, self.eps, self.t = list(params), lr, betas, eps, 0
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.n = sum(p.numel() for p in self.params)
+        self.size = -(-self.n // self.world)
+        _MOMENTS[id(self)] = (np.zeros(self.n, dtype=np.float32), np.zeros(self.n, dtype=np.float32))
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        grads = torch.cat([p.grad.reshape(-1) for p in self.params])
+        grads = torch.cat([grads, grads.new_zeros(self.world * self.size - self.n)])
+        g = torch.empty(self.size)
+        reduce_scatter_single(g, grads)
+        whole = torch.empty(self.world * self.size)
+        all_gather_single(whole, g / self.world)          # every rank's mean slice: the whole mean gradient
+        g = whole[:self.n]
+        b1, b2 = self.betas
+        m, v = (torch.from_numpy(a) for a in _MOMENTS[id(self)])
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        update = (m / (1 - b1 ** self.t)) / ((v / (1 - b2 ** self.t)).sqrt() + self.eps)
+        offset = 0
+        for p in self.params:
+            p -= self.lr * update[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
 RIGHT = {   # name: (text of the solution, replaced by)
     "an all-gather into a list of slices": (AG, "        dist.all_gather(list(full.chunk(self.world)), mine)\n"),
     "a reduce to each slice's owner instead of a reduce-scatter": (
@@ -133,6 +177,9 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
                                      " / self.world\n"],
         r"the result is right, but in step 1 your reduce-scatters \(1 call\(s\), 1,812 elements\) carried zeros, not "
         r"rank \d's gradients"),
+    "the mean gradient's slices all-gathered, whole Adam on every rank, its moments as numpy arrays": (
+        None, GATHERED_GRADIENTS, r"the result is right, but in step 1 your all-gathers \(1 call\(s\), 1,812 "
+        r"elements\) carried the mean gradient's slices, not the updated parameters"),
     "whole moments kept in a module-level dict": (
         None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
         r"optimizer \(in a module-level dict"),
