@@ -224,11 +224,11 @@ def fake_rank(layout: str, world: int, rank: int, cfg, seq: int, rows: int = 2) 
     """
     import gc
 
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from mgpu_utils.dist import device_mesh
     from mgpu_utils.models import pipeline_stage, tiny_llama
 
     L = parse_layout(layout, world)
@@ -237,8 +237,8 @@ def fake_rank(layout: str, world: int, rank: int, cfg, seq: int, rows: int = 2) 
     gc.disable()                       # no collection while the fake group's objects are alive
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-        one = torch.ones(1)
+        mesh = device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        one = torch.ones(1, device="cpu")               # the fake group is a CPU group
         dist.all_reduce(one)
         out = {"coordinate": dict(zip(("pp", "dp", "tp"), mesh.get_coordinate())), "fake_sum": one.item(),
                "stages": []}
@@ -246,7 +246,8 @@ def fake_rank(layout: str, world: int, rank: int, cfg, seq: int, rows: int = 2) 
             stage = pipeline_stage(tiny_llama(cfg), s, pp)
             tensor_parallel(stage, mesh["tp"])
             local = {n: q.to_local() if isinstance(q, DTensor) else q for n, q in stage.named_parameters()}
-            x = torch.randint(0, cfg.vocab, (rows, seq)) if s == 0 else torch.randn(rows, seq // tp, cfg.width)
+            x = (torch.randint(0, cfg.vocab, (rows, seq), device="cpu") if s == 0
+                 else torch.randn(rows, seq // tp, cfg.width, device="cpu"))
             with CommDebugMode() as comm:
                 y = stage(x)
                 (y.to_local() if isinstance(y, DTensor) else y).sum().backward()
