@@ -74,17 +74,29 @@ def test_port_29500_taken_does_not_matter(starts_processes):
 
 @pytest.mark.parametrize("via", ["warm", "torchrun"])
 def test_timeout_kills_everything_and_relaunch_works(via, tmp_path, starts_processes):
-    tag = uuid.uuid4().hex
-    t0 = time.perf_counter()
-    with pytest.raises(LaunchTimeout, match="timeout_s"):
-        run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag, "--pid-dir", tmp_path], timeout_s=15,
-                     show="none", via=via)
-    # margin: the 15 s timeout, then at most the 3 s grace and torchrun's start: under 25 s when busy
-    assert time.perf_counter() - t0 < 30
-    pids = rank_pids(tmp_path)
+    """Both ranks must have started before the limit, else the check proves nothing. On a busy machine torchrun
+    and its ranks importing torch took more than 15 s (a make test beside another: no rank had started): the
+    limit is then doubled, up to 60 s, and the test says so."""
+    tags = []
+    for timeout_s in (15, 30, 60):
+        tag = uuid.uuid4().hex
+        tags.append(tag)
+        pid_dir = tmp_path / str(timeout_s)
+        pid_dir.mkdir()
+        t0 = time.perf_counter()
+        with pytest.raises(LaunchTimeout, match="timeout_s"):
+            run_torchrun(MISBEHAVE, 2, ["--mode", "sleep", "--tag", tag, "--pid-dir", pid_dir], timeout_s=timeout_s,
+                         show="none", via=via)
+        # margin: the limit, then kill_tree (3 s grace, at most three waits): 15 s over it, as before
+        assert time.perf_counter() - t0 < timeout_s + 15
+        pids = rank_pids(pid_dir)
+        if len(pids) == 2:
+            break
+        print(f"{len(pids)} of 2 ranks had started within {timeout_s} s (a busy machine): again with a longer limit")
     assert len(pids) == 2, "both ranks started (else the check below proves nothing)"
     time.sleep(0.5)
-    assert alive(pids) == [] and procs_with(tag) == [], "orphaned processes after a timeout"
+    every_pid = [p for d in tmp_path.iterdir() for p in rank_pids(d)]
+    assert alive(every_pid) == [] and [t for t in tags if procs_with(t)] == [], "orphaned processes after a timeout"
     assert launch("hello_dist.py", nproc=2, show="none", via=via)["sum_of_ranks"] == 1
 
 
