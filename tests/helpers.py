@@ -97,3 +97,17 @@ def wrong(tmp_path, exercise_id, old, new):
     path = tmp_path / f"wrong_{EXERCISES[exercise_id].template}"
     path.write_text(text)
     return path
+
+
+RED_TEAM = Path(__file__).parent / "grading" / "red_team"
+
+
+def red_team(name: str) -> str:
+    """The text of a red team's wrong solution kept in tests/grading/red_team/ (``name`` without .py)."""
+    return (RED_TEAM / f"{name}.py").read_text()
+
+
+def remove_red_team_shm() -> None:
+    """Remove what the red team's files left in /dev/shm (their segments and files are named mgpu_red_*)."""
+    for f in Path("/dev/shm").glob("mgpu_red_*"):
+        f.unlink(missing_ok=True)

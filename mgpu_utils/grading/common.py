@@ -60,6 +60,7 @@ class CodingExercise:
     what: str                                 # said on success
     on_success: Callable | None = None        # (info, world) -> lines to print (step ms against DDP, bytes held)
     judge: Callable | None = None             # script mode: (rank 0's result, world, seed) -> hint or None
+    collectives_only: bool = False            # data moves by torch.distributed only (:func:`refusing_routes`)
 
 
 def always(p: dict, world: int) -> bool:
@@ -331,9 +332,40 @@ def opened_path(args: tuple) -> tuple[str, bool] | None:
     return os.fsdecode(path), writes
 
 
+#: While :func:`refusing_routes` runs: ``{"file": the student's file, "found": [problem, ...]}``; else None.
+_REFUSING: dict | None = None
+#: C functions that map memory, refused when looked up through ctypes.
+_MAPPING_FUNCTIONS = {"mmap", "mmap64", "mremap", "shm_open", "memfd_create"}
+
+
+def _refused_route(event: str, args: tuple) -> str | None:
+    """What an audit event of the routes :func:`refusing_routes` refuses uses, in words; None for the others."""
+    if event == "mmap.__new__":
+        return ("an anonymous mmap" if args and args[0] == -1
+                else "mmap of a file (POSIX shared memory, multiprocessing.shared_memory, maps one too)")
+    if event == "open":
+        found = opened_path(args)
+        if found and os.path.abspath(found[0]).startswith("/dev/shm"):
+            return f"a file in shared memory ({found[0]})"
+    if event == "ctypes.dlsym" and len(args) > 1 and args[1] in _MAPPING_FUNCTIONS:
+        return f"the C function {args[1]} through ctypes"
+    if event in ("socket.bind", "socket.connect"):
+        return "a socket of your own"
+    return None
+
+
 def _audit(event: str, args: tuple) -> None:
     """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
-    watchers of :func:`watching_opens`."""
+    watchers of :func:`watching_opens`; within :func:`refusing_routes`, the routes it refuses are recorded."""
+    if _REFUSING is not None and not getattr(_IN_WATCHER, "on", False):
+        route = _refused_route(event, args)
+        if route is not None:
+            frame, line = sys._getframe(1), None
+            while frame is not None and line is None:
+                line = frame.f_lineno if frame.f_code.co_filename == _REFUSING["file"] else None
+                frame = frame.f_back
+            _REFUSING["found"].append({"kind": "outside_routes", "route": route, "line": line,
+                                       "line_said": f" (line {line} of your file)" if line else ""})
     if event != "open" or not _OPEN_WATCHERS or getattr(_IN_WATCHER, "on", False):
         return
     found = opened_path(args)
@@ -352,15 +384,51 @@ def watching_opens(callback: Callable[[str, bool], None]):
     """Within the block, ``callback(path, writes)`` for every file path that Python opens, in any thread
     (builtins.open, io.open, pathlib, os.open, tempfile, shutil, pickle or numpy.save to a path, torch.load):
     Python's audit hooks see them all. A file that C++ opens (torch.save to a path: its zip writer) is not seen."""
-    global _AUDIT_HOOKED
-    if not _AUDIT_HOOKED:
-        sys.addaudithook(_audit)
-        _AUDIT_HOOKED = True
+    _hook_audit()
     _OPEN_WATCHERS.append(callback)
     try:
         yield
     finally:
         _OPEN_WATCHERS.remove(callback)
+
+
+def _hook_audit() -> None:
+    global _AUDIT_HOOKED
+    if not _AUDIT_HOOKED:
+        sys.addaudithook(_audit)
+        _AUDIT_HOOKED = True
+
+
+@contextlib.contextmanager
+def refusing_routes(path: str, found: list):
+    """Within the block (the student's file loaded and checked, exercises whose record says
+    ``collectives_only``: 03.7, 07.4 to 07.6), every route around torch.distributed and around the memory the
+    checks count that Python's audit hooks see is appended to ``found`` as a problem (kind "outside_routes": the
+    route and the line of ``path`` that took it): an mmap (anonymous, or of a file: POSIX shared memory,
+    multiprocessing.shared_memory and numpy.memmap map one), a file opened in /dev/shm, mmap or shm_open looked up
+    through ctypes, a socket bound or connected. Nothing raises: a rank that failed at once would leave the others
+    waiting in a collective; the check runs to its end and the problem is reported after. gloo's and the c10d
+    store's sockets are C++ and not seen."""
+    global _REFUSING
+    _hook_audit()
+    _REFUSING = {"file": os.path.abspath(path), "found": found}
+    try:
+        yield
+    finally:
+        _REFUSING = None
+
+
+def routes_refused() -> bool:
+    """Whether :func:`refusing_routes` has recorded a route in the block now running (a check skips its last
+    rounds: the route is the problem told)."""
+    return _REFUSING is not None and bool(_REFUSING["found"])
+
+
+#: The hint of a route that :func:`refusing_routes` refused.
+ROUTE_HINTS = [(always, "rank {rank}: your code used {route}{line_said}: this exercise moves data between the ranks "
+                "only with torch.distributed collectives and keeps its state in tensors (what is counted). Data "
+                "passed or kept around them (shared memory, mmap, files, sockets) is not allowed: remove it, and "
+                "let the collectives' results be what your code uses")]
 
 
 def _storage_of(o, kind: int):

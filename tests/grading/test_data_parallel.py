@@ -4,7 +4,7 @@ tensor, futures, tensor hooks, buckets laid out in advance as DDP does, a coales
 get the hint that names the mistake made. Each list is graded in one launch at 3 ranks."""
 import re
 
-from helpers import wrong
+from helpers import red_team, remove_red_team_shm, wrong
 from mgpu_utils.grading.runner import grade_many
 
 # 03.4 ---------------------------------------------------------------------------------------------------------
@@ -637,6 +637,10 @@ WRONG_037 = {
         ["import torch.distributed as dist\n" + P2P,
          "        self.pending.append((self.bucket, flat, dist.all_reduce(flat.flip(0), async_op=True)))\n", P2P_037],
         r"rank \d: besides your 3 all-reduce\(s\), the step made 12 call\(s\) of recv, send"),
+    "decoy all-reduces, the mean through POSIX shared memory (a red team's 037_w02)": (
+        None, red_team("037_w02"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "the constructor's broadcast through POSIX shared memory (a red team's 037_w03)": (
+        None, red_team("037_w03"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
 }
 
 
@@ -672,7 +676,10 @@ def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
     for exercise_id, (_, bad) in TABLES.items():
         cases += _cases(tmp_path, exercise_id, bad)
         wants += [(f"{exercise_id} {n}", want) for n, (*_, want) in bad.items()]
-    hints = grade_many(cases, 3)
+    try:
+        hints = grade_many(cases, 3)
+    finally:
+        remove_red_team_shm()
     failed = {name: hint for (name, want), hint in zip(wants, hints) if not (hint and re.search(want, hint))}
     assert not failed, failed
 

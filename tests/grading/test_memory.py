@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from helpers import solution, wrong
+from helpers import red_team, remove_red_team_shm, solution, wrong
 from mgpu_utils.grading.catalog import EXERCISES
 from mgpu_utils.grading.runner import grade_many
 
@@ -556,6 +556,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
            r"/zero1_state_\d+_\d+\.pkl while the optimizer ran",
            OUT + r"307,240 in tensors or storages it does not hold",
            OUT + r"4,000,000 in tensors or storages it does not hold"])},
+    "whole optimizer in an anonymous mmap, gradients through POSIX shared memory (a red team's 075_w12)": (
+        None, red_team("075_w12"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "a decoy reduce-scatter, the gradient used reaching every rank through POSIX shared memory (a red team's 075_w16)": (
+        None, red_team("075_w16"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
 }
 
 
@@ -580,7 +584,10 @@ def test_075_right_variants_pass(tmp_path, starts_processes):
 
 
 def test_075_wrong_variants_get_their_hints(tmp_path, starts_processes):
-    hints = grade_many(_cases(tmp_path, "07.5", WRONG_075), 3)
+    try:
+        hints = grade_many(_cases(tmp_path, "07.5", WRONG_075), 3)
+    finally:
+        remove_red_team_shm()
     failed = [f"{name}: {hint}" for (name, (*_, want)), hint in zip(WRONG_075.items(), hints)
               if not (hint and re.search(want, hint))]
     if failed:                                             # in full: pytest cuts a long assert message short
@@ -1009,6 +1016,17 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         r"memory: "
         r"your code wrote "
         r"\S+\.py\.0\.pt during the steps"),
+    "a decoy reduce-scatter, the gradient summed through POSIX shared memory (a red team's 076_w04)": (
+        None, red_team("076_w04"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "a decoy all-gather, the parameters gathered through POSIX shared memory (a red team's 076_w05)": (
+        None, red_team("076_w05"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "the whole float32 parameters kept in an anonymous mmap (a red team's 076_w06)": (
+        None, red_team("076_w06"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
+    "the gathered parameters cached in an anonymous mmap between optimizer steps (a red team's 076_w20)": (
+        None, red_team("076_w20"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
+    "the float32 master shards rounded to bfloat16 when built (a red team's 076_w13)": (
+        None, red_team("076_w13"), r"rank \d \(MLP, bfloat16\): right after MyFSDP\(\.\.\.\) was built, "
+        r"full_parameters\(\)\['0\.weight'\] differs from the module's float32 parameter by .* \(each value rounded"),
 }
 
 
@@ -1018,7 +1036,10 @@ def test_076_right_variants_pass(tmp_path, starts_processes):
 
 
 def test_076_wrong_variants_get_their_hints(tmp_path, starts_processes):
-    hints = grade_many(_cases(tmp_path, "07.6", WRONG_076), 3)
+    try:
+        hints = grade_many(_cases(tmp_path, "07.6", WRONG_076), 3)
+    finally:
+        remove_red_team_shm()
     failed = [f"{name}: {hint}" for (name, (*_, want)), hint in zip(WRONG_076.items(), hints)
               if not (hint and re.search(want, hint))]
     if failed:                                             # in full: pytest cuts a long assert message short

@@ -5,7 +5,7 @@ it). Right variants pass; wrong ones get the hint that names them. Each list is 
 ranks."""
 import re
 
-from helpers import wrong
+from helpers import red_team, remove_red_team_shm, wrong
 from mgpu_utils.grading.runner import grade_many
 
 RS = "        reduce_scatter_single(g, grads)\n        g /= self.world\n"
@@ -183,6 +183,29 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
     "whole moments kept in a module-level dict": (
         None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
         r"optimizer \(in a module-level dict"),
+    "whole Adam on every rank, moments in an anonymous mmap, gradients through the c10d store (a red team's 074_w06)": (
+        None, red_team("074_w06"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
+    "whole Adam on every rank, moments in a file in /dev/shm, gradients by all_gather_object (a red team's "
+    "074_w12)": (
+        None, red_team("074_w12"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements "
+        r"in and out of this rank \(.*all_gather_object.*a whole gradient reached every rank"),
+    "whole Adam on every rank, moments as numpy arrays, gradients by all_gather_object (a red team's 074_w04)": (
+        None, red_team("074_w04"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements in and out of this rank \(.*all_gather_object.*a whole gradient reached every rank"),
+    "whole Adam on every rank, numpy moments, gradients sent round a ring of isend/irecv (a red team's 074_w09)": (
+        None, red_team("074_w09"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements in and out of this rank \(.*recv [\d,]+.*send.*a whole gradient reached every rank"),
+    "whole Adam on every rank, numpy moments, gradients through files polled in /dev/shm (a red team's 074_w10)": (
+        None, red_team("074_w10"), r"rank \d: your code used a file in shared memory \(/dev/shm/\S+\).*only with torch\.distributed"),
+    "whole Adam on every rank, moments as torch.save bytes in a closure, gradients by all_gather_object (red team, 074_w14)": (
+        None, red_team("074_w14"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements in and out of this rank \(.*all_gather_object.*a whole gradient reached every rank"),
+    "the moments kept whole as numpy arrays in a module-level dict, this rank's slice a view of them": (
+        [IMPORT, "        self.m = torch.zeros(self.size)                    # this rank's slice of the moments, not the "
+                 "whole model's\n        self.v = torch.zeros(self.size)\n"],
+        [IMPORT + "import numpy as np\n\n_WHOLE = {}\n",
+         "        lo = self.rank * self.size\n"
+         "        _WHOLE[id(self)] = [np.zeros(self.world * self.size, np.float32) for _ in range(2)]\n"
+         "        self.m, self.v = (torch.from_numpy(a[lo:lo + self.size]) for a in _WHOLE[id(self)])\n"],
+        r"rank \d \(MLP of 1024 hidden units\): [\d,]+ bytes appeared in this process outside the tensors your "
+        r"optimizer holds .* [\d,]+ in Python objects \(numpy arrays"),
 }
 
 
@@ -206,7 +229,10 @@ def test_right_variants_pass(tmp_path, starts_processes):
 
 
 def test_wrong_variants_get_their_hints(tmp_path, starts_processes):
-    hints = grade_many(_cases(tmp_path, WRONG), 3)
+    try:
+        hints = grade_many(_cases(tmp_path, WRONG), 3)
+    finally:
+        remove_red_team_shm()
     for (name, (*_, want)), hint in zip(WRONG.items(), hints):
         assert hint and re.search(want, hint), (name, hint)
 

@@ -68,7 +68,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.costs import overlap
-from mgpu_utils.grading.common import CodingExercise, always, diff, held_bytes, note, store_writes, switched_off
+from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, always, diff, held_bytes, note, store_writes,
+                                      switched_off)
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
                                            named_content, namespaces_of)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -614,6 +615,7 @@ BUCKET_HINTS = [
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
+    "outside_routes": ROUTE_HINTS,
     "grad": [
         (lambda p, W: p["local"] and p.get("on_weights"),
          "rank {rank}: the gradient of {param} is still this rank's own: {on_weights} of the {reduces} all-reduce(s) "
@@ -821,7 +823,7 @@ EXERCISES = [
         what="DDP's gradients and parameters, with one asynchronous all-reduce per bucket"),
     CodingExercise(
         id="03.7", template="03_my_ddp_stretch.py", entry="MyDDP", world_sizes=(2, 3),
-        check=check_my_ddp, hints=HINTS, on_success=_step_times,
+        check=check_my_ddp, hints=HINTS, collectives_only=True, on_success=_step_times,
         what="DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
              "model that uses one weight twice, also one that uses its layers out of registration order, from ranks "
              "that started apart"),

@@ -54,8 +54,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import (CodingExercise, OutsideState, always, diff, held_bytes, inner_parameters,
-                                      live_storages, malloc_bytes, note, reachable_storages)
+from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, OutsideState, always, diff, held_bytes,
+                                      inner_parameters, live_storages, malloc_bytes, note, reachable_storages,
+                                      routes_refused)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
                                            carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
@@ -88,7 +89,7 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     ref_opt = torch.optim.Adam(ref.parameters(), lr=1e-2, foreach=False)
     sum_opt = torch.optim.Adam(ref_sum.parameters(), lr=1e-2, foreach=False)
     start = [p.detach().clone() for p in mine.parameters()]
-    comm = wrong_carried = gathered_wrong = None
+    comm = wrong_carried = gathered_wrong = traffic = None
     for s in range(steps):
         opt.zero_grad()
         (F.cross_entropy(mine(x[rank::world]), y[rank::world]) * scale).backward()   # this rank's share of the batch
@@ -111,9 +112,14 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
             {"rank": rank, "kind": "adam_gathered", "step": s + 1})
         reduced = sum(k for call, k in carried if call == "all_reduce")
         gathered = sum(k for call, k in carried if call in GATHERS + ("broadcast",))
+        moved = _traffic(carried, content, world)         # sends, recvs and object collectives too (07.5's bound)
         if comm is None and (reduced >= n / 2 or gathered >= 2 * world * size):
             comm = {"rank": rank, "kind": "adam_comm", "step": s + 1, "full": n, "slices": world * size,
                     "what": "all_reduce" if reduced >= n / 2 else "gather", "elements": max(reduced, gathered)}
+        elif traffic is None and sum(moved.values()) > _traffic_bound(world * size, world):
+            traffic = {"rank": rank, "kind": "adam_comm", "step": s + 1, "full": n, "what": "traffic",
+                       "elements": sum(moved.values()), "right": round(2 * world * size * (1 + 1 / world)),
+                       "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
     got = torch.cat([p.detach().reshape(-1) for p in mine.parameters()])
     want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
     summed = torch.cat([p.detach().reshape(-1) for p in ref_sum.parameters()])
@@ -139,7 +145,44 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
         note(problems, wrong_carried)
     elif gathered_wrong is not None:
         note(problems, gathered_wrong)
+    elif traffic is not None:
+        note(problems, traffic)
+    if not _stop_together(problems or routes_refused()):   # the last round has collectives: every rank or none
+        _adam_outside(cls, ctx, problems)
     return {"optimizer_bytes": held, "full_adam_bytes": 8 * n}
+
+
+def _adam_outside(cls, ctx, problems, steps=2):
+    """07.4's last round, 07.5's on Adam: :func:`make_mlp` of :data:`WIDE` hidden units for ``steps`` steps on
+    this rank's rows; then the files written, and what the process keeps besides the optimizer and the grader's
+    tensors (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages, Python objects such as numpy
+    arrays or the bytes of a torch.save, values set in the c10d store), with what the optimizer holds, against
+    this rank's slice of the moments and :data:`PYTHON_SLACK` (whole moments: 614,480 bytes)."""
+    world, rank = ctx.world_size, ctx.rank
+    x, y = load_data()[0][:48]
+    x = x.flatten(1)
+    torch.manual_seed(0)
+    model = make_mlp(WIDE, 1)
+    n = sum(p.numel() for p in model.parameters())
+    size = -(-n // world)
+    allowed = 8 * size * 1.05 + 256 + PYTHON_SLACK
+    base = {"rank": rank, "kind": "adam_memory", "model": f"MLP of {WIDE} hidden units", "full": 8 * n}
+    with OutsideState(cls) as watch:                       # from before the student's optimizer on
+        opt = cls(model.parameters(), lr=1e-2)
+        for _ in range(steps):
+            opt.zero_grad()
+            F.cross_entropy(model(x[rank::world]), y[rank::world]).backward()
+            opt.step()
+        last = [p.grad for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        held = held_bytes(opt, exclude=list(model.parameters()))
+        found = watch.count(opt, model, x, y, last, limit=allowed - held)
+    if found["files"]:
+        note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
+    elif held + found["tensors"] + found["python"] > allowed:
+        note(problems, {**base, "what": "python", "bytes": found["tensors"] + found["python"],
+                        "tensors": found["tensors"], "python": found["python"], "held": held,
+                        "shard": 8 * size})
 
 
 #: The collectives that reduce (07.4, 07.5): each carries this rank's gradients (or slices of them) to be summed;
@@ -325,7 +368,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         elif sum(moved.values()) > _traffic_bound(padded, world) and traffic is None:
             traffic = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
                     "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
-                    "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
+                       "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
         if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
             note(problems, {**base, "kind": "any_nograd", "what": "frozen", "step": s + 1,
                             "got": mine.scale.detach().mean().item()})
@@ -662,6 +705,16 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
             elif misplaced is not None:
                 note(problems, {**base, "what": "shard_order", **misplaced})
+            if dtype is not None:                            # every rank calls it (collectives): the float32
+                built_params = _full_parameters(wrapper, names, base, [], shapes)   # masters, exact, before a step
+                off = next((n for n, q in refs["right"].named_parameters() if built_params is not None
+                            and not torch.equal(built_params[n], q.detach())), None)
+                if off is not None:
+                    want = dict(refs["right"].named_parameters())[off].detach()
+                    note(problems, {**base, "what": "master_built", "name": off,
+                                    "max_diff": diff(built_params[off], want),
+                                    "rounded_said": " (each value rounded to the compute dtype)"
+                                    if torch.equal(built_params[off], want.to(dtype).float()) else ""})
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                           # agree before the steps: their collectives are shared
             if found.item():
@@ -1109,6 +1162,7 @@ def _full_parameters(wrapper, names, base, problems, shapes=None) -> dict | None
 #: What each problem these checks report tells the student: per kind, ``(when, hint)`` pairs (see
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
+    "outside_routes": ROUTE_HINTS,
     "adam": [
         (lambda p, W: p["moved_share"] < 1 - 1 / (2 * W),           # about 1/W moved: only this rank's own slice
          "rank {rank}: only {moved_share:.0%} of the parameters that Adam updates moved (world size {W}): the "
@@ -1120,6 +1174,17 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}: after three steps the parameters differ from Adam in one process by {max_diff:.3g} "
                  "(world size {W}): is g the mean over the ranks of this rank's slice (step 1)?")],
     "adam_memory": [
+        (lambda p, W: p.get("what") == "file",
+         "rank {rank} ({model}): Adam's moments must live in this process's memory: your code "
+         "{how} {path} while the optimizer ran (read: written by torch.save to a path, then torch.load). State kept in a file is state this rank keeps, whole, out of sight; "
+         "keep only this rank's slice of m and v, in tensors"),
+        (lambda p, W: p.get("what") == "python",
+         "rank {rank} ({model}): {bytes:,} bytes appeared in this process outside the tensors your optimizer holds "
+         "({held:,}): {tensors:,} in tensors or storages it does not hold, {python:,} in Python objects (numpy "
+         "arrays, bytes or BytesIO of a torch.save, lists of floats, values set in the c10d store: the grader "
+         "counts Python's memory too, a few kB are its own). Full Adam's moments are {full:,} bytes, this rank's "
+         "slice {shard:,}: where they are kept does not change what a rank holds; keep only this rank's slice of "
+         "m and v, in tensors"),
         (lambda p, W: p.get("what") == "outside",
          "rank {rank}: {bytes:,} bytes of tensors appeared in this process outside your optimizer (in a "
          "module-level dict, a registry, a global: the grader looks at every live tensor); full Adam's moments are "
@@ -1128,6 +1193,12 @@ HINTS: dict[str, list[tuple]] = {
                  "attributes, lists, dicts, a wrapped optimizer's state); full Adam's moments are {full:,}: keep only "
                  "this rank's slice of m and v")],
     "adam_comm": [
+        (lambda p, W: p["what"] == "traffic",
+         "rank {rank}: the result is right, but step {step}'s communication moved {elements:,} elements in and out "
+         "of this rank ({calls}; an object collective counts its pickled bytes, 4 to an element), and the model "
+         "has {full:,}: a whole gradient reached every rank (all_gather_object, sends and recvs, ...), though it "
+         "updates its slice only. ZeRO-1 reduce-scatters the gradients (each rank receives its slice's sum: "
+         "reduce_scatter_single) and all-gathers the updated slices, about {right:,} elements in and out"),
         (lambda p, W: p["what"] == "all_reduce",
          "rank {rank}: the result is right, but step {step} all-reduced {elements:,} elements, and the model has "
          "{full:,}: every rank received every gradient, as in DDP, though it updates its slice only. ZeRO-1 "
@@ -1452,6 +1523,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "no_full",
          "rank {rank} ({model}, {dtype}): full_parameters() {error}: return {{name: the whole parameter, float32}} "
          "for every name of module.named_parameters(), all-gathered from the shards on every rank"),
+        (lambda p, W: p["what"] == "master_built",
+         "rank {rank} ({model}, {dtype}): right after MyFSDP(...) was built, full_parameters()['{name}'] differs "
+         "from the module's float32 parameter by {max_diff:.3g}{rounded_said}: the shards are the float32 "
+         "master weights, cut from the parameters as they are; cast to compute_dtype only what the forward uses"),
         (lambda p, W: p["what"] == "full_params",
          "rank {rank} ({model}, {dtype}): the outputs agree with one process's, but after {steps} steps "
          "full_parameters()['{name}'] differs from its parameter by {max_diff:.3g}: gather every rank's shard, cut "
@@ -1486,13 +1561,13 @@ def _bytes_held(info: dict, world: int) -> list[str]:
 EXERCISES = [
     CodingExercise(
         id="07.4", template="07_zero1.py", entry="ShardedAdam", world_sizes=(2, 3),
-        check=check_sharded_adam, hints=HINTS, on_success=_bytes_held,
+        check=check_sharded_adam, hints=HINTS, collectives_only=True, on_success=_bytes_held,
         what="three steps equal torch.optim.Adam in one process, with the moments sharded over the ranks (none "
              "kept outside the optimizer) and step() reduce-scattering the gradients, not all-reducing or "
              "all-gathering them whole"),
     CodingExercise(
         id="07.5", template="07_zero1_any.py", entry="ShardedOptimizer", world_sizes=(2, 3),
-        check=check_sharded_any, hints=HINTS,
+        check=check_sharded_any, hints=HINTS, collectives_only=True,
         what="SGD with momentum, Adam, AdamW and RMSprop equal one process's, also with a frozen parameter, one "
              "unused in every other step and two parameter groups, with each rank holding about 1/world of the "
              "optimizer's state (none kept outside it: not in a module-level variable, Python objects or a file) "
@@ -1500,9 +1575,9 @@ EXERCISES = [
              "slices"),
     CodingExercise(
         id="07.6", template="07_my_fsdp.py", entry="MyFSDP", world_sizes=(2, 3),
-        check=check_my_fsdp, hints=HINTS,
+        check=check_my_fsdp, hints=HINTS, collectives_only=True,
         what="three SGD steps equal one process's on an MLP and on a model with a tied weight, in float32 and "
              "computing in bfloat16, with each rank holding about 1/world of the parameters between steps "
              "(none kept whole elsewhere: not in a module-level variable, Python objects or a file), all-gathered "
-             "for the forward and their gradients reduce-scattered"),
+             "(or broadcast by their owners) for the forward and their gradients reduce-scattered"),
 ]
