@@ -25,8 +25,9 @@ bytes: the ready order is not the reverse of model.parameters()), from ranks who
 DistributedDataParallel; every step it counts your all-reduce calls (one per bucket, however made: a process
 group's own allreduce counts too), checks that each was waited for, in finish() (or a callback queued for the end
 of backward), not in a hook, and that together they carry this rank's gradients (none through the process group's
-key-value store), and refuses torch's own DistributedDataParallel inside your class. Grade it from a notebook
-cell:
+key-value store), and refuses torch's own DistributedDataParallel inside your class.
+Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
+grader refuses mmap, shared memory, files in /dev/shm and sockets of your own. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("03.7")
 """

@@ -46,6 +46,8 @@ its parameters (a tied one given once is used in both places); an autograd.Funct
 and whose backward reduce-scatters; all_gather_single and reduce_scatter_single from mgpu_utils.compat;
 p.data = torch.empty(0) frees a parameter's storage and keeps the Parameter object (and so a tied weight's
 identity).
+Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
+grader refuses mmap, shared memory, files in /dev/shm and sockets of your own.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.6")

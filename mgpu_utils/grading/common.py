@@ -16,7 +16,8 @@ exercise, and the helpers that compare, report and count.
   such as bytes, BytesIO or numpy arrays, and the files written: 07.5, 07.6); :func:`malloc_bytes` (what the C
   allocator holds: tensors only C++ holds too, 07.6).
 * :func:`watching_opens`: every file path Python opens while a block runs, from one audit hook per process
-  (07.5 and 07.6: state kept in a file; 12.5: which rank writes its snapshot, and how).
+  (07.5 and 07.6: state kept in a file; 12.5: which rank writes its snapshot, and how); :func:`refusing_routes`,
+  from the same hook: mmap, /dev/shm, sockets of the student's recorded as a problem (03.7, 07.4 to 07.6).
 """
 
 from __future__ import annotations

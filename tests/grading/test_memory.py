@@ -1026,7 +1026,7 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_w20"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
     "the float32 master shards rounded to bfloat16 when built (a red team's 076_w13)": (
         None, red_team("076_w13"), r"rank \d \(MLP, bfloat16\): right after MyFSDP\(\.\.\.\) was built, "
-        r"full_parameters\(\)\['0\.weight'\] differs from the module's float32 parameter by .* \(each value rounded"),
+        r"every value of your float32 shards is a bfloat16 number: the master weights were rounded"),
 }
 
 

@@ -15,8 +15,17 @@ the c10d store, files written);
 07.4 counts the tensors outside it.
 The hints of the problems they report, the exercises' records and the bytes said on success are here too.
 
-Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (an anonymous
-mmap, ctypes memory, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
+Routes around torch.distributed and the memory counted (an mmap, anonymous or of POSIX shared memory, a file in
+/dev/shm, a socket of the student's) are refused for the three exercises (and 03.7) by
+:func:`~mgpu_utils.grading.common.refusing_routes` (a sixth red team's, 2026-12-05: whole optimizers or parameters
+kept in an anonymous mmap, the data really moved through POSIX shared memory while the collectives graded were
+decoys whose results were thrown away). 07.4 has 07.5's bound on a step's traffic (sends, recvs, object
+collectives) and a last round on the wide MLP that counts what is kept outside the optimizer
+(:func:`_adam_outside`); 07.6 refuses float32 shards whose values are all bfloat16 numbers right after the
+wrapper is built under compute_dtype (master shards rounded at build hid under the tolerance).
+
+Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (ctypes memory
+other than mmap, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
 not reach (hung on builtins), a buffer made at import hung on a function attribute) are not seen; in 07.5 a whole
 optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives and
 sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
@@ -73,8 +82,9 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     each rank needs its slice's gradient only; and reducing collectives that do not carry this rank's gradients
     (:func:`_reduced_right`), all-gathers (or owners' broadcasts) that do not carry the updated slices
     (:func:`_gathered_updated`: the mean gradient's slices gathered give every rank the whole gradient, and whole
-    moments can be kept where no tensor is, numpy arrays), and torch's ZeroRedundancyOptimizer built, each a
-    problem of its own."""
+    moments can be kept where no tensor is, numpy arrays), a step that moved more than 07.5's bound
+    (:func:`_traffic_bound`: sends, recvs and object collectives count), and torch's ZeroRedundancyOptimizer
+    built, each a problem of its own; then, with none on any rank, :func:`_adam_outside`."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = make_mlp(24, 1)
@@ -705,16 +715,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 note(problems, {**base, "what": "master_dtype", "got": str(shards[0].dtype)})
             elif misplaced is not None:
                 note(problems, {**base, "what": "shard_order", **misplaced})
-            if dtype is not None:                            # every rank calls it (collectives): the float32
-                built_params = _full_parameters(wrapper, names, base, [], shapes)   # masters, exact, before a step
-                off = next((n for n, q in refs["right"].named_parameters() if built_params is not None
-                            and not torch.equal(built_params[n], q.detach())), None)
-                if off is not None:
-                    want = dict(refs["right"].named_parameters())[off].detach()
-                    note(problems, {**base, "what": "master_built", "name": off,
-                                    "max_diff": diff(built_params[off], want),
-                                    "rounded_said": " (each value rounded to the compute dtype)"
-                                    if torch.equal(built_params[off], want.to(dtype).float()) else ""})
+            elif dtype is not None and all(torch.equal(p.detach(), p.detach().to(dtype).float()) for p in shards):
+                note(problems, {**base, "what": "master_built"})   # float32 masters rounded when built
             found = torch.tensor([float(bool(problems))])
             dist.all_reduce(found)                           # agree before the steps: their collectives are shared
             if found.item():
@@ -1524,9 +1526,10 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank} ({model}, {dtype}): full_parameters() {error}: return {{name: the whole parameter, float32}} "
          "for every name of module.named_parameters(), all-gathered from the shards on every rank"),
         (lambda p, W: p["what"] == "master_built",
-         "rank {rank} ({model}, {dtype}): right after MyFSDP(...) was built, full_parameters()['{name}'] differs "
-         "from the module's float32 parameter by {max_diff:.3g}{rounded_said}: the shards are the float32 "
-         "master weights, cut from the parameters as they are; cast to compute_dtype only what the forward uses"),
+         "rank {rank} ({model}, {dtype}): right after MyFSDP(...) was built, every value of your float32 shards is "
+         "a {dtype} number: the master weights were rounded to the compute dtype, and training starts from other "
+         "weights than the module's. Cut the shards from the float32 parameters as they are; cast to "
+         "compute_dtype only what the forward uses"),
         (lambda p, W: p["what"] == "full_params",
          "rank {rank} ({model}, {dtype}): the outputs agree with one process's, but after {steps} steps "
          "full_parameters()['{name}'] differs from its parameter by {max_diff:.3g}: gather every rank's shard, cut "
