@@ -335,6 +335,8 @@ def opened_path(args: tuple) -> tuple[str, bool] | None:
 
 #: While :func:`refusing_routes` runs: ``{"file": the student's file, "found": [problem, ...]}``; else None.
 _REFUSING: dict | None = None
+#: The audit events :func:`_refused_route` reads (the others pass at the cost of one set lookup).
+_REFUSED_EVENTS = frozenset({"mmap.__new__", "open", "ctypes.dlsym", "socket.bind", "socket.connect"})
 #: C functions that map memory, refused when looked up through ctypes.
 _MAPPING_FUNCTIONS = {"mmap", "mmap64", "mremap", "shm_open", "memfd_create"}
 
@@ -358,7 +360,7 @@ def _refused_route(event: str, args: tuple) -> str | None:
 def _audit(event: str, args: tuple) -> None:
     """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
     watchers of :func:`watching_opens`; within :func:`refusing_routes`, the routes it refuses are recorded."""
-    if _REFUSING is not None and not getattr(_IN_WATCHER, "on", False):
+    if _REFUSING is not None and event in _REFUSED_EVENTS and not getattr(_IN_WATCHER, "on", False):
         route = _refused_route(event, args)
         if route is not None:
             frame, line = sys._getframe(1), None
