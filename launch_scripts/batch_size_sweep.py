@@ -5,7 +5,8 @@ For every global batch B of --global-batches, an MLP (make_mlp(--width, 1)) trai
 at each learning rate of --lrs and each of --seeds seeds, until its test accuracy first reaches --target (checked
 after every step) or --max-steps pass. Steps to target for B = the fewest over the learning rates (the best rate
 for each batch size, as Shallue et al. 2019 measure it), then the median over seeds. After the first rate, a run
-stops as soon as it needs more steps than the best so far for its (B, seed), so a worse rate costs little.
+stops as soon as it needs more steps than the best so far for its (B, seed), so a worse rate costs little; each
+rank tries the rates outwards from its previous run's best rate (the batches grow), so the best usually comes first.
 
 A data-parallel step at global batch B computes the same update as one process at B (lesson 03 proved it), so
 each run trains in one process; the ranks share the runs (a sweep is the other way to keep many GPUs busy: one
@@ -59,14 +60,16 @@ def steps_to_target(data, test, batch, lr, seed, target, cap, width):
     return None, statistics.median(step_s)
 
 
-def best_over_rates(data, test, batch, seed, a):
-    """Fewest steps to target over the learning rates; each run is capped at the best so far."""
-    best = {"steps": None, "lr": None, "step_s": None}
-    for lr in a.lrs:
-        cap = best["steps"] - 1 if best["steps"] else a.max_steps
-        steps, step_s = steps_to_target(data, test, batch, lr, seed, a.target, cap, a.width)
+def best_over_rates(data, test, batch, seed, a, first=0):
+    """Fewest steps to target over the learning rates (a tie: the earlier rate of a.lrs). The rates are
+    tried from a.lrs[first] outwards, and each run is capped at the best so far, so a worse rate costs little."""
+    best = {"steps": None, "lr": None, "step_s": None, "index": None}
+    for i in sorted(range(len(a.lrs)), key=lambda i: (abs(i - first), -i)):
+        # a rate later in a.lrs must beat the best; an earlier one wins a tie
+        cap = best["steps"] - (i > best["index"]) if best["steps"] else a.max_steps
+        steps, step_s = steps_to_target(data, test, batch, a.lrs[i], seed, a.target, cap, a.width)
         if steps is not None:
-            best = {"steps": steps, "lr": lr, "step_s": step_s}
+            best = {"steps": steps, "lr": a.lrs[i], "step_s": step_s, "index": i}
     return best
 # endregion
 
@@ -95,7 +98,10 @@ def main():
         test = tuple(t.flatten(1) if t.dim() > 1 else t for t in test_set.tensors)
         data, test = (tuple(t.to(ctx.device) for t in d) for d in (data, test))
         jobs = list(itertools.product(a.global_batches, range(a.seeds)))
-        mine = [(b, s, best_over_rates(data, test, b, s, a)) for b, s in jobs[ctx.rank::ctx.world_size]]
+        mine, first = [], 0
+        for b, s in jobs[ctx.rank::ctx.world_size]:      # the batches grow: start at the last best rate
+            mine.append((b, s, best_over_rates(data, test, b, s, a, first)))
+            first = mine[-1][2]["index"] if mine[-1][2]["steps"] else first
         everyone = [mine]
         if dist.is_initialized():
             everyone = [None] * ctx.world_size
