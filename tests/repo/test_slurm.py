@@ -255,6 +255,7 @@ def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts
     job, out = two_node_job(slurm, tmp_path, args, nproc=1)
     slurm.wait_for_output(job, out, "snapshot at step 5", timeout_s=90)
     slurm.signal_batch(job)                       # what --signal=B:USR1@120 sends 120 s before the limit
+    slurm.start_requeued_now(job)                 # 2 s after the requeue, not Slurm's cred_expire + 1
     info = slurm.wait(job, timeout_s=120)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", f"{info}\n{text}"
