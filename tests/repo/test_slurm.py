@@ -255,6 +255,7 @@ def test_time_limit_signal_snapshot_requeue_exact_resume(slurm, tmp_path, starts
     job, out = two_node_job(slurm, tmp_path, args, nproc=1)
     slurm.wait_for_output(job, out, "snapshot at step 5", timeout_s=90)
     slurm.signal_batch(job)                       # what --signal=B:USR1@120 sends 120 s before the limit
+    slurm.start_requeued_now(job)                 # 2 s after the requeue, not Slurm's cred_expire + 1
     info = slurm.wait(job, timeout_s=120)
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", f"{info}\n{text}"
@@ -384,6 +385,30 @@ def test_a_requeue_delay_slurm_would_ignore_is_refused(tmp_path):
         with pytest.raises(ValueError, match=r"requeue_delay_s must be an integer >= 5"):
             LocalSlurm(tmp_path, requeue_delay_s=bad)
     assert LocalSlurm(tmp_path, requeue_delay_s=5).requeue_delay_s == 5
+
+
+def test_a_requeued_job_starts_at_once_when_released(tmp_path, starts_processes):
+    """Slurm holds a requeued job cred_expire + 1 s (here 31 s); start_requeued_now lets it start 2 s after the
+    requeue (lesson 12: 6 s of waiting, now 2-3). With StartTime=now, 1 run in 3 failed: slurmd refused to launch
+    within the second of the requeue ("already killed"). A shell job that requeues itself on its first run."""
+    why = missing_programs()
+    if why:
+        (pytest.fail if os.environ.get("MGPU_REQUIRE_SLURM") == "1" else pytest.skip)(why)
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\n#SBATCH --requeue\n#SBATCH --open-mode=append\n'
+                      'echo "run ${SLURM_RESTART_COUNT:-0}"\n'
+                      '[ "${SLURM_RESTART_COUNT:-0}" = 0 ] && scontrol requeue "$SLURM_JOB_ID"\nexit 0\n')
+    with LocalSlurm(tmp_path / "slurm", requeue_delay_s=30) as cluster:
+        job = cluster.submit(["--output", tmp_path / "out.txt", script])
+        released = cluster.start_requeued_now(job)
+        t0 = time.monotonic()
+        assert released["Restarts"] == "1" and released["JobState"] in ("PENDING", "RUNNING", "COMPLETED"), released
+        record = cluster.wait(job, timeout_s=60)
+        waited = time.monotonic() - t0
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", record
+    runs = [line for line in (tmp_path / "out.txt").read_text().splitlines() if line.startswith("run ")]
+    assert runs == ["run 0", "run 1"], runs     # (a slurmstepd line "CANCELLED ... DUE TO JOB REQUEUE" may be between)
+    assert waited < 20, f"the released job waited {waited:.0f} s: Slurm's hold of 31 s was not lifted"
 
 
 def test_two_local_clusters_do_not_share_a_rendezvous_port(tmp_path, monkeypatch):
