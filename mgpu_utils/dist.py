@@ -278,7 +278,10 @@ def _report_error(rank: int, exc: BaseException) -> None:
 
     Python prints the traceback itself when the exception leaves the script."""
     info = {"rank": rank, "type": type(exc).__name__, "message": str(exc)[:2000], "time": time.time()}
-    print(ERROR_MARKER + json.dumps(info), file=sys.stderr, flush=True)
+    # one write(): ranks of a node share one pipe, and print() writes the line and its "\n" separately, so
+    # another rank's output could land between them (a write under PIPE_BUF bytes is not split)
+    sys.stderr.write(ERROR_MARKER + json.dumps(info) + "\n")
+    sys.stderr.flush()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 

@@ -252,3 +252,28 @@ def test_every_subgroup_and_mesh_gets_the_course_timeout():
         if path != root / "mgpu_utils" / "dist.py":
             bad.update({f"{path.relative_to(root)} {c}": 1 for c in untimed_group_calls(path.read_text())})
     assert not bad, "\n".join(bad)
+
+
+def test_the_error_line_is_one_write(monkeypatch):
+    """Ranks of a node share one stderr pipe: the MGPU_ERROR line and its newline must go in one write(),
+    or another rank's output can land between them (seen in test_launch_nodes_names_the_failed_rank_and_its_node
+    under load)."""
+    import sys
+
+    from mgpu_utils import dist
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    dist._report_error(3, RuntimeError("boom"))
+    assert len(writes) == 1 and writes[0].startswith(dist.ERROR_MARKER) and writes[0].endswith("\n"), writes
+    assert json.loads(writes[0][len(dist.ERROR_MARKER):])["rank"] == 3
