@@ -61,8 +61,10 @@ def steps_to_target(data, test, batch, lr, seed, target, cap, width):
 
 
 def best_over_rates(data, test, batch, seed, a, first=0):
-    """Fewest steps to target over the learning rates (a tie: the earlier rate of a.lrs). The rates are
-    tried from a.lrs[first] outwards, and each run is capped at the best so far, so a worse rate costs little."""
+    """Fewest steps to target over the learning rates (a tie: the earlier rate of a.lrs).
+
+    The rates are tried from a.lrs[first] outwards, and each run is capped at the best so far,
+    so a worse rate costs little."""
     best = {"steps": None, "lr": None, "step_s": None, "index": None}
     for i in sorted(range(len(a.lrs)), key=lambda i: (abs(i - first), -i)):
         # a rate later in a.lrs must beat the best; an earlier one wins a tie
