@@ -1,4 +1,4 @@
-"""Exercise 13.1: find the planted bug from the parity matrix alone (notebooks/13_capstone.ipynb, section 5).
+"""Exercise 13.1: find the planted bug from the parity matrix alone (notebooks/13_capstone.ipynb, Exercises).
 
 sync_gradients runs on every rank after backward, before the optimizer's step, in a layout of replicas: dp
 (each rank its own rows), cp (each rank its own slice of the sequence, lesson 08's ring attention) and ep (its
@@ -7,7 +7,7 @@ mean over its own tokens; after sync_gradients every parameter's .grad must equa
 the whole batch's mean loss.
 
 The function below looks right and passes most of the matrix, but not all of it. Run the grader (it trains a
-small mixture-of-experts TinyLlama under dp, cp and ep alone at 2 ranks, and under their pairs at 4, and prints
+small mixture-of-experts TinyLlama under dp, cp and ep alone at 2 ranks, then under their pairs at 4, and prints
 each layout's worst parameter, its difference and the factor between its gradient and one process's), read
 which layouts and which parameters fail, find the line that is wrong and fix it. Keep the signature.
 

@@ -147,10 +147,8 @@ HINTS: dict[str, list[tuple]] = {
     "matrix": [
         (lambda p, W: p["variant"] == "experts_over_ep",
          "the matrix at {W} ranks: {table}. Only the layouts with ep fail, and there only the experts' weights (the "
-         "router, attention and norms are right). Under ep the ranks of an ep group hold different experts in the "
-         "same place: what is experts.0 on one ep rank is another expert on the next. Which of your sums adds "
-         "them together? An expert's own gradient already holds the gradients of every ep rank's tokens: the "
-         "all-to-all's backward (lesson 08) brought them to its rank"),
+         "router, attention and norms are right). What does an ep rank hold that its ep partners do not, and "
+         "whose tokens are in its gradient (lesson 08, expert parallelism)?"),
         (lambda p, W: p["variant"] == "experts_not_divided_by_ep",
          "the matrix at {W} ranks: {table}. Under ep the experts' gradients are ep times one process's: right to "
          "leave them out of the sum over ep (the all-to-all's backward brought every ep rank's tokens), but each "
