@@ -184,7 +184,8 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
         r"optimizer \(in a module-level dict"),
     "whole Adam on every rank, moments in an anonymous mmap, gradients through the c10d store (a red team's 074_w06)": (
-        None, red_team("074_w06"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
+        None, red_team("074_w06"), r"rank \d: your code used (an anonymous mmap|the process group's key-value store "
+        r"\(store\.set\)) \(line \d+ of your file\).*only with torch\.distributed"),     # both are its routes
     "whole Adam on every rank, moments in a file in /dev/shm, gradients by all_gather_object (a red team's "
     "074_w12)": (
         None, red_team("074_w12"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements "
