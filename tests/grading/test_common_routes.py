@@ -1,5 +1,5 @@
-"""mgpu_utils.grading.common: the route guard of the collectives-only exercises (03.7, 07.4 to 07.6): mgpu_utils.grading.common.refusing_routes,
-in one process, on small student files. What a seventh red team (2026-12-06) used to pass: ctypes (libc's open,
+"""mgpu_utils.grading.common's route guard (refusing_routes) of the collectives-only exercises (03.7, 07.4 to
+07.6), in one process, on small student files. What a seventh red team (2026-12-06) used to pass: ctypes (libc's open,
 write, malloc), torch.from_file (a file mapped from C++), the c10d store; and a shared mapping however it was made.
 What is not a route: the grader's own ctypes (malloc_bytes), torch's store-based barrier, a file only imported."""
 import torch
