@@ -12,7 +12,9 @@ compute_dtype=None), a torch.nn.Module, such that
     stay float32 (FSDP2's MixedPrecisionPolicy(param_dtype=...) does this: each shard, frozen or not, is cast
     before its all-gather, which so moves half the bytes; full_parameters() gathers float32);
   * after loss.backward() each shard's .grad is its slice of the gradient of the mean loss over every rank's
-    batch, in float32: reduce-scattered in the backward (as each gradient is made, from a hook or your
+    batch, in float32 and reduce-scattered in float32 (a gradient computed in bfloat16 is cast before its
+    reduce-scatter: FSDP2 would reduce in bfloat16 unless asked otherwise, here the sum must be float32's):
+    reduce-scattered in the backward (as each gradient is made, from a hook or your
     autograd.Function's backward, not from a callback at the end of backward nor at the optimizer's step),
     then divided by the world size (a tied weight is one parameter: its gradient, the sum of its uses, is
     reduce-scattered once); two backward() calls before step() add up their gradients in
@@ -47,7 +49,7 @@ and whose backward reduce-scatters; all_gather_single and reduce_scatter_single 
 p.data = torch.empty(0) frees a parameter's storage and keeps the Parameter object (and so a tied weight's
 identity).
 Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
-grader refuses mmap, shared memory, files in /dev/shm and sockets of your own.
+grader refuses mmap, shared memory, torch.from_file, ctypes, the key-value store and sockets of your own.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.6")

@@ -12,7 +12,8 @@ process; 10.7 on simulated training tasks whose B_crit the grader knows; 11.5 wi
 08.3 on two parts and inside ring attention against full attention). Every rank's findings are gathered to rank
 0, whose result is {"exercise", "world_size", "ok", "problems": [...]}; an exercise whose record says
 collectives_only (03.7, 07.4 to 07.6) loads and checks the file within mgpu_utils.grading.common.refusing_routes:
-an mmap, a file in /dev/shm or a socket of the student's is a problem when the check found none. Each problem
+an mmap, a file in /dev/shm, ctypes, torch.from_file, a store write, a socket or a shared mapping of the
+student's is a problem when the check found none. Each problem
 names the rank, a kind that mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the exercise's record), and the
 numbers behind it.
 

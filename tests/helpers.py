@@ -108,6 +108,7 @@ def red_team(name: str) -> str:
 
 
 def remove_red_team_shm() -> None:
-    """Remove what the red team's files left in /dev/shm (their segments and files are named mgpu_red_*)."""
-    for f in Path("/dev/shm").glob("mgpu_red_*"):
-        f.unlink(missing_ok=True)
+    """Remove what the red teams' files left in /dev/shm and /tmp (their segments and files are named mgpu_red_*)."""
+    for folder in ("/dev/shm", "/tmp"):
+        for f in Path(folder).glob("mgpu_red_*"):
+            f.unlink(missing_ok=True)

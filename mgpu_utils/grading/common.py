@@ -17,7 +17,8 @@ exercise, and the helpers that compare, report and count.
   allocator holds: tensors only C++ holds too, 07.6).
 * :func:`watching_opens`: every file path Python opens while a block runs, from one audit hook per process
   (07.5 and 07.6: state kept in a file; 12.5: which rank writes its snapshot, and how); :func:`refusing_routes`,
-  from the same hook: mmap, /dev/shm, sockets of the student's recorded as a problem (03.7, 07.4 to 07.6).
+  from the same hook and a few wrappers: mmap, /dev/shm, ctypes, torch.from_file, the store, sockets and
+  shared mappings of the student's recorded as a problem (03.7, 07.4 to 07.6).
 """
 
 from __future__ import annotations
@@ -337,12 +338,11 @@ def opened_path(args: tuple) -> tuple[str, bool] | None:
 _REFUSING: dict | None = None
 #: The audit events :func:`_refused_route` reads (the others pass at the cost of one set lookup).
 _REFUSED_EVENTS = frozenset({"mmap.__new__", "open", "ctypes.dlsym", "socket.bind", "socket.connect"})
-#: C functions that map memory, refused when looked up through ctypes.
-_MAPPING_FUNCTIONS = {"mmap", "mmap64", "mremap", "shm_open", "memfd_create"}
 
 
 def _refused_route(event: str, args: tuple) -> str | None:
-    """What an audit event of the routes :func:`refusing_routes` refuses uses, in words; None for the others."""
+    """What an audit event of the routes :func:`refusing_routes` refuses uses, in words; None for the others
+    (ctypes: every event, kept by :func:`_audit` only when the student's file called it)."""
     if event == "mmap.__new__":
         return ("an anonymous mmap" if args and args[0] == -1
                 else "mmap of a file (POSIX shared memory, multiprocessing.shared_memory, maps one too)")
@@ -350,8 +350,10 @@ def _refused_route(event: str, args: tuple) -> str | None:
         found = opened_path(args)
         if found and os.path.abspath(found[0]).startswith("/dev/shm"):
             return f"a file in shared memory ({found[0]})"
-    if event == "ctypes.dlsym" and len(args) > 1 and args[1] in _MAPPING_FUNCTIONS:
+    if event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str):
         return f"the C function {args[1]} through ctypes"
+    if event.startswith("ctypes."):
+        return "ctypes (C functions and C memory, which no check can count)"
     if event in ("socket.bind", "socket.connect"):
         return "a socket of your own"
     return None
@@ -360,15 +362,12 @@ def _refused_route(event: str, args: tuple) -> str | None:
 def _audit(event: str, args: tuple) -> None:
     """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
     watchers of :func:`watching_opens`; within :func:`refusing_routes`, the routes it refuses are recorded."""
-    if _REFUSING is not None and event in _REFUSED_EVENTS and not getattr(_IN_WATCHER, "on", False):
+    if (_REFUSING is not None and (event in _REFUSED_EVENTS or event.startswith("ctypes."))
+            and not getattr(_IN_WATCHER, "on", False)):
         route = _refused_route(event, args)
         if route is not None:
-            frame, line = sys._getframe(1), None
-            while frame is not None and line is None:
-                line = frame.f_lineno if frame.f_code.co_filename == _REFUSING["file"] else None
-                frame = frame.f_back
-            _REFUSING["found"].append({"kind": "outside_routes", "route": route, "line": line,
-                                       "line_said": f" (line {line} of your file)" if line else ""})
+            # ctypes only from the student's code: the grader's own (malloc_bytes) is not a route
+            _record_route(route, needs_student=event.startswith("ctypes."))
     if event != "open" or not _OPEN_WATCHERS or getattr(_IN_WATCHER, "on", False):
         return
     found = opened_path(args)
@@ -402,22 +401,99 @@ def _hook_audit() -> None:
         _AUDIT_HOOKED = True
 
 
+def _record_route(route: str, needs_student: bool = False, skip: int = 2) -> None:
+    """Append ``route`` to the problems of :func:`refusing_routes` with the line of the student's file on the
+    calling stack; ``needs_student``: only when that file is on the stack."""
+    if _REFUSING is None:
+        return
+    frame, line = sys._getframe(skip), None
+    while frame is not None and line is None:
+        line = frame.f_lineno if frame.f_code.co_filename == _REFUSING["file"] else None
+        frame = frame.f_back
+    if needs_student and line is None:
+        return
+    _REFUSING["found"].append({"kind": "outside_routes", "route": route, "line": line,
+                               "line_said": f" (line {line} of your file)" if line else ""})
+
+
+def _shared_mappings() -> set[str]:
+    """The lines of /proc/self/maps mapped shared (perms with ``s``): memory another process can see. Empty where
+    there is no /proc (the audit events still apply)."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    shared = {" ".join(parts[5:]) or "anonymous" for parts in map(str.split, lines)
+              if len(parts) > 1 and parts[1].endswith("s")}
+    # a GPU driver's device files (/dev/nvidia*, /dev/dri) are mapped shared by CUDA itself
+    return {m for m in shared if not m.startswith("/dev/") or m.startswith(("/dev/shm", "/dev/zero"))}
+
+
+#: The functions that map a file into memory from C++ (no audit event), wrapped within :func:`refusing_routes`.
+_FROM_FILE = [(torch, "from_file"), (torch.UntypedStorage, "from_file"), (torch.TypedStorage, "from_file")]
+_INHERITED = object()         # an attribute that a class inherits: deleted, not set, when the wrapper is removed
+#: The c10d store's writes from Python, wrapped within :func:`refusing_routes`.
+_STORE_WRITES = ("set", "compare_set", "multi_set", "append", "queue_push", "add")
+
+
+def _wrapped_routes() -> dict:
+    """Wrap torch's from_file and the store's writes so that a call records its route; returns what to put
+    back. A store write from torch's own store-based barrier (TORCH_DIST_INIT_BARRIER=1 in new_group) is not a
+    route."""
+    saved = {}
+
+    def wrap(owner, name, route, is_store=False):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        saved[(owner, name)] = vars(owner).get(name, _INHERITED)
+
+        @functools.wraps(original)
+        def recorded(*a, **k):
+            caller = sys._getframe(1).f_code.co_name
+            if not (is_store and caller == "_store_based_barrier"):
+                _record_route(route)
+            return original(*a, **k)
+        setattr(owner, name, recorded)
+
+    for owner, name in _FROM_FILE:
+        wrap(owner, name, f"{getattr(owner, '__name__', 'torch')}.from_file (a file mapped into memory)")
+    if _STORE is not None:
+        for name in _STORE_WRITES:
+            wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
+    return saved
+
+
 @contextlib.contextmanager
 def refusing_routes(path: str, found: list):
     """Within the block (the student's file loaded and checked, exercises whose record says
     ``collectives_only``: 03.7, 07.4 to 07.6), every route around torch.distributed and around the memory the
     checks count that Python's audit hooks see is appended to ``found`` as a problem (kind "outside_routes": the
     route and the line of ``path`` that took it): an mmap (anonymous, or of a file: POSIX shared memory,
-    multiprocessing.shared_memory and numpy.memmap map one), a file opened in /dev/shm, mmap or shm_open looked up
-    through ctypes, a socket bound or connected. Nothing raises: a rank that failed at once would leave the others
+    multiprocessing.shared_memory and numpy.memmap map one), a file opened in /dev/shm, any use of ctypes from the
+    student's file (libc's open, write, malloc, mmap: C memory and files no check sees), torch.from_file (a file
+    mapped from C++), a write to the c10d store from Python, a socket bound or connected, and a shared mapping
+    (/proc/self/maps) made within the block and still there at its end, however it was made (a seventh red
+    team's, 2026-12-06: libc files, libc-made files mapped by torch.from_file, C-allocated copies, the
+    constructor's broadcast through the store). Nothing raises: a rank that failed at once would leave the others
     waiting in a collective; the check runs to its end and the problem is reported after. gloo's and the c10d
     store's sockets are C++ and not seen."""
     global _REFUSING
     _hook_audit()
+    shared_before = _shared_mappings()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
+    saved = _wrapped_routes()
     try:
         yield
+        for mapping in sorted(_shared_mappings() - shared_before):   # kept past the block, however it was made
+            _record_route(f"memory shared with other processes ({mapping})")
     finally:
+        for (owner, name), original in saved.items():
+            if original is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
         _REFUSING = None
 
 
@@ -430,7 +506,8 @@ def routes_refused() -> bool:
 #: The hint of a route that :func:`refusing_routes` refused.
 ROUTE_HINTS = [(always, "rank {rank}: your code used {route}{line_said}: this exercise moves data between the ranks "
                 "only with torch.distributed collectives and keeps its state in tensors (what is counted). Data "
-                "passed or kept around them (shared memory, mmap, files, sockets) is not allowed: remove it, and "
+                "passed or kept around them (shared memory, mmap, files, ctypes, the key-value store, sockets) is not "
+                "allowed: remove it, and "
                 "let the collectives' results be what your code uses")]
 
 

@@ -641,6 +641,12 @@ WRONG_037 = {
         None, red_team("037_w02"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
     "the constructor's broadcast through POSIX shared memory (a red team's 037_w03)": (
         None, red_team("037_w03"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "rank 0's weights written to /tmp files with libc through ctypes, read by the others (a seventh red team's 037_r7w08)": (
+        None, red_team("037_r7w08"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "rank 0's weights sent through the process group's key-value store when built (a seventh red team's 037_r7w09)": (
+        None, red_team("037_r7w09"), r"rank \d: your code used the process group's key-value store \(store\.set\) \(line \d+ of your file\)"),
+    "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
+        None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
 }
 
 

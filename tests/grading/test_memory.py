@@ -560,6 +560,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_w12"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
     "a decoy reduce-scatter, the gradient used reaching every rank through POSIX shared memory (a red team's 075_w16)": (
         None, red_team("075_w16"), r"rank \d: your code used mmap of a file \(POSIX shared memory.*only with torch\.distributed collectives"),
+    "gradients and slices through libc-written files, no collectives (a seventh red team's 075_r7w02)": (
+        None, red_team("075_r7w02"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "gradients and slices through a libc-made file mapped by torch.from_file (a seventh red team's 075_r7w03)": (
+        None, red_team("075_r7w03"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
 }
 
 
@@ -1027,6 +1031,10 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
     "the float32 master shards rounded to bfloat16 when built (a red team's 076_w13)": (
         None, red_team("076_w13"), r"rank \d \(MLP, bfloat16\): right after MyFSDP\(\.\.\.\) was built, "
         r"every value of your float32 shards is a bfloat16 number: the master weights were rounded"),
+    "a full copy of the gathered parameters kept in libc-malloc'd memory (a seventh red team's 076_r7w12)": (
+        None, red_team("076_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "decoy collectives, the data through libc-written files (a seventh red team's 076_r7w13)": (
+        None, red_team("076_r7w13"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
 }
 
 

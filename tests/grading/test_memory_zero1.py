@@ -184,7 +184,8 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         None, REGISTRY, r"14,480 bytes of tensors appeared in this process outside your "
         r"optimizer \(in a module-level dict"),
     "whole Adam on every rank, moments in an anonymous mmap, gradients through the c10d store (a red team's 074_w06)": (
-        None, red_team("074_w06"), r"rank \d: your code used an anonymous mmap \(line \d+ of your file\).*only with torch\.distributed"),
+        None, red_team("074_w06"), r"rank \d: your code used (an anonymous mmap|the process group's key-value store "
+        r"\(store\.set\)) \(line \d+ of your file\).*only with torch\.distributed"),     # both are its routes
     "whole Adam on every rank, moments in a file in /dev/shm, gradients by all_gather_object (a red team's "
     "074_w12)": (
         None, red_team("074_w12"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements "
@@ -197,6 +198,12 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         None, red_team("074_w10"), r"rank \d: your code used a file in shared memory \(/dev/shm/\S+\).*only with torch\.distributed"),
     "whole Adam on every rank, moments as torch.save bytes in a closure, gradients by all_gather_object (red team, 074_w14)": (
         None, red_team("074_w14"), r"rank \d: the result is right, but step 1's communication moved [\d,]+ elements in and out of this rank \(.*all_gather_object.*a whole gradient reached every rank"),
+    "slices exchanged through /tmp files written and read with libc through ctypes (a seventh red team's 074_r7w12)": (
+        None, red_team("074_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "a shared buffer: a file made with libc, mapped by torch.from_file(shared=True) (a seventh red team's 074_r7w14)": (
+        None, red_team("074_r7w14"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "a shared buffer: a file made and mapped by torch.from_file(shared=True) alone, no ctypes": (
+        None, red_team("074_own_from_file"), r"rank \d: your code used torch\.from_file \(a file mapped into memory\) \(line \d+ of your file\)"),
     "the moments kept whole as numpy arrays in a module-level dict, this rank's slice a view of them": (
         [IMPORT, "        self.m = torch.zeros(self.size)                    # this rank's slice of the moments, not the "
                  "whole model's\n        self.v = torch.zeros(self.size)\n"],

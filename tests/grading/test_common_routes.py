@@ -1,0 +1,77 @@
+"""mgpu_utils.grading.common's route guard (refusing_routes) of the collectives-only exercises (03.7, 07.4 to
+07.6), in one process, on small student files. What a seventh red team (2026-12-06) used to pass: ctypes (libc's open,
+write, malloc), torch.from_file (a file mapped from C++), the c10d store; and a shared mapping however it was made.
+What is not a route: the grader's own ctypes (malloc_bytes), torch's store-based barrier, a file only imported."""
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.grading import common
+
+
+def _run(tmp_path, text: str, call: str = "go"):
+    """Load ``text`` as the student's file and call its ``call`` within refusing_routes: the routes found."""
+    import importlib.util
+    path = tmp_path / "student.py"
+    path.write_text(text)
+    found = []
+    with common.refusing_routes(str(path), found):
+        spec = importlib.util.spec_from_file_location("student_routes", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        kept = getattr(module, call)()
+        common.malloc_bytes()                               # the grader's own ctypes: not a route
+    return found, kept
+
+
+def test_ctypes_from_the_students_file_is_a_route_with_its_line(tmp_path):
+    found, _ = _run(tmp_path, "import ctypes\n\ndef go():\n    libc = ctypes.CDLL(None)\n    return libc.getpid()\n")
+    routes = [(f["route"], f["line"]) for f in found]
+    assert routes and all(line == 4 or line == 5 for _, line in routes), routes
+    assert any(r.startswith("ctypes (") for r, _ in routes) and any("getpid through ctypes" in r for r, _ in routes)
+
+
+def test_the_graders_own_ctypes_is_not_a_route(tmp_path):
+    found, _ = _run(tmp_path, "def go():\n    return 1\n")
+    assert found == []
+
+
+def test_from_file_is_a_route_and_torch_is_put_back(tmp_path):
+    target = tmp_path / "buffer.bin"
+    before = [vars(c).get("from_file") for c in (torch.UntypedStorage, torch.TypedStorage)]
+    found, kept = _run(tmp_path, f"import torch\n\ndef go():\n"
+                                 f"    return torch.from_file({str(target)!r}, shared=True, size=4)\n")
+    assert any(f["route"].startswith("torch.from_file") and f["line"] == 4 for f in found), found
+    assert any("memory shared with other processes" in f["route"] for f in found), found    # still mapped
+    assert torch.from_file is torch._C._VariableFunctions.from_file
+    assert [vars(c).get("from_file") for c in (torch.UntypedStorage, torch.TypedStorage)] == before
+    del kept
+
+
+def test_a_shared_mapping_made_around_the_wrappers_is_a_route(tmp_path):
+    target = tmp_path / "buffer.bin"
+    found, kept = _run(tmp_path, f"import torch\n\ndef go():\n    return torch._C._VariableFunctions.from_file("
+                                 f"{str(target)!r}, shared=True, size=4)\n")
+    assert [f["route"] for f in found] == [f"memory shared with other processes ({target})"], found
+    del kept
+
+
+def test_a_store_write_is_a_route_but_not_torchs_store_based_barrier(tmp_path):
+    store = dist.HashStore()
+    common._ROUTE_TEST_STORE = store
+    try:
+        found, _ = _run(tmp_path, "from mgpu_utils.grading import common\n\n"
+                                  "def _store_based_barrier(store):\n    store.add('barrier', 1)\n\n"
+                                  "def go():\n    store = common._ROUTE_TEST_STORE\n"
+                                  "    _store_based_barrier(store)\n    store.set('weights', b'x' * 64)\n")
+    finally:
+        del common._ROUTE_TEST_STORE
+    assert [(f["route"], f["line"]) for f in found] == [("the process group's key-value store (store.set)", 9)]
+    assert store.get("weights") == b"x" * 64                        # the write itself still happened
+    assert "set" not in vars(common._STORE) or common._STORE.set.__name__ == "set"
+
+
+def test_the_hint_names_the_routes(tmp_path):
+    found, _ = _run(tmp_path, "import ctypes\n\ndef go():\n    return ctypes.create_string_buffer(16)\n")
+    hint = common.ROUTE_HINTS[0][1].format(rank=0, **found[0])
+    assert "ctypes (C functions and C memory" in hint and "line 4 of your file" in hint
+    assert "only with torch.distributed collectives" in hint
