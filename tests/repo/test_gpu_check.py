@@ -174,13 +174,15 @@ def test_a_step_past_its_limit_is_stopped_with_its_ranks_and_its_output_kept(tmp
 
     smoke = gpu_smoke()
     script = tmp_path / "sleepy.py"
-    script.write_text("import os, time\nprint(f'rank {os.environ[\"RANK\"]} pid {os.getpid()}', flush=True)\n"
+    # one write per line: two ranks share torchrun's stdout pipe, and print() under PYTHONUNBUFFERED writes a line
+    # and its newline apart (quietK, 2026-12-06: "rank 0 pid 12915rank 1 pid 12916")
+    script.write_text("import os, time\nos.write(1, f'rank {os.environ[\"RANK\"]} pid {os.getpid()}\\n'.encode())\n"
                       "time.sleep(300)\n")
     step = smoke.Step("sleepy", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                  "2", str(script)], timeout_s=10)
     status, sec, detail, tail = smoke.run_step(step)
     assert status == "failed" and detail.startswith("over its limit of 10 s; last printed: rank "), detail
-    pids = [int(ln.split()[-1]) for ln in tail.splitlines() if re.fullmatch(r"rank \d pid \d+", ln)]
+    pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", tail)]
     assert len(pids) == 2, tail
     time.sleep(1)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
