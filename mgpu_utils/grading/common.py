@@ -135,6 +135,12 @@ def attributes(o) -> list:
     return items
 
 
+def tensor_storage(t: torch.Tensor):
+    """``t``'s storage as torch gives it (``torch.UntypedStorage``): a subclass's own ``untyped_storage()`` is not
+    asked (one that answered for a slice of what it holds passed as sharded: an eighth red team's 07.4 w15)."""
+    return torch._C.TensorBase.untyped_storage(t)
+
+
 def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, deques, dicts, sets and
     objects inside them, ``depth`` levels down, slots too, a Module's attributes, a bound method's object, a
@@ -149,13 +155,13 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or ``bytearray(t.numpy())``; a
     memoryview's ``nbytes``), for a check of what grows across steps."""
     seen_objects, storages, numbers = set(), {}, {}
-    skip = {t.untyped_storage().data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
+    skip = {tensor_storage(t).data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
 
     def walk(o, d):
         if isinstance(o, torch.Tensor):
-            ptr = o.untyped_storage().data_ptr()
+            ptr = tensor_storage(o).data_ptr()
             if ptr not in skip:
-                storages[ptr] = max(storages.get(ptr, 0), o.untyped_storage().nbytes())
+                storages[ptr] = max(storages.get(ptr, 0), tensor_storage(o).nbytes())
             if grads and o.grad is not None:
                 walk(o.grad, d)
             if python and d >= 0 and id(o) not in seen_objects:
@@ -271,7 +277,7 @@ def live_storages(collect: bool = True) -> dict[int, int]:
         if not kind:
             continue
         try:
-            storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+            storage = tensor_storage(o) if kind == 1 else _bare_storage(o)
             if storage.device.type == "meta":
                 continue
         except (RuntimeError, NotImplementedError):    # a tensor without storage (a functional wrapper)
@@ -287,9 +293,9 @@ def reachable_storages(*objs, depth=8) -> set[int]:
 
     def walk(x, d):
         if isinstance(x, torch.Tensor):
-            found.add(x.untyped_storage().data_ptr())
+            found.add(tensor_storage(x).data_ptr())
             if x.grad is not None:
-                found.add(x.grad.untyped_storage().data_ptr())
+                found.add(tensor_storage(x.grad).data_ptr())
             return
         if _bare_storage(x) is not None:
             found.add(_bare_storage(x).data_ptr())
@@ -350,6 +356,8 @@ def _refused_route(event: str, args: tuple) -> str | None:
         found = opened_path(args)
         if found and os.path.abspath(found[0]).startswith("/dev/shm"):
             return f"a file in shared memory ({found[0]})"
+        if found and found[1] and not _python_cache(found[0]):
+            return f"a file written ({found[0]})"
     if event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str):
         return f"the C function {args[1]} through ctypes"
     if event.startswith("ctypes."):
@@ -359,6 +367,11 @@ def _refused_route(event: str, args: tuple) -> str | None:
     return None
 
 
+def _python_cache(path: str) -> bool:
+    """A file Python writes when it imports a module (its .pyc): not a route."""
+    return path.endswith((".pyc", ".py")) or "__pycache__" in path
+
+
 def _audit(event: str, args: tuple) -> None:
     """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
     watchers of :func:`watching_opens`; within :func:`refusing_routes`, the routes it refuses are recorded."""
@@ -366,8 +379,8 @@ def _audit(event: str, args: tuple) -> None:
             and not getattr(_IN_WATCHER, "on", False)):
         route = _refused_route(event, args)
         if route is not None:
-            # ctypes only from the student's code: the grader's own (malloc_bytes) is not a route
-            _record_route(route, needs_student=event.startswith("ctypes."))
+            # ctypes and files written only from the student's code: the grader's own (malloc_bytes) are not routes
+            _record_route(route, needs_student=event.startswith("ctypes.") or route.startswith("a file written"))
     if event != "open" or not _OPEN_WATCHERS or getattr(_IN_WATCHER, "on", False):
         return
     found = opened_path(args)
@@ -459,6 +472,15 @@ def _wrapped_routes() -> dict:
 
     for owner, name in _FROM_FILE:
         wrap(owner, name, f"{getattr(owner, '__name__', 'torch')}.from_file (a file mapped into memory)")
+    writer = getattr(torch._C, "PyTorchFileWriter", None)      # torch.save to a path: C++ opens the file
+    if isinstance(writer, type):
+        class Writer(writer):
+            def __init__(self, f, *args, **kwargs):
+                if isinstance(f, (str, bytes, os.PathLike)):
+                    _record_route(f"a file written ({os.fsdecode(f)}, by torch.save)", needs_student=True)
+                super().__init__(f, *args, **kwargs)
+        saved[(torch._C, "PyTorchFileWriter")] = writer
+        torch._C.PyTorchFileWriter = Writer
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
@@ -473,7 +495,9 @@ def refusing_routes(path: str, found: list):
     route and the line of ``path`` that took it): an mmap (anonymous, or of a file: POSIX shared memory,
     multiprocessing.shared_memory and numpy.memmap map one), a file opened in /dev/shm, any use of ctypes from the
     student's file (libc's open, write, malloc, mmap: C memory and files no check sees), torch.from_file (a file
-    mapped from C++), a write to the c10d store from Python, a socket bound or connected, and a shared mapping
+    mapped from C++), a file written by the student's code (Python's open, os.open, pathlib, numpy, torch.save to
+    a path: an eighth red team's 03.7 w06 and w09, weights and gradients passed through files), a write to the
+    c10d store from Python, a socket bound or connected, and a shared mapping
     (/proc/self/maps) made within the block and still there at its end, however it was made (a seventh red
     team's, 2026-12-06: libc files, libc-made files mapped by torch.from_file, C-allocated copies, the
     constructor's broadcast through the store). Nothing raises: a rank that failed at once would leave the others
@@ -515,7 +539,7 @@ def _storage_of(o, kind: int):
     """(address, bytes) of a tensor's (``kind`` 1) or a storage object's (2) storage; None on the meta device
     or without a storage."""
     try:
-        storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+        storage = tensor_storage(o) if kind == 1 else _bare_storage(o)
         if storage.device.type == "meta":
             return None
         return storage.data_ptr(), storage.nbytes()
@@ -764,7 +788,7 @@ class OutsideState:
                 with o.getbuffer() as view:
                     return bytes(view)
             return o.tobytes() if hasattr(o, "tobytes") else bytes(o)
-        storage = o.untyped_storage() if kind == 1 else _bare_storage(o)
+        storage = tensor_storage(o) if kind == 1 else _bare_storage(o)
         return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).clone()
 
     @staticmethod

@@ -576,10 +576,14 @@ class _Handle:
 POLLS_SAID_FALSE = 2
 
 
+#: torch's own function, bound at import (before a student's file is loaded): code that replaces
+#: ``torch._C._current_autograd_node`` later does not change what the checks see (an eighth red team's 03.7 w07).
+_CURRENT_AUTOGRAD_NODE = getattr(torch._C, "_current_autograd_node", None)
+
+
 def _current_node():
     """The autograd node this thread is running (in a hook of backward, not in its final callbacks), or None."""
-    node = getattr(torch._C, "_current_autograd_node", None)
-    return node() if node is not None else None
+    return _CURRENT_AUTOGRAD_NODE() if _CURRENT_AUTOGRAD_NODE is not None else None
 
 
 def _in_backward() -> bool:
@@ -749,7 +753,8 @@ def counted_all_reduce(state: dict, fn=None):
     engine = torch.autograd.variable.Variable._execution_engine
     torch.autograd.variable.Variable._execution_engine = _Engine(engine)     # final callbacks marked
     try:
-        with patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking, blocks):
+        with (patched_collectives(replace, fn, below, p2p=True), _barriers_watched(in_backward, blocking, blocks),
+              _result_waits_watched(in_backward, blocking, blocks)):
             yield calls
     finally:
         torch.autograd.variable.Variable._execution_engine = engine
@@ -774,6 +779,105 @@ class _Waited:
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+class _InCallback(threading.local):
+    """Per thread: how many callbacks of a future (``then``, ``add_done_callback``) are running."""
+    n = 0
+
+
+_IN_CALLBACK = _InCallback()
+
+#: What :func:`_result_waits_watched` calls each wait it records in ``blocking``.
+FUTURE_WAIT = "a future's wait()"
+FUTURE_POLL = "a future's done(), polled in a loop"
+FUNCTIONAL_WAIT = "wait_tensor (a functional collective's result read)"
+
+
+class _WatchedOp:
+    """An operator (``torch.ops._c10d_functional.wait_tensor``, its ``.default`` too) that calls ``note()`` first."""
+
+    def __init__(self, op, note):
+        self._op, self._note = op, note
+
+    def __call__(self, *args, **kwargs):
+        self._note()
+        return self._op(*args, **kwargs)
+
+    def __getattr__(self, name):
+        attr = getattr(self._op, name)
+        return _WatchedOp(attr, self._note) if name == "default" else attr
+
+
+@contextlib.contextmanager
+def _result_waits_watched(in_backward, blocking, blocks=None):
+    """Within the block, the waits for a collective's result that do not go through a Work's wait(): a future's
+    wait() (``work.get_future().wait()``, ``torch.futures.wait_all``) and ``wait_tensor``, which reading a
+    functional collective's result calls (``funcol.all_reduce(...)`` then used in the hook), go to ``blocking``
+    when made while ``in_backward()`` or in a thread a hook waits for (``blocks()``); a future's callbacks
+    (``then``, ``add_done_callback``: they run once the result is there, or at once if it already is) may read
+    it (an eighth red team's 03.7 w03 and w04: each bucket waited for in its hook, by its future or by reading the
+    functional all-reduce's result, so nothing overlapped backward)."""
+    future = torch._C.Future
+    originals = {name: future.__dict__[name] for name in ("wait", "done", "then", "add_done_callback")
+                 if name in future.__dict__}
+    polls: dict = {}                                       # (future, hook's node) -> done() calls there
+
+    def wait(fut, *args, **kwargs):
+        inside = in_backward() and not _IN_CALLBACK.n
+        if inside:
+            blocking.append(FUTURE_WAIT)
+        out = originals["wait"](fut, *args, **kwargs)
+        if not inside and not _IN_CALLBACK.n and blocks is not None and blocks():
+            blocking.append(FUTURE_WAIT)
+        return out
+
+    def done(fut):
+        """In a hook, the first POLLS_SAID_FALSE calls on a future say False (as :class:`_Handle`'s
+        is_completed()), so that a loop until done polls more often than that whatever the network's speed."""
+        node = _current_node()
+        if node is not None and in_backward() and not _IN_CALLBACK.n:
+            key = (id(fut), id(node))
+            polls[key] = polls.get(key, 0) + 1
+            if polls[key] <= POLLS_SAID_FALSE:
+                return False
+            if polls[key] == POLLS_SAID_FALSE + 1:
+                blocking.append(FUTURE_POLL)
+        return originals["done"](fut)
+
+    def marked(callback):
+        def run(*args, **kwargs):
+            _IN_CALLBACK.n += 1
+            try:
+                return callback(*args, **kwargs)
+            finally:
+                _IN_CALLBACK.n -= 1
+        return run
+
+    def then(fut, callback, *args, **kwargs):
+        return originals["then"](fut, marked(callback), *args, **kwargs)
+
+    def add_done_callback(fut, callback, *args, **kwargs):
+        return originals["add_done_callback"](fut, marked(callback), *args, **kwargs)
+
+    def functional_wait():
+        if in_backward() or blocks is not None and blocks():
+            blocking.append(FUNCTIONAL_WAIT)
+
+    ops = getattr(torch.ops, "_c10d_functional", None)
+    op = getattr(ops, "wait_tensor", None) if ops is not None else None
+    replaced = {"wait": wait, "done": done, "then": then, "add_done_callback": add_done_callback}
+    for name in originals:
+        setattr(future, name, replaced[name])
+    if op is not None:
+        setattr(ops, "wait_tensor", _WatchedOp(op, functional_wait))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(future, name, original)
+        if op is not None:
+            setattr(ops, "wait_tensor", op)
 
 
 @contextlib.contextmanager

@@ -30,10 +30,10 @@ hints of the problems they report, the exercises' records and the step times sai
 
 Known limits (03.7): the exercise asks for models whose trainable parameters all get a gradient every step
 (DDP's default), so no model has an unused parameter, and a wrapper that counts hooks to close the last bucket,
-or asserts every gradient is there, passes; a wait on a bucket's future (``get_future().wait()``) inside
-backward (or in a thread the hook joins), or a hook that sleeps until a flag says done, is not seen as a wait
+or asserts every gradient is there, passes; a hook that sleeps until a flag says done is not seen as a wait
 (a wait() or a loop on is_completed() in the hook is, and so is either in another thread while the hook waits for
-that thread: joins it, or waits on an event, a future or a queue); gradients moved by broadcasts beside
+that thread: joins it, or waits on an event, a future or a queue; so are, since an eighth red team (2026-12-06),
+a future's wait() or a loop on its done(), and reading a functional collective's result there); gradients moved by broadcasts beside
 all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
 are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
 student's module, a class attribute of its classes, and what the parameters' hooks hold in their closures and
@@ -720,6 +720,11 @@ HINTS: dict[str, list[tuple]] = {
                             "parameter's hook once, when the wrapper is built (or remove it with the handle that "
                             "registering returns)")],
     "blocked_in_backward": [
+        (lambda p, W: "future" in p["what"] or "functional" in p["what"],
+         "rank {rank}{at}: your code waited for an all-reduce's result during backward, in a hook ({n} time(s): "
+         "{what}): the hook returns only when that all-reduce is done, so backward stops there and nothing overlaps "
+         "it, as with a wait() in the hook; keep the future (or the functional collective's tensor) and wait for it, "
+         "or read the tensor, only in finish(), after backward (a callback given to then() may read it)"),
         (always, "rank {rank}{at}: your code made {n} blocking call(s) of {what} during backward, in a hook: it "
                  "returns only when every rank has reached it (on gloo, once the all-reduces queued before it are "
                  "done), so backward stops there and nothing overlaps it, as with a wait() in the hook; start the "

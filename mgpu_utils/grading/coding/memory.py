@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, OutsideState, always, diff, held_bytes,
                                       inner_parameters, live_storages, malloc_bytes, note, reachable_storages,
-                                      routes_refused)
+                                      routes_refused, tensor_storage)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
                                            carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
@@ -167,7 +167,9 @@ def _adam_outside(cls, ctx, problems, steps=2):
     this rank's rows; then the files written, and what the process keeps besides the optimizer and the grader's
     tensors (:class:`~mgpu_utils.grading.common.OutsideState`: tensors and storages, Python objects such as numpy
     arrays or the bytes of a torch.save, values set in the c10d store), with what the optimizer holds, against
-    this rank's slice of the moments and :data:`PYTHON_SLACK` (whole moments: 614,480 bytes)."""
+    this rank's slice of the moments and :data:`PYTHON_SLACK` (whole moments: 614,480 bytes); and, all ranks
+    together, at least 90% of the moments' bytes in tensors (an eighth red team's 07.4 w20 kept its slice in
+    ``array('f')``: the state sharded, but not in tensors, as the statement asks)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -187,12 +189,17 @@ def _adam_outside(cls, ctx, problems, steps=2):
         model.zero_grad(set_to_none=True)
         held = held_bytes(opt, exclude=list(model.parameters()))
         found = watch.count(opt, model, x, y, last, limit=allowed - held)
+    # the moments in tensors, all ranks together (a layout may give one rank more than another): at least m and v
+    in_tensors = torch.tensor([float(held + found["tensors"])])
+    dist.all_reduce(in_tensors)
     if found["files"]:
         note(problems, {**base, "what": "file", "how": found["files"][0][0], "path": found["files"][0][1]})
     elif held + found["tensors"] + found["python"] > allowed:
         note(problems, {**base, "what": "python", "bytes": found["tensors"] + found["python"],
                         "tensors": found["tensors"], "python": found["python"], "held": held,
                         "shard": 8 * size})
+    elif in_tensors.item() < 0.9 * 8 * n:
+        note(problems, {**base, "what": "not_tensors", "bytes": int(in_tensors.item()), "python": found["python"]})
 
 
 #: The collectives that reduce (07.4, 07.5): each carries this rank's gradients (or slices of them) to be summed;
@@ -554,12 +561,12 @@ def _shards_only(params: list, model, world: int) -> list:
     budget = 4 * (sum(-(-p.numel() // world) for p in model.parameters()) + world)
     out, seen = [], set()
     for t in params:
-        ptr = t.untyped_storage().data_ptr()
+        ptr = tensor_storage(t).data_ptr()
         if id(t) in own or ptr in seen:
             out.append(t)
             continue
-        if t.untyped_storage().nbytes() <= budget:
-            budget -= t.untyped_storage().nbytes()
+        if tensor_storage(t).nbytes() <= budget:
+            budget -= tensor_storage(t).nbytes()
             seen.add(ptr)
             out.append(t)
     return out
@@ -990,7 +997,7 @@ def _shard_order(shards: list, model: torch.nn.Module, world: int) -> dict | Non
 def _module_bytes(model: torch.nn.Module) -> int:
     """Bytes of the storages of ``model.parameters()`` (each once): 07.6's module, whose whole parameters the
     wrapper must free once sharded, wherever the module is kept (a module-level dict, a weakref)."""
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    storages = {tensor_storage(p).data_ptr(): tensor_storage(p).nbytes() for p in model.parameters()}
     return sum(storages.values())
 
 
@@ -1187,6 +1194,11 @@ HINTS: dict[str, list[tuple]] = {
          "counts Python's memory too, a few kB are its own). Full Adam's moments are {full:,} bytes, this rank's "
          "slice {shard:,}: where they are kept does not change what a rank holds; keep only this rank's slice of "
          "m and v, in tensors"),
+        (lambda p, W: p.get("what") == "not_tensors",
+         "rank {rank} ({model}): the {W} ranks together hold {bytes:,} bytes of tensors besides the parameters, "
+         "less than Adam's moments take ({full:,}: m and v of every parameter, split over the ranks; {python:,} "
+         "bytes appeared in Python objects on this rank): keep this rank's slice of m and v in tensors (the "
+         "statement asks for it: tensors are what the checks count), not in Python arrays, lists or numpy"),
         (lambda p, W: p.get("what") == "outside",
          "rank {rank}: {bytes:,} bytes of tensors appeared in this process outside your optimizer (in a "
          "module-level dict, a registry, a global: the grader looks at every live tensor); full Adam's moments are "
