@@ -13,7 +13,8 @@ process; 10.7 on simulated training tasks whose B_crit the grader knows; 11.5 wi
 0, whose result is {"exercise", "world_size", "ok", "problems": [...]}; an exercise whose record says
 collectives_only (03.7, 07.4 to 07.6) loads and checks the file within mgpu_utils.grading.common.refusing_routes:
 an mmap, a file in /dev/shm, ctypes, torch.from_file, a store write, a socket or a shared mapping of the
-student's is a problem when the check found none. Each problem
+student's is a problem when the check found none; a function or class of torch.optim or of the grader's modules
+replaced by the student's code (mgpu_utils.grading.common.integrity_changes), in any exercise, comes first. Each problem
 names the rank, a kind that mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the exercise's record), and the
 numbers behind it.
 
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.grading.catalog import EXERCISES
-from mgpu_utils.grading.common import refusing_routes
+from mgpu_utils.grading.common import integrity_changes, integrity_restore, integrity_snapshot, refusing_routes
 
 
 def grade(exercise: str, path: str, ctx) -> dict:
@@ -40,12 +41,18 @@ def grade(exercise: str, path: str, ctx) -> dict:
     module = importlib.util.module_from_spec(spec)
     name, check = EXERCISES[exercise].entry, EXERCISES[exercise].check
     problems, refused = [], []      # refused: routes around torch.distributed (collectives_only exercises)
+    untouched = integrity_snapshot()    # torch.optim and the grader's modules, as the student's file finds them
     with (refusing_routes(path, refused) if EXERCISES[exercise].collectives_only else contextlib.nullcontext()):
         spec.loader.exec_module(module)
         if not callable(getattr(module, name, None)):
             raise AttributeError(f"{path} defines no function {name}(...)")
+        replaced = integrity_changes(untouched, instances=False)
         info = check(getattr(module, name), ctx, problems) or {}
-    if refused and not problems:    # what the check found comes first: it names the mistake more closely
+    replaced = replaced or integrity_changes(untouched)
+    if replaced:                    # the check's findings cannot be trusted: this comes first
+        problems.insert(0, {"kind": "tampered", "rank": ctx.rank, "what": ", ".join(replaced[:3])})
+        integrity_restore(untouched)
+    elif refused and not problems:  # what the check found comes first: it names the mistake more closely
         problems.append({**refused[0], "rank": ctx.rank})
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, problems)

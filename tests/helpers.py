@@ -103,7 +103,8 @@ RED_TEAM = Path(__file__).parent / "grading" / "red_team"
 
 
 def red_team(name: str) -> str:
-    """The text of a red team's wrong solution kept in tests/grading/red_team/ (``name`` without .py)."""
+    """The text of a red team's solution kept in tests/grading/red_team/ (``name`` without .py): wrong, or right
+    where its name has r and a digit after the round (037_r8r03)."""
     return (RED_TEAM / f"{name}.py").read_text()
 
 

@@ -137,7 +137,14 @@ def attributes(o) -> list:
 
 def tensor_storage(t: torch.Tensor):
     """``t``'s storage as torch gives it (``torch.UntypedStorage``): a subclass's own ``untyped_storage()`` is not
-    asked (one that answered for a slice of what it holds passed as sharded: an eighth red team's 07.4 w15)."""
+    asked (one that answered for a slice of what it holds passed as sharded: an eighth red team's 07.4 w15); a
+    sparse tensor's: that of its values (its indices not counted; 07.5 w19's state kept as sparse tensors stopped
+    the grader with a traceback)."""
+    layout = torch._C.TensorBase.layout.__get__(t)
+    if layout == torch.sparse_coo:
+        t = torch._C.TensorBase._values(t)
+    elif layout != torch.strided:
+        t = torch._C.TensorBase.values(t)
     return torch._C.TensorBase.untyped_storage(t)
 
 
@@ -354,10 +361,8 @@ def _refused_route(event: str, args: tuple) -> str | None:
                 else "mmap of a file (POSIX shared memory, multiprocessing.shared_memory, maps one too)")
     if event == "open":
         found = opened_path(args)
-        if found and os.path.abspath(found[0]).startswith("/dev/shm"):
-            return f"a file in shared memory ({found[0]})"
-        if found and found[1] and not _python_cache(found[0]):
-            return f"a file written ({found[0]})"
+        if found and (found[1] and not _python_cache(found[0]) or _in_shared_memory(found[0])):
+            return _file_route(found[0])
     if event == "ctypes.dlsym" and len(args) > 1 and isinstance(args[1], str):
         return f"the C function {args[1]} through ctypes"
     if event.startswith("ctypes."):
@@ -365,6 +370,15 @@ def _refused_route(event: str, args: tuple) -> str | None:
     if event in ("socket.bind", "socket.connect"):
         return "a socket of your own"
     return None
+
+
+def _in_shared_memory(path: str) -> bool:
+    return os.path.abspath(path).startswith("/dev/shm")
+
+
+def _file_route(path: str, how: str = "") -> str:
+    """The route of a file opened in /dev/shm (read or written), or written elsewhere, in words."""
+    return f"a file in shared memory ({path}){how}" if _in_shared_memory(path) else f"a file written ({path}){how}"
 
 
 def _python_cache(path: str) -> bool:
@@ -477,7 +491,7 @@ def _wrapped_routes() -> dict:
         class Writer(writer):
             def __init__(self, f, *args, **kwargs):
                 if isinstance(f, (str, bytes, os.PathLike)):
-                    _record_route(f"a file written ({os.fsdecode(f)}, by torch.save)", needs_student=True)
+                    _record_route(_file_route(os.fsdecode(f), " by torch.save"), needs_student=True)
                 super().__init__(f, *args, **kwargs)
         saved[(torch._C, "PyTorchFileWriter")] = writer
         torch._C.PyTorchFileWriter = Writer
@@ -526,6 +540,74 @@ def routes_refused() -> bool:
     rounds: the route is the problem told)."""
     return _REFUSING is not None and bool(_REFUSING["found"])
 
+
+def _watched_owners() -> list[tuple[str, object]]:
+    """The classes and modules a solution must leave as it found them: torch.optim's optimizers (the one-process
+    references are trained with them, in the same process) and the grader's own modules (its instruments)."""
+    import torch.optim as optim
+    owners = [(f"torch.optim.{c.__name__}", c) for c in (optim.Optimizer, optim.SGD, optim.Adam, optim.AdamW,
+                                                          optim.RMSprop)]
+    owners.append(("torch.optim", optim))
+    owners += [(name, module) for name, module in list(sys.modules.items())
+               if name.startswith(("mgpu_utils.grading", "mgpu_utils.measure")) and module is not None]
+    return owners
+
+
+def integrity_snapshot() -> dict:
+    """The functions and classes of :func:`_watched_owners`, taken before the student's file is loaded
+    (:func:`integrity_changes` compares, :func:`integrity_restore` puts them back)."""
+    return {(label, owner, key): value for label, owner in _watched_owners() for key, value in list(vars(owner).items())
+            if callable(value) and not key.startswith("__")}
+
+
+def _same_function(old, new) -> bool:
+    """``new is old``, once torch's own wrapper is taken off: an optimizer class's first instance wraps its
+    class's step() (``Optimizer._patch_step_function``: a profiler hook, functools.wraps of the original)."""
+    hook = (torch.optim.Optimizer.profile_hook_step(lambda: None).__code__
+            if hasattr(torch.optim.Optimizer, "profile_hook_step") else None)
+    while new is not old and hook is not None and getattr(new, "__code__", None) is hook:
+        new = getattr(new, "__wrapped__", None)
+    return new is old
+
+
+def integrity_changes(snapshot: dict, instances: bool = True) -> list[str]:
+    """What the student's code replaced since ``snapshot`` (``"torch.optim.SGD.step"``), and with ``instances``
+    the optimizers alive given a ``step`` of their own (an instance attribute; one scan of gc's objects): the grader's reference trains with torch.optim in this process
+    and counts with its own functions, and a solution leaves both as they were (an eighth red team's 07.5
+    w22-w24, 07.6 w17, w19, w20: SGD.step made a no-op or made to copy the student's result, comm_calls'
+    content_of replaced, at import; 07.5 w23: every other optimizer's step a no-op, found through gc)."""
+    changed = [f"{label}.{key}" for (label, owner, key), value in snapshot.items()
+               if not _same_function(value, vars(owner).get(key))]
+    if instances and not changed:
+        changed = [f"the step() of a {type(o).__name__} (an instance attribute)" for o in gc.get_objects()
+                   if isinstance(o, torch.optim.Optimizer) and "step" in vars(o)]
+    return changed
+
+
+def reference_untouched(ref_opt, trained: bool, problems: list, rank: int) -> bool:
+    """Whether the grader's one-process reference optimizer ``ref_opt`` is as torch made it (no ``step`` of its
+    own) and ``trained`` (its parameters moved); else a problem "tampered" (an eighth red team's 07.5 w23 made
+    every other optimizer's step a no-op through gc, at each of its own steps)."""
+    if "step" in vars(ref_opt) or not trained:
+        note(problems, {"rank": rank, "kind": "tampered",
+                        "what": "the step() of the grader's reference optimizer (it did not train)"})
+        return False
+    return True
+
+
+def integrity_restore(snapshot: dict) -> None:
+    """Put back what :func:`integrity_changes` found replaced (the next file graded in this process finds torch
+    and the grader as they were)."""
+    for (label, owner, key), value in snapshot.items():
+        if not _same_function(value, vars(owner).get(key)):
+            setattr(owner, key, value)
+
+
+#: The hints of the problems any exercise may report (:func:`mgpu_utils.grading.runner.problem_hint` looks here
+#: when the exercise's own hints lack the kind).
+COMMON_HINTS = {"tampered": [(always, "rank {rank}: your code replaced {what}: the grader checks your code against "
+                                      "torch.optim in this same process, and counts with its own functions, so a "
+                                      "solution must leave torch and the grader as they are: remove the patch")]}
 
 #: The hint of a route that :func:`refusing_routes` refused.
 ROUTE_HINTS = [(always, "rank {rank}: your code used {route}{line_said}: this exercise moves data between the ranks "

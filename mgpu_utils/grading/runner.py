@@ -31,7 +31,7 @@ from pathlib import Path
 from mgpu_utils.dist import TIMEOUT_ENV
 from mgpu_utils.text import wrap_text
 from mgpu_utils.grading.catalog import exercise
-from mgpu_utils.grading.common import CodingExercise
+from mgpu_utils.grading.common import COMMON_HINTS, CodingExercise
 from mgpu_utils.launch.launcher import LaunchError, LaunchTimeout, run_torchrun
 from mgpu_utils.env import REPO_ROOT
 
@@ -141,7 +141,8 @@ def _hang_hint(err: LaunchError, path: Path) -> str:
 def problem_hint(exercise_id: str, p: dict, world: int) -> str:
     """The hint for one problem a rank reported in exercise ``exercise_id``, at world size ``world``, from the
     exercise's own hints (:class:`~mgpu_utils.grading.common.CodingExercise`: they sit beside its check)."""
-    for when, hint in exercise(exercise_id).hints.get(p.get("kind"), []):
+    hints = exercise(exercise_id).hints.get(p.get("kind")) or COMMON_HINTS.get(p.get("kind"), [])
+    for when, hint in hints:
         if when(p, world):
             return hint.format(**p, W=world) + (
                 " (on a model that uses one weight twice: its gradient is the sum of both uses and is ready once, "
@@ -152,11 +153,13 @@ def problem_hint(exercise_id: str, p: dict, world: int) -> str:
 
 
 def telling(problems: list[dict]) -> dict:
-    """The problem to hint at: the first one that names another rank's data (a broadcast shows as "rank 1
+    """The problem to hint at: torch or the grader patched (the rest cannot be trusted then), else the first one
+    that names another rank's data (a broadcast shows as "rank 1
     holds rank 0's gradient" on the other ranks, while the source rank's own result only looks unreduced),
     else the first about the first step (a gradient divided on rank 0 only is wrong on rank 1 at once; rank 0
     only drifts later), else the first reported."""
-    return next((p for p in problems if p.get("copied_from") is not None), None) \
+    return next((p for p in problems if p.get("kind") == "tampered"), None) \
+        or next((p for p in problems if p.get("copied_from") is not None), None) \
         or next((p for p in problems if p.get("kind") != "param"), problems[0])
 
 

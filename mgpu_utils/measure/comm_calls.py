@@ -60,7 +60,12 @@ DIST_INPUTS = {"all_reduce": "tensor", "all_gather": "tensor", "all_gather_into_
 #: named as torch.distributed's functions are; those of the first set take (tensors, ...), the others
 #: (outputs, inputs, ...).
 GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "broadcast": "broadcast",
-                 "reduce": "reduce"}
+                 "reduce": "reduce",
+                 # a backend's sparse all-reduce takes dense tensors too (an eighth red team's 07.5 w03)
+                 "allreduce_sparse": "all_reduce"}
+#: A process group's (or its backend's) point-to-point methods, watched with ``p2p``: a backend's own
+#: send/recv (``group._get_backend(device).send``) skip the group's hooks (an eighth red team's 07.5 w13).
+P2P_METHODS = {"send": "send", "recv": "recv", "recv_anysource": "recv"}
 GROUP_METHODS_OUT_FIRST = {
     "allgather": "all_gather", "allgather_coalesced": "all_gather", "_allgather_base": "all_gather_into_tensor",
     "all_gather_single": "all_gather_into_tensor", "allgather_into_tensor_coalesced": "all_gather_into_tensor",
@@ -371,7 +376,7 @@ def patched_collectives(replace, fn=None, below: Callable | None = None, p2p: bo
 
     classes = [torch._C._distributed_c10d.ProcessGroup, torch._C._distributed_c10d.Backend]
     for cls in classes:
-        for method, name in {**GROUP_METHODS, **GROUP_METHODS_OUT_FIRST}.items():
+        for method, name in {**GROUP_METHODS, **GROUP_METHODS_OUT_FIRST, **(P2P_METHODS if p2p else {})}.items():
             original = cls.__dict__.get(method)
             if original is None:
                 continue

@@ -332,6 +332,14 @@ RIGHT_037.update({
          "            torch.autograd.Variable._execution_engine.queue_callback(self.settle)\n\n"
          "    def settle(self):\n        waiters = [threading.Thread(target=w.wait) for _, _, w in self.pending]\n"
          "        for t in waiters:\n            t.start()\n        for t in waiters:\n            t.join()\n"]),
+    "each bucket's future chained with then() in the hook (the mean taken in the callback), waited for in finish()": (
+        [SEND_037, WAIT_037],
+        ["        work = dist.all_reduce(flat, async_op=True)\n"
+         "        mean = work.get_future().then(lambda f: f.value()[0].div_(self.world))\n"
+         "        self.pending.append((self.bucket, flat, mean))\n",
+         "            work.wait()\n"]),
+    "the buckets by torch's functional all_reduce, started in the hook, read in finish() (an eighth red team's r03)": (
+        None, red_team("037_r8r03")),
 })
 
 REDUCER_037 = '''import torch
@@ -645,6 +653,18 @@ WRONG_037 = {
         None, red_team("037_r7w08"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "rank 0's weights sent through the process group's key-value store when built (a seventh red team's 037_r7w09)": (
         None, red_team("037_r7w09"), r"rank \d: your code used the process group's key-value store \(store\.set\) \(line \d+ of your file\)"),
+    "each bucket waited for in its hook through its future, get_future().wait() (an eighth red team's 037_r8w03)": (
+        None, red_team("037_r8w03"), r"rank \d: your code waited for an all-reduce's result during backward, in a hook "
+                                     r"\(\d+ time\(s\): a future's wait\(\)\)"),
+    "each bucket by torch's functional all_reduce, its result read at once in the hook (an eighth red team's 037_r8w04)": (
+        None, red_team("037_r8w04"), r"rank \d: your code waited for an all-reduce's result during backward, in a hook "
+                                     r"\(\d+ time\(s\): wait_tensor \(a functional collective's result read\)\)"),
+    "rank 0's weights through a file written by torch's C++ zip writer, no broadcast (an eighth red team's 037_r8w06)": (
+        None, red_team("037_r8w06"), r"rank \d: your code used a file written \(/tmp/mgpu_red_\S+\) by torch\.save "
+                                     r"\(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "wait() in the hook while torch._C._current_autograd_node is replaced to say None (an eighth red team's 037_r8w07)": (
+        None, red_team("037_r8w07"), r"rank \d: 3 of the 3 asynchronous all-reduces were waited for \(wait\(\)\) during "
+                                     r"backward, in a hook"),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
 }

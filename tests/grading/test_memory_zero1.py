@@ -202,6 +202,13 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         None, red_team("074_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "a shared buffer: a file made with libc, mapped by torch.from_file(shared=True) (a seventh red team's 074_r7w14)": (
         None, red_team("074_r7w14"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "whole moments in a Tensor subclass whose untyped_storage() answers for a slice (an eighth red team's 074_r8w15)": (
+        None, red_team("074_r8w15"), r"rank \d: your optimizer holds [\d,]+ bytes of tensors .* full Adam's moments are "
+                                     r"[\d,]+: keep only this rank's slice of m and v"),
+    "this rank's slice of the moments kept in array('f'), not tensors (an eighth red team's 074_r8w20)": (
+        None, red_team("074_r8w20"), r"rank \d \(MLP of 1024 hidden units\): the 3 ranks together hold [\d,]+ bytes of "
+                                     r"tensors besides the parameters, less than Adam's moments take .* keep this rank's "
+                                     r"slice of m and v in tensors"),
     "a shared buffer: a file made and mapped by torch.from_file(shared=True) alone, no ctypes": (
         None, red_team("074_own_from_file"), r"rank \d: your code used torch\.from_file \(a file mapped into memory\) \(line \d+ of your file\)"),
     "the moments kept whole as numpy arrays in a module-level dict, this rank's slice a view of them": (

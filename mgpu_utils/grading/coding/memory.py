@@ -65,7 +65,7 @@ import torch.nn.functional as F
 from mgpu_utils.data import load_data
 from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, OutsideState, always, diff, held_bytes,
                                       inner_parameters, live_storages, malloc_bytes, note, reachable_storages,
-                                      routes_refused, tensor_storage)
+                                      reference_untouched, routes_refused, tensor_storage)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
                                            carries, carries_some, content_of, counted_collectives, named_content,
                                            patched_collectives)
@@ -141,7 +141,9 @@ def check_sharded_adam(cls, ctx, problems, steps=3, scale=1e-2):
     outside = _outside_bytes(known, limit)
     if torch_built:
         note(problems, {"rank": rank, "kind": "torch_zero", "what": torch_built[0]})
-    if diff(got, want) > 1e-5:
+    if not reference_untouched(ref_opt, not torch.equal(want, first), problems, rank):
+        pass
+    elif diff(got, want) > 1e-5:
         should = want != first                             # what Adam in one process moved (not the pixels always 0)
         note(problems, {"rank": rank, "kind": "adam", "max_diff": diff(got, want), "summed": diff(got, summed) < 1e-5,
                         "moved_share": ((got != first) & should).sum().item() / max(1, should.sum().item())})
@@ -222,6 +224,15 @@ def _reduced_right(content: list, grads, world: int, weights, problem: dict, rto
     got = add_content(reducing or moving)
     return {**problem, "what": named_content(got, world, rtol, weights=weights), "calls": len(reducing or moving),
             "elements": got.elements, "got": got.squares, "want": grads.squares}
+
+
+def _row_padding(params, world: int) -> float:
+    """How much more than 1/world of the parameters' elements a rank holds when each parameter is split by rows
+    (dim 0) padded to a multiple of ``world`` (FSDP2's layout), the largest rank's share: >= 1."""
+    params = [p for p in params if p.requires_grad]
+    padded = sum(-(-(p.shape[0] if p.dim() else 1) // world) * (p.numel() // max(1, p.shape[0] if p.dim() else 1))
+                 for p in params)
+    return padded * world / max(1, sum(p.numel() for p in params))
 
 
 def _outside_bytes(known: set, limit: float, tries: int = 5) -> int:
@@ -403,16 +414,21 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     grads = held - held_bytes(opt, exclude=list(mine.parameters()) + last
                               + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
-    allowed = full / world * 1.05 + 512                    # this rank's slice of the state, padded
+    # this rank's slice of the state, padded: a flat split, or FSDP2's (each parameter's rows padded to a multiple
+    # of the world size: 1.19x of a third at 3 ranks for this MLP, an eighth red team's right 07.5 r03)
+    allowed = full / world * max(1.05, _row_padding(mine.parameters(), world)) + 512
     found = {"tensors": 0, "python": 0, "files": []}
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
         inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
         held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
-    if frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
+    tampered = not reference_untouched(ref_opt, not torch.equal(want, start), problems, rank)
+    if not tampered and frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
-    if frozen_round and torch.equal(mine.extra.weight.detach(), extra) and not torch.equal(ref.extra.weight, extra):
+    if tampered:
+        pass
+    elif frozen_round and torch.equal(mine.extra.weight.detach(), extra) and not torch.equal(ref.extra.weight, extra):
         note(problems, {**base, "kind": "any_nograd", "what": "late", "steps": steps,
                         "moved": diff(ref.extra.weight.detach(), extra)})
     elif diff(got, want) > 1e-5:
@@ -421,7 +437,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
                         "moved_share": ((got != start) & should).sum().item() / max(1, should.sum().item()),
                         "unmoved": ((got == start) & should).sum().item(),
                         "few": world * sum(1 for p in mine.parameters() if p.requires_grad)})
-    elif held > full / world * 1.05 + 512:
+    elif held > allowed:
         note(problems, {**base, "kind": "any_memory", "bytes": held, "full": full, "grads": grads})
     elif found["files"]:
         note(problems, {**base, "kind": "any_memory", "what": "file", "how": found["files"][0][0],
@@ -555,10 +571,14 @@ def _traffic_bound(padded: int, world: int) -> float:
 def _shards_only(params: list, model, world: int) -> list:
     """Of ``params`` (the parameters of the optimizers inside the student's, :func:`inner_parameters`), those
     that may be left out of the state held: the model's own parameters, and others up to a rank's shard of
-    every parameter (their storages' bytes, in float32): an idle optimizer over the state tensors does not make
-    them parameters."""
+    every parameter (their storages' bytes, in float32; a flat split's or, if larger, a split of each parameter's
+    rows padded to a multiple of ``world``): an idle optimizer over the state tensors does not make them
+    parameters."""
     own = {id(p) for p in model.parameters()}
-    budget = 4 * (sum(-(-p.numel() // world) for p in model.parameters()) + world)
+    flat = sum(-(-p.numel() // world) for p in model.parameters())
+    rows = sum(-(-(p.shape[0] if p.dim() else 1) // world) * (p.numel() // max(1, p.shape[0] if p.dim() else 1))
+               for p in model.parameters())             # FSDP2's layout: each parameter's rows padded (07.5 r03)
+    budget = 4 * (max(flat, rows) + world)
     out, seen = [], set()
     for t in params:
         ptr = tensor_storage(t).data_ptr()
