@@ -372,6 +372,8 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
         ["_INNER = {}\n\n\nclass ShardedOptimizer:",
          "        _INNER[id(self)] = optimizer_class(inner_groups, **defaults)   # its state: this rank's chunks\n",
          "        _INNER[id(self)].step()\n"]),
+    "each parameter's rows padded to a multiple of the world, as FSDP2 lays them out (an eighth red team's 075_r8r03)": (
+        None, red_team("075_r8r03")),
 }
 
 WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -564,6 +566,24 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r7w02"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "gradients and slices through a libc-made file mapped by torch.from_file (a seventh red team's 075_r7w03)": (
         None, red_team("075_r7w03"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "the whole gradient all-reduced by the backend's allreduce_sparse on dense tensors (an eighth red team's 075_r8w03)": (
+        None, red_team("075_r8w03"), r"rank \d: with SGD with momentum, step 1 all-reduced [\d,]+ elements, and the model "
+                                     r"trains 1,810: every rank received every gradient"),
+    "whole gradients exchanged with the backend's own send and recv (an eighth red team's 075_r8w13)": (
+        None, red_team("075_r8w13"), r"rank \d: with SGD with momentum, step 1's collectives moved [\d,]+ elements in and "
+                                     r"out of this rank \(.*recv [\d,]+.*send [\d,]+"),
+    "no collective the group's hooks see: everything through the backend object (an eighth red team's 075_r8w16)": (
+        None, red_team("075_r8w16"), r"rank \d: with SGD with momentum, step 1 all-reduced [\d,]+ elements"),
+    "the whole momentum kept as a sparse tensor (an eighth red team's 075_r8w19: was a traceback)": (
+        None, red_team("075_r8w19"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
+        None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
+                                     r"against torch\.optim in this same process"),
+    "every other optimizer's step() a no-op, set through gc at each step (an eighth red team's 075_r8w23)": (
+        None, red_team("075_r8w23"), r"rank \d: your code replaced the step\(\) of (the grader's reference optimizer \(it "
+                                     r"did not train\)|an optimizer \(\w+: an instance attribute\))"),
+    "gradients in float16, the reference made to copy the result by a patched step() (an eighth red team's 075_r8w24)": (
+        None, red_team("075_r8w24"), r"rank \d: your code replaced torch\.optim\.\w+\.step"),
 }
 
 
@@ -1035,6 +1055,14 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "decoy collectives, the data through libc-written files (a seventh red team's 076_r7w13)": (
         None, red_team("076_r7w13"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "the whole gradient all-reduced by the backend's allreduce_sparse, a reduce-scatter for show (an eighth red team's 076_r8w07)": (
+        None, red_team("076_r8w07"), r"rank \d \(MLP, float32\): step 1 all-reduced \(\d+ call\(s\)\)"),
+    "bfloat16 reduce-scatters hidden by replacing the grader's content_of at import (an eighth red team's 076_r8w17)": (
+        None, red_team("076_r8w17"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\.content_of"),
+    "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (
+        None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
+    "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (
+        None, red_team("076_r8w20"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
 }
 
 
