@@ -267,55 +267,16 @@ def malloc_bytes() -> int | None:
     return m.uordblks + m.hblkhd
 
 
-def graph_saved_tensors(objects) -> list:
-    """The tensors autograd keeps for a backward (each node's ``_saved_*``) in the graphs of the tensors and of the
-    autograd nodes among ``objects``, their whole graphs walked (``next_functions``): memory that no Python object
-    holds (an eighth red team's 07.5 w14/w15 and 07.6 w13 kept whole optimizer states and gathered models as the
-    saved outputs of ops, holding only their nodes or outputs). Saved tensors already freed by a backward are
-    skipped."""
-    node_types: dict = {}
-    todo = []
-    for o in objects:
-        kind = node_types.get(type(o))
-        if kind is None:
-            kind = node_types[type(o)] = (1 if issubclass(type(o), torch.Tensor) else
-                                          2 if isinstance(o, torch.autograd.graph.Node) else 0)
-        if kind == 1:
-            fn = getattr(o, "grad_fn", None) if not isinstance(o, torch.nn.Parameter) else None
-            if fn is not None:
-                todo.append(fn)
-        elif kind == 2:
-            todo.append(o)
-    seen, saved = set(), []
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, name)
-            except (RuntimeError, AttributeError):       # freed by a backward, or not a tensor
-                continue
-            values = value if isinstance(value, (list, tuple)) else [value]
-            saved += [v for v in values if isinstance(v, torch.Tensor)]
-        todo += [fn for fn, _ in getattr(node, "next_functions", ())]
-    return saved
-
-
 def live_storages(collect: bool = True) -> dict[int, int]:
     """{storage address: bytes} of every tensor and every storage object (``torch.UntypedStorage``,
     ``TypedStorage``) alive in this process that the garbage collector tracks (a tensor kept in a module-level
-    dict, a registry, a closure: state a student's object keeps outside itself, 07.4), and those that autograd
-    keeps for a backward (:func:`graph_saved_tensors`). ``collect``: run the garbage collector first (0.1 s;
+    dict, a registry, a closure: state a student's object keeps outside itself, 07.4). Tensors that live
+    in C++ only (autograd's saved tensors) are not seen. ``collect``: run the garbage collector first (0.1 s;
     without it, tensors in unreachable cycles count as alive)."""
     if collect:
         gc.collect()
     out, kinds = {}, {}                                    # kinds: type -> 1 tensor, 2 storage, 0 neither
-    objects = gc.get_objects()
-    for o in objects + graph_saved_tensors(objects):
+    for o in gc.get_objects():
         kind = kinds.get(type(o))
         if kind is None:
             kind = kinds[type(o)] = (1 if issubclass(type(o), torch.Tensor) else
@@ -985,9 +946,7 @@ class OutsideState:
                 if k:
                     gc.collect()
                 outside = {}
-                young = gc.get_objects()
-                saved = [(t, 1) for t in graph_saved_tensors(young)]   # kept by autograd for a backward
-                for o, kind in _tensors_and_storages(young) + saved + reach:   # made within the block
+                for o, kind in _tensors_and_storages(gc.get_objects()) + reach:   # made within the block
                     key = _storage_of(o, kind)
                     if key is not None and key[0] not in knew:
                         outside[key[0]] = max(outside.get(key[0], 0), key[1])
