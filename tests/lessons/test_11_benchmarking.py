@@ -239,7 +239,7 @@ def test_scaling_benchmark_two_ranks_speed_up(tmp_path, capsys, starts_processes
     cores = min(machine_report()["cpu_cores_physical"] or 1, usable_cores())
     with LoadWatch(cores=2) as machine:
         out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scaling.py"), "--max-nproc", "2",
-                              "--backend", "gloo", "--out", str(tmp_path)], capture_output=True, text=True,
+                              "--steps", "8", "--backend", "gloo", "--out", str(tmp_path)], capture_output=True, text=True,
                              timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])

@@ -229,7 +229,7 @@ def test_a_timeout_is_reported_the_same(starts_processes):
     firsts = {}
     for via in ("torchrun", "warm"):
         with pytest.raises(LaunchTimeout) as info:
-            run_torchrun(MISBEHAVE, 2, ["--mode", "sleep"], show="none", via=via, timeout_s=10)
+            run_torchrun(MISBEHAVE, 2, ["--mode", "sleep"], show="none", via=via, timeout_s=4)
         firsts[via] = str(info.value).splitlines()[0]
     assert firsts["warm"] == firsts["torchrun"]
 
