@@ -560,11 +560,17 @@ def integrity_snapshot() -> dict:
             if callable(value) and not key.startswith("__")}
 
 
+@functools.cache
+def _profile_hook_code():
+    """The code of torch's profiler wrapper of an optimizer's step() (None where torch has none)."""
+    return (torch.optim.Optimizer.profile_hook_step(lambda: None).__code__
+            if hasattr(torch.optim.Optimizer, "profile_hook_step") else None)
+
+
 def _same_function(old, new) -> bool:
     """``new is old``, once torch's own wrapper is taken off: an optimizer class's first instance wraps its
     class's step() (``Optimizer._patch_step_function``: a profiler hook, functools.wraps of the original)."""
-    hook = (torch.optim.Optimizer.profile_hook_step(lambda: None).__code__
-            if hasattr(torch.optim.Optimizer, "profile_hook_step") else None)
+    hook = _profile_hook_code()
     while new is not old and hook is not None and getattr(new, "__code__", None) is hook:
         new = getattr(new, "__wrapped__", None)
     return new is old
@@ -638,6 +644,41 @@ def _tensors_and_storages(objects) -> list:
              else 0 for t in set(types_of)}
     picked = list(itertools.compress(objects, map(kinds.__getitem__, types_of)))
     return [(o, kinds[type(o)]) for o in picked]
+
+
+def _node_saved_tensors(objects) -> list:
+    """The tensors autograd keeps for a backward (each node's ``_saved_*``, their graphs walked through
+    ``next_functions``) of the autograd nodes among ``objects`` that Python holds as objects (a ``grad_fn`` kept
+    in a dict, a list, a registry): memory that no tensor object holds (an eighth red team's 07.5 w14/w15 and 07.6
+    w13 kept whole optimizer states and gathered models as the saved results of ops, holding only their nodes).
+    The graphs of tensors are not walked: a right solution's tensors have graphs too (a view of a parameter, the
+    last step's loss), and walking them once flagged three right solutions. Saved tensors already freed by a
+    backward are skipped."""
+    kinds: dict = {}
+    todo = []
+    for o in objects:
+        kind = kinds.get(type(o))
+        if kind is None:
+            kind = kinds[type(o)] = isinstance(o, torch.autograd.graph.Node)
+        if kind:
+            todo.append(o)
+    seen, saved = set(), []
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except (RuntimeError, AttributeError):           # freed by a backward, or not a tensor
+                continue
+            values = value if isinstance(value, (list, tuple)) else [value]
+            saved += [(v, 1) for v in values if isinstance(v, torch.Tensor)]
+        todo += [fn for fn, _ in getattr(node, "next_functions", ())]
+    return saved
 
 
 def _module_space(owner) -> dict:
@@ -721,7 +762,8 @@ class OutsideState:
     * tensors and storage objects (``torch.UntypedStorage``, ``TypedStorage``) made within the block that no
       object handed to :meth:`count` reaches (a module-level dict, a registry, a closure, a default argument,
       another module's attribute), and those the student's module reaches that changed within the block (a
-      buffer made at import, then written);
+      buffer made at import, then written), and the tensors autograd keeps for the nodes (``grad_fn``
+      objects) made within the block and held as Python objects (:func:`_node_saved_tensors`);
     * Python objects made within the block and still alive, with what they hold (:meth:`_python_bytes`: bytes
       or BytesIO of a torch.save, numpy arrays, lists of floats, strings; inside the object or not), and the
       buffers the student's module reaches that were made or changed within the block (bytes, bytearray,
@@ -946,10 +988,12 @@ class OutsideState:
                 if k:
                     gc.collect()
                 outside = {}
-                for o, kind in _tensors_and_storages(gc.get_objects()) + reach:   # made within the block
+                young = gc.get_objects()                     # made within the block
+                for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young) + reach:
                     key = _storage_of(o, kind)
                     if key is not None and key[0] not in knew:
                         outside[key[0]] = max(outside.get(key[0], 0), key[1])
+                del young
                 counts.append(sum(outside.values()))
                 if counts[-1] + python <= limit or python > limit and not counts[-1]:
                     break                                    # over on Python alone: its tensors still recounted

@@ -576,6 +576,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r8w16"), r"rank \d: with SGD with momentum, step 1 all-reduced [\d,]+ elements"),
     "the whole momentum kept as a sparse tensor (an eighth red team's 075_r8w19: was a traceback)": (
         None, red_team("075_r8w19"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "no sharding at all, the whole state kept as the saved results of autograd nodes (an eighth red team's 075_r8w14)": (
+        None, red_team("075_r8w14"), r"rank \d: with SGD with momentum, .*"),
+    "the whole state kept only as the saved results of autograd nodes (an eighth red team's 075_r8w15)": (
+        None, red_team("075_r8w15"), OUT + r"[\d,]+ in tensors or storages it does not hold"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),
@@ -1059,6 +1063,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r8w07"), r"rank \d \(MLP, float32\): step 1 all-reduced \(\d+ call\(s\)\)"),
     "bfloat16 reduce-scatters hidden by replacing the grader's content_of at import (an eighth red team's 076_r8w17)": (
         None, red_team("076_r8w17"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\.content_of"),
+    "the gathered parameters cached as the saved results of autograd nodes (an eighth red team's 076_r8w13)": (
+        None, red_team("076_r8w13"), kept_out(r".*[\d,]+ in tensors", r".*[\d,]+ in tensors")),
     "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (
         None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
     "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (
