@@ -14,7 +14,8 @@ process; 10.7 on simulated training tasks whose B_crit the grader knows; 11.5 wi
 collectives_only (03.7, 07.4 to 07.6) loads and checks the file within mgpu_utils.grading.common.refusing_routes:
 an mmap, a file in /dev/shm, ctypes, torch.from_file, a store write, a socket or a shared mapping of the
 student's is a problem when the check found none; a function or class of torch.optim or of the grader's modules
-replaced by the student's code (mgpu_utils.grading.common.integrity_changes), in any exercise, comes first. Each problem
+replaced by the student's code (mgpu_utils.grading.common.integrity_changes), in any exercise, or (collectives_only) an
+optimizer given a step() of its own, comes first. Each problem
 names the rank, a kind that mgpu_utils.grading.runner turns into a hint (the hints beside the check, in the exercise's record), and the
 numbers behind it.
 
@@ -48,7 +49,8 @@ def grade(exercise: str, path: str, ctx) -> dict:
             raise AttributeError(f"{path} defines no function {name}(...)")
         replaced = integrity_changes(untouched, instances=False)
         info = check(getattr(module, name), ctx, problems) or {}
-    replaced = replaced or integrity_changes(untouched)
+    # an optimizer given a step() of its own (a scan of every object: 0.1 s a rank): the stretch exercises only
+    replaced = replaced or integrity_changes(untouched, instances=EXERCISES[exercise].collectives_only)
     if replaced:                    # the check's findings cannot be trusted: this comes first
         problems.insert(0, {"kind": "tampered", "rank": ctx.rank, "what": ", ".join(replaced[:3])})
         integrity_restore(untouched)
