@@ -579,7 +579,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "no sharding at all, the whole state kept as the saved results of autograd nodes (an eighth red team's 075_r8w14)": (
         None, red_team("075_r8w14"), r"rank \d: with SGD with momentum, .*"),
     "the whole state kept only as the saved results of autograd nodes (an eighth red team's 075_r8w15)": (
-        None, red_team("075_r8w15"), OUT + r"[\d,]+ in tensors or storages it does not hold"),
+        None, red_team("075_r8w15"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the "
+                                     r"tensors your optimizer holds \([\d,]+\): [\d,]+ in tensors or storages it does not hold"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),
