@@ -1066,6 +1066,9 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r8w17"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\.content_of"),
     "the gathered parameters cached as the saved results of autograd nodes (an eighth red team's 076_r8w13)": (
         None, red_team("076_r8w13"), kept_out(r".*[\d,]+ in tensors", r".*[\d,]+ in tensors")),
+    "the float32 sum rounded back to bfloat16 before it goes into .grad (a ninth red team's 076_r9w17)": (
+        None, red_team("076_r9w17"), r"rank \d \(\w+, bfloat16\): after step 1's backward, \d+% of your shards' "
+                                     r"gradient values are bfloat16 numbers"),
     "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (
         None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
     "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (

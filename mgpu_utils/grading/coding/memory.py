@@ -776,6 +776,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                         F.cross_entropy(out.float(), y[rows]).backward()
                     in_backward = len(calls)                     # what step() calls comes after
                     ready = [p.grad is not None for p in shards]
+                    rounded = (_share_in_dtype([p.grad for p in shards if p.grad is not None], dtype)
+                               if dtype is not None and len(micro) == 1 else 0.0)
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 if used and not torch_built:
@@ -838,6 +840,8 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                 elif wide:
                     note(problems, {**base, "what": "gather_dtype", "step": s + 1, "calls": len(wide),
                                     "bits": 8 * max(c.nbytes // c.elements for c in wide)})
+                elif rounded >= 0.99:                            # the float32 sum rounded to the compute dtype
+                    note(problems, {**base, "what": "grad_rounded", "step": s + 1, "share": rounded})
                 elif held > 4 * full / world + 1024:             # a shard's worth more at most: a buffer
                     frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
@@ -887,6 +891,18 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
 
     if not _stop_together(problems):
         _fsdp_outside(cls, ctx, problems, lr=lr)
+
+
+def _share_in_dtype(grads: list, dtype: torch.dtype) -> float:
+    """The share of the nonzero values of ``grads`` (float32 tensors) that are ``dtype`` numbers (unchanged by a
+    round trip through it); 0.0 with fewer than 64 of them. A float32 sum of a few bfloat16 gradients, divided by
+    the world size, is one in a few at most (its mantissa needs more than 8 bits); a sum rounded back to
+    bfloat16 (a ninth red team's 07.6 w17) is one in one."""
+    values = torch.cat([g.detach().reshape(-1).float() for g in grads]) if grads else torch.zeros(0)
+    values = values[values != 0]
+    if values.numel() < 64:
+        return 0.0
+    return (values == values.to(dtype).float()).float().mean().item()
 
 
 def _fsdp_kept(watch, wrapper, base, problems, steps, full, world, known):
@@ -1495,6 +1511,11 @@ HINTS: dict[str, list[tuple]] = {
          "{bytes:,} bytes in its parameters (module.parameters()), and the whole model is {full_bytes:,}: kept "
          "where your wrapper does not reach it (a module-level dict, a weakref), it is still on this rank. Free "
          "the module's own parameters once sharded (p.data = torch.empty(0)) and gather them for each forward"),
+        (lambda p, W: p["what"] == "grad_rounded",
+         "rank {rank} ({model}, {dtype}): after step {step}'s backward, {share:.0%} of your shards' gradient values "
+         "are {dtype} numbers: the reduce-scattered float32 sum was rounded to the compute dtype. The sum must "
+         "stay float32's: cast each gradient to float32 before its reduce-scatter, and keep the result (divided "
+         "by the world size) in float32"),
         (lambda p, W: p["what"] == "full_rounded",
          "rank {rank} ({model}, {dtype}): every value full_parameters() returned is a {dtype} number cast to "
          "float32: the parameters were gathered in the compute dtype, which rounds each to 8 bits. Gather the "
