@@ -22,7 +22,8 @@ kept in an anonymous mmap, the data really moved through POSIX shared memory whi
 decoys whose results were thrown away). 07.4 has 07.5's bound on a step's traffic (sends, recvs, object
 collectives) and a last round on the wide MLP that counts what is kept outside the optimizer
 (:func:`_adam_outside`); 07.6 refuses float32 shards whose values are all bfloat16 numbers right after the
-wrapper is built under compute_dtype (master shards rounded at build hid under the tolerance).
+wrapper is built under compute_dtype (master shards rounded at build hid under the tolerance), and a step whose
+shards' gradients are all bfloat16 numbers (the float32 sum rounded back: :func:`_share_in_dtype`).
 
 Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (ctypes memory
 other than mmap, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
