@@ -153,7 +153,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     objects inside them, ``depth`` levels down, slots too, a Module's attributes, a bound method's object, a
     function's closure cells and default arguments), each storage counted once, a bare ``torch.UntypedStorage``
     or ``TypedStorage`` too;
-    the tensors in ``exclude`` (the model's parameters) and their gradients are not counted. An optimizer wrapped
+    the tensors in ``exclude`` (the model's parameters) and their gradients are not counted, only the room of their storages
+    they do not cover (:func:`_spare_room`: state packed in one allocation after the parameters). An optimizer wrapped
     in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
@@ -162,13 +163,12 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or ``bytearray(t.numpy())``; a
     memoryview's ``nbytes``), for a check of what grows across steps."""
     seen_objects, storages, numbers = set(), {}, {}
-    skip = {tensor_storage(t).data_ptr() for q in exclude for t in (q, q.grad) if t is not None}
+    skip = _spare_room([t for q in exclude for t in (q, q.grad) if t is not None])
 
     def walk(o, d):
         if isinstance(o, torch.Tensor):
             ptr = tensor_storage(o).data_ptr()
-            if ptr not in skip:
-                storages[ptr] = max(storages.get(ptr, 0), tensor_storage(o).nbytes())
+            storages[ptr] = max(storages.get(ptr, 0), skip.get(ptr, tensor_storage(o).nbytes()))
             if grads and o.grad is not None:
                 walk(o.grad, d)
             if python and d >= 0 and id(o) not in seen_objects:
@@ -178,8 +178,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             return
         storage = _bare_storage(o)
         if storage is not None:
-            if storage.data_ptr() not in skip:
-                storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+            ptr = storage.data_ptr()
+            storages[ptr] = max(storages.get(ptr, 0), skip.get(ptr, storage.nbytes()))
             return
         if python and isinstance(o, (int, float, bytes, bytearray)) and not isinstance(o, bool):
             numbers[id(o)] = sys.getsizeof(o)
@@ -209,6 +209,32 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             walk(item, d - 1)
     walk(obj, depth)
     return sum(storages.values()) + sum(numbers.values())
+
+
+def _spare_room(tensors: list) -> dict:
+    """For each storage under ``tensors`` (the excluded parameters and gradients of :func:`held_bytes`): the bytes
+    of it that none of them covers, by data pointer. A parameter whose ``.data`` was made a view of a larger buffer
+    (the optimizer's state packed after the parameters in one allocation: a ninth red team's 07.5 w01 and w22,
+    2026-12-06) leaves that room counted; a flat buffer the parameters exactly tile leaves none."""
+    spans: dict = {}
+    sizes: dict = {}
+    for t in tensors:
+        storage = tensor_storage(t)
+        ptr = storage.data_ptr()
+        sizes[ptr] = storage.nbytes()
+        start = t.storage_offset() * t.element_size()
+        end = start + (t.numel() and (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size())
+        spans.setdefault(ptr, []).append((start, end))
+    room = {}
+    for ptr, pieces in spans.items():
+        covered, reach = 0, 0
+        for start, end in sorted(pieces):
+            start = max(start, reach)
+            if end > start:
+                covered += end - start
+                reach = end
+        room[ptr] = max(0, sizes[ptr] - covered)
+    return room
 
 
 def inner_parameters(obj, depth=8) -> list:

@@ -665,6 +665,12 @@ WRONG_037 = {
     "wait() in the hook while torch._C._current_autograd_node is replaced to say None (an eighth red team's 037_r8w07)": (
         None, red_team("037_r8w07"), r"rank \d: 3 of the 3 asynchronous all-reduces were waited for \(wait\(\)\) during "
                                      r"backward, in a hook"),
+    "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
+        None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
+    "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
+        None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
+    "torch._C.Future.wait captured at import, called in the hook (a ninth red team's 037_r9w13)": (
+        None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
 }

@@ -581,6 +581,12 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the whole state kept only as the saved results of autograd nodes (an eighth red team's 075_r8w15)": (
         None, red_team("075_r8w15"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the "
                                      r"tensors your optimizer holds \([\d,]+\): [\d,]+ in tensors or storages it does not hold"),
+    "whole gradients all-reduced by hooks in the backward, step() slicing them (a ninth red team's 075_r9w20)": (
+        None, red_team("075_r9w20"), r"rank \d: with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the "
+                                     r"model trains 1,\d{3}: every rank received every gradient \(in the backward"),
+    "DDP, the whole state packed after the parameters in their storage (a ninth red team's 075_r9w22)": (
+        None, red_team("075_r9w22"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state.*"
+                                     r"room in a parameter's storage beyond the parameter"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),

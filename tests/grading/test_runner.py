@@ -622,6 +622,29 @@ def test_held_bytes_finds_every_tensor_once():
 
 
 
+def test_held_bytes_counts_the_room_a_parameter_leaves_in_its_storage():
+    import torch
+
+    from mgpu_utils.grading.common import held_bytes
+
+    flat = torch.zeros(10 + 6)                         # two parameters tiling 10 floats, then 6 of hidden state
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2, 3))
+    a.data, b.data = flat[:4], flat[4:10].view(2, 3)
+
+    class Opt:
+        def __init__(self):
+            self.params, self.state = [a, b], flat[10:]
+    assert held_bytes(Opt(), exclude=[a, b]) == 6 * 4                      # the room, not the parameters
+    exact = torch.zeros(10)                                                 # a flat buffer the parameters tile
+    a.data, b.data = exact[:4], exact[4:].view(2, 3)
+    opt = Opt()
+    opt.state = torch.zeros(6)
+    assert held_bytes(opt, exclude=[a, b]) == 6 * 4                        # only the state's own 6 floats
+    a.data, b.data = exact[:6].view(2, 3)[0], exact[:6].view(2, 3)        # overlapping views: counted once
+    opt.state = None
+    assert held_bytes(opt, exclude=[a, b]) == 4 * 4                        # 4 floats of room after them
+
+
 def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
     """03.7's growth check: a history kept in a deque, in a list set on a parameter, as Python floats, or as
     bytes, bytearrays and memoryviews."""

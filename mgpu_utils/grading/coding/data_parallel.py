@@ -114,7 +114,7 @@ def what_the_gradient_is(got, locals_, rank, tol=1e-5) -> dict:
     return {}
 
 
-def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None):
+def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=False, fn=None, delay=0.0):
     """Three SGD steps of ``make_sync(model)`` (backward, then ``.finish()``) against DDP on the same shards;
     ``check_calls(calls, ready_bytes, own)`` returns a problem dict or None for a step's all-reduce calls
     (``ready_bytes``: each gradient's bytes, in the order autograd completed them; ``own``: their contents). ``model_fn``: the model
@@ -124,7 +124,12 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     all-reduces together must carry this rank's own gradients (:func:`~mgpu_utils.measure.comm_calls.carries`:
     in any bucketing, divided by the world size first or not; recorded by the hooks that also record the ready
     order, before the student's run); and torch's own DistributedDataParallel built by the student's code is a
-    problem of its own (``torch_ddp``)."""
+    problem of its own (``torch_ddp``). ``delay`` (seconds; 03.7's first round): in step 2 the last rank starts
+    its forward that late, and a rank whose gradients became ready over more than :data:`WAITED_SHARE` of it
+    (from the first to the last, the grader's hooks timing them) waited in a hook for an all-reduce, whatever the
+    way (``waited_in_backward``, ``how="timed"``: a ninth red team's waits through a future's value() polled, a
+    functional collective's wait captured at import, torch._C.Future.wait, 2026-12-06); DDP's own wait in the
+    final callback of the backward, after the last gradient, is not in that span."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = model_fn() if model_fn else make_mlp(32, 2)
@@ -134,9 +139,10 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
             for q in list(mine.parameters()) + list(mine.buffers()):
                 q.add_(0.01 * rank if q.is_floating_point() else rank)   # an integer buffer moved apart too
     ready, own = [], []
-    state = {"backward": False, "progress": lambda: len(ready)}   # each all-reduce: how many gradients were in
-
+    state = {"backward": False, "progress": lambda: len(ready), "stamps": [], "delay": delay}   # each all-reduce:
+                                                          # how many gradients were in; when each was ready
     def accumulated(q):                                   # registered first: fires first, records the order
+        state["stamps"].append(time.perf_counter())
         ready.append(q.grad.numel() * q.grad.element_size())
         own.append(content_of(q.grad))                    # this rank's own gradient, before the student's hooks
     for q in mine.parameters():
@@ -196,7 +202,13 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             opt.zero_grad(set_to_none=True)
         ready.clear()
         own.clear()
+        state["stamps"].clear()
         before = content_of(list(mine.parameters()))     # the weights: all-reduced instead of the gradients?
+        late = state["delay"] if step == 1 and world > 1 else 0.0
+        if late:                                          # the last rank starts late: a hook that waits for its
+            dist.barrier()                                # all-reduce holds this rank's backward that long
+            if rank == world - 1:
+                time.sleep(late)
         t0 = time.perf_counter()
         with counted_all_reduce(state, fn) as calls, store_writes() as stored:
             state["backward"] = True
@@ -244,6 +256,10 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if how:                                           # waited in a hook: backward stopped, nothing overlapped
             note(problems, {"rank": rank, "kind": "waited_in_backward", "blocked": len(how), "at": at,
                             "how": str(how[0]), "started": sum(c["async"] for c in calls)})
+        span = state["stamps"][-1] - state["stamps"][0] if len(state["stamps"]) > 1 else 0.0
+        if late and rank != world - 1 and span > WAITED_SHARE * late and not how:
+            note(problems, {"rank": rank, "kind": "waited_in_backward", "how": "timed", "at": at, "late": late,
+                            "span": span, "blocked": 1, "started": sum(c["async"] for c in calls)})
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
             note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
                             "what": ", ".join(sorted(set(state["blocking"])))})
@@ -439,6 +455,11 @@ class ReorderedMLP(torch.nn.Module):
 #: exactly (40 + 1,280 + 128, in ready order): that bucket is full (at least bucket_bytes), sent then, not with the
 #: next gradient; 1 MiB leaves one bucket open when backward ends (only finish() can send it). In float64, 2,896
 #: bytes is again the first three gradients: 3 buckets, where 4 bytes per element gives 2.
+#: Seconds the last rank starts step 2's forward late in 03.7's first round (:func:`against_ddp`), and the share
+#: of it over which a rank's gradients may become ready before its hooks count as waiting: a right backward of
+#: the MLP takes milliseconds (under 0.05 s with a core busy), a hook that waits takes the whole delay.
+WAIT_DELAY, WAITED_SHARE = 0.4, 0.6
+
 MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20),
                  (Float64MLP, 2896), (ReorderedMLP, 1448))
 
@@ -454,7 +475,7 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
         if found.item():
             return
         times = against_ddp(lambda model: cls(model, b), ctx, problems, lambda c, r, o: bucket_calls_ok(c, r, b, o),
-                            model_fn=model_fn, perturb=True, fn=cls)
+                            model_fn=model_fn, perturb=True, fn=cls, delay=WAIT_DELAY if model_fn is None else 0.0)
         if problems and model_fn in (TiedMLP, counted_tied_mlp) and problems[0].get("kind") != "broadcast":
             problems[0]["tied"] = True
         if problems and model_fn is Float64MLP:
@@ -705,6 +726,12 @@ HINTS: dict[str, list[tuple]] = {
          "the hook returns only when the all-reduce is done, so backward stops there and nothing overlaps it, as "
          "with a wait() in the hook; start the bucket's all-reduce, keep the handle and return, and wait for them "
          "all in finish(), after backward"),
+        (lambda p, W: p.get("how") == "timed",
+         "rank {rank}{at}: another rank started its backward {late:.1f} s late, and this rank's gradients became "
+         "ready over {span:.2f} s, where its backward alone takes milliseconds: a hook waited for its all-reduce "
+         "(a wait(), a future's value() or result(), a functional collective's wait, however reached), so backward "
+         "stopped there until the late rank joined, and nothing overlapped it; start the bucket's all-reduce, keep "
+         "the handle and return, and wait for them all in finish(), after backward"),
         (lambda p, W: p.get("how") == "poll",
          "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were polled with is_completed() in "
          "a loop during backward, in a hook, until done: the hook returns only when the all-reduce is done, so "

@@ -367,7 +367,9 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         before = mine.extra.weight.detach().clone() if frozen_round else None
         ref_before = ref.extra.weight.detach().clone() if zero else None
         opt.zero_grad()
-        F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
+        back_calls, back_carried, back_content = [], [], []       # hooks of the student's in the backward count
+        with counted_collectives(back_calls, cls, back_carried, back_content, p2p=True):   # (a ninth red team's
+            F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()              # w20: DDP's all-reduce)
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
@@ -389,8 +391,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         if frozen_round and s == 0:                        # after one step, from the same start, a lost option
             first, second = (frozen_unused_groups(m, 1.0) for m in (mine, ref))   # shows in its own group only
             group_diffs = [diff(_flat(a["params"]), _flat(b["params"])) for a, b in zip(first, second)]
-        reduced = sum(n for call, n in carried if call == "all_reduce")
-        moved = _traffic(carried, content, world)
+        reduced = sum(n for call, n in back_carried + carried if call == "all_reduce")
+        moved = _traffic(back_carried + carried, back_content + content, world)
         if reduced > few and comm is None:                 # told after the results and the memory: the lesser fault
             comm = {**base, "kind": "any_comm", "step": s + 1, "elements": reduced, "full": trainable,
                     **({"what": "some"} if reduced < trainable / 2 else {})}
@@ -1362,7 +1364,8 @@ HINTS: dict[str, list[tuple]] = {
                   "rank, and their optimizer state is kept whole on every rank. ZeRO-1 shards every parameter, small "
                   "ones too: reduce-scatter each gradient and all-gather the updated slices; it needs no all-reduce"),
                  (always, "rank {rank}: with {optimizer}, step {step} all-reduced {elements:,} elements, and the "
-                          "model trains {full:,}: every rank received every gradient, as in DDP, though it updates "
+                          "model trains {full:,}: every rank received every gradient (in the backward, from hooks, or "
+                          "in step()), as in DDP, though it updates "
                           "its slice only. ZeRO-1 reduce-scatters (each rank receives its slice's gradient, summed: "
                           "reduce_scatter_single) and all-gathers the updated slices: 2 x the parameters per step, "
                           "not 3 x")],
@@ -1411,7 +1414,8 @@ HINTS: dict[str, list[tuple]] = {
         (always, "rank {rank}: with {optimizer}, your optimizer holds {bytes:,} bytes of state (every "
                             "tensor it can reach but the model's parameters and, up to a rank's share of the model, "
                             "the parameters an optimizer inside it updates: state listed as an optimizer's "
-                            "parameters is still state); the optimizer in one process holds {full:,}: keep the "
+                            "parameters is still state; so is room in a parameter's storage beyond the parameter "
+                            "itself); the optimizer in one process holds {full:,}: keep the "
                             "state of this rank's slice only, about 1/{W}")],
     "fsdp": [
         (lambda p, W: p["what"] == "torch_fsdp",
