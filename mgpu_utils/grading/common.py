@@ -152,7 +152,7 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     """Bytes of every tensor reachable from ``obj`` (its attributes, and lists, tuples, deques, dicts, sets and
     objects inside them, ``depth`` levels down, slots too, a Module's attributes, a bound method's object, a
     function's closure cells and default arguments), each storage counted once, a bare ``torch.UntypedStorage``
-    or ``TypedStorage`` too;
+    or ``TypedStorage`` too, a numpy array's buffer, a sparse tensor's indices (07.5 w17's state as sparse tensors);
     the tensors in ``exclude`` (the model's parameters) and their gradients are not counted, only the room of their storages
     they do not cover (:func:`_spare_room`: state packed in one allocation after the parameters). An optimizer wrapped
     in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
@@ -169,6 +169,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
         if isinstance(o, torch.Tensor):
             ptr = tensor_storage(o).data_ptr()
             storages[ptr] = max(storages.get(ptr, 0), skip.get(ptr, tensor_storage(o).nbytes()))
+            if torch._C.TensorBase.layout.__get__(o) == torch.sparse_coo:   # its indices too: int64, ndim
+                index = torch._C.TensorBase.untyped_storage(torch._C.TensorBase._indices(o))   # per value
+                storages[index.data_ptr()] = index.nbytes()
             if grads and o.grad is not None:
                 walk(o.grad, d)
             if python and d >= 0 and id(o) not in seen_objects:
@@ -180,6 +183,11 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
         if storage is not None:
             ptr = storage.data_ptr()
             storages[ptr] = max(storages.get(ptr, 0), skip.get(ptr, storage.nbytes()))
+            return
+        array = _numpy_base(o)
+        if array is not None:                              # a numpy array (state kept as .numpy().copy()): its
+            ptr = array.__array_interface__["data"][0]     # buffer, once, merged with a tensor sharing it
+            storages[ptr] = max(storages.get(ptr, 0), skip.get(ptr, array.nbytes))
             return
         if python and isinstance(o, (int, float, bytes, bytearray)) and not isinstance(o, bool):
             numbers[id(o)] = sys.getsizeof(o)
@@ -209,6 +217,18 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             walk(item, d - 1)
     walk(obj, depth)
     return sum(storages.values()) + sum(numbers.values())
+
+
+def _numpy_base(o):
+    """The array that owns the memory of numpy array ``o`` (following views' ``.base``), else None (numpy not
+    imported, or ``o`` not an array): held_bytes counts its bytes, as a tensor's (a ninth red team's 07.5 w15
+    kept Adam's moments as numpy copies between steps, 2026-12-06)."""
+    np = sys.modules.get("numpy")
+    if np is None or not isinstance(o, np.ndarray):
+        return None
+    while isinstance(o.base, np.ndarray):
+        o = o.base
+    return o
 
 
 def _spare_room(tensors: list) -> dict:

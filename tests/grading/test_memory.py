@@ -587,6 +587,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "DDP, the whole state packed after the parameters in their storage (a ninth red team's 075_r9w22)": (
         None, red_team("075_r9w22"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state.*"
                                      r"room in a parameter's storage beyond the parameter"),
+    "the whole state parked as numpy copies between steps (a ninth red team's 075_r9w15)": (
+        None, red_team("075_r9w15"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "the whole state kept as sparse tensors, their int64 indices uncounted once (a ninth red team's 075_r9w17)": (
+        None, red_team("075_r9w17"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),

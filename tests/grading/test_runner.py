@@ -645,6 +645,21 @@ def test_held_bytes_counts_the_room_a_parameter_leaves_in_its_storage():
     assert held_bytes(opt, exclude=[a, b]) == 4 * 4                        # 4 floats of room after them
 
 
+def test_held_bytes_counts_numpy_arrays_and_sparse_indices():
+    import torch
+
+    from mgpu_utils.grading.common import held_bytes
+
+    moments = torch.arange(12.0)
+    kept = moments.numpy().copy()                       # the state parked as a numpy copy: 12 float32
+    view = kept[3:]                                     # a view of it: the same buffer, once
+    assert held_bytes({"parked": [(0, "m", kept), (0, "v", view)]}) == 12 * 4
+    shared = moments.numpy()                            # no copy: the tensor's own storage, once
+    assert held_bytes([moments, shared]) == 12 * 4
+    sparse = torch.zeros(4, 5).index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(7.0)).to_sparse()
+    assert held_bytes([sparse]) == 1 * 4 + 2 * 1 * 8    # one value, and its 2-D index in int64
+
+
 def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
     """03.7's growth check: a history kept in a deque, in a list set on a parameter, as Python floats, or as
     bytes, bytearrays and memoryviews."""
