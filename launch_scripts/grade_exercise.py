@@ -33,7 +33,8 @@ import torch.distributed as dist
 from mgpu_utils.checks import exact_fp32
 from mgpu_utils.dist import distributed, emit_result
 from mgpu_utils.grading.catalog import EXERCISES
-from mgpu_utils.grading.common import integrity_changes, integrity_restore, integrity_snapshot, refusing_routes
+from mgpu_utils.grading.common import (integrity_changes, integrity_restore, integrity_snapshot, raw_collectives_kept,
+                                       refusing_routes)
 
 
 def grade(exercise: str, path: str, ctx) -> dict:
@@ -47,6 +48,8 @@ def grade(exercise: str, path: str, ctx) -> dict:
         spec.loader.exec_module(module)
         if not callable(getattr(module, name, None)):
             raise AttributeError(f"{path} defines no function {name}(...)")
+        if EXERCISES[exercise].collectives_only:
+            refused.extend(raw_collectives_kept(module))
         replaced = integrity_changes(untouched, instances=False)
         info = check(getattr(module, name), ctx, problems) or {}
     # an optimizer given a step() of its own (a scan of every object: 0.1 s a rank): the stretch exercises only

@@ -581,6 +581,40 @@ def refusing_routes(path: str, found: list):
         _REFUSING = None
 
 
+#: The modules of torch's own process-group internals: a method of ProcessGroup or Backend (gloo's allreduce) or a
+#: c10d op, called directly, goes past torch.distributed's functions and the process group's Python methods that
+#: the checks count; kept in a name when the student's file is imported, it escapes the patches made later.
+RAW_C10D = ("torch._C._distributed_c10d", "torch._ops.c10d")
+
+
+def raw_collectives_kept(module) -> list[dict]:
+    """The problems (kind "outside_routes") of ``module`` (the student's file, just imported) keeping torch's own
+    process-group internals (:data:`RAW_C10D`) in its globals, its classes' attributes or its functions' default
+    arguments: a ninth red team's 07.5 w24 bound ``Backend.allreduce`` at import and all-reduced whole gradients
+    through it, unseen (2026-12-06). torch.distributed's functions, its functional collectives and ``ReduceOp``
+    are not refused."""
+    spaces = [vars(module)] + [vars(v) for v in list(vars(module).values())
+                               if isinstance(v, type) and v.__module__ == module.__name__]
+    found = []
+    for space in spaces:
+        for key, value in list(space.items()):
+            value = getattr(value, "__func__", value)    # a staticmethod or classmethod: what it wraps
+            for o in [value] + list(getattr(value, "__defaults__", None) or ()):
+                try:
+                    where = getattr(o, "__module__", None) or ""
+                    raw = (type(o).__name__ in ("instancemethod", "builtin_function_or_method", "method",
+                                                "OpOverloadPacket", "OpOverload") and where.startswith(RAW_C10D))
+                except Exception:                        # an object whose attributes raise: not torch's
+                    continue
+                if raw:
+                    name = str(getattr(o, "__qualname__", getattr(o, "__name__", "?"))).rsplit(".", 1)[-1]
+                    found.append({"kind": "outside_routes", "line": None, "line_said": "",
+                                  "route": f"torch's own process-group method {name} ({where}), kept as {key} when "
+                                           f"your file was imported, which calls the backend past "
+                                           f"torch.distributed's functions (what the checks count)"})
+    return found
+
+
 def routes_refused() -> bool:
     """Whether :func:`refusing_routes` has recorded a route in the block now running (a check skips its last
     rounds: the route is the problem told)."""

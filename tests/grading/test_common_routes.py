@@ -75,3 +75,27 @@ def test_the_hint_names_the_routes(tmp_path):
     hint = common.ROUTE_HINTS[0][1].format(rank=0, **found[0])
     assert "ctypes (C functions and C memory" in hint and "line 4 of your file" in hint
     assert "only with torch.distributed collectives" in hint
+
+
+def test_raw_process_group_methods_kept_at_import_are_refused(tmp_path):
+    import importlib.util
+
+    from mgpu_utils.grading.common import raw_collectives_kept
+
+    def load(text):
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    right = load("import torch.distributed as dist\nfrom torch.distributed import ReduceOp, all_reduce\n"
+                 "import torch.distributed._functional_collectives as funcol\nAVG = ReduceOp.AVG\n"
+                 "class S:\n    op = dist.all_reduce\n    def f(self, t, how=funcol.all_reduce):\n        return how\n")
+    assert raw_collectives_kept(right) == []
+    wrong = load("import torch\nRAW = torch._C._distributed_c10d.Backend.allreduce\n"
+                 "class S:\n    op = staticmethod(torch._C._distributed_c10d.ProcessGroup.allgather)\n"
+                 "    def f(self, t, how=torch.ops.c10d.allreduce_):\n        return how\n")
+    found = raw_collectives_kept(wrong)
+    assert [f["route"].split(" kept as ")[1].split(" ")[0] for f in found] == ["RAW", "op", "f"], found
+    assert "method allreduce (torch._C._distributed_c10d)" in found[0]["route"]

@@ -591,6 +591,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r9w15"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
     "the whole state kept as sparse tensors, their int64 indices uncounted once (a ninth red team's 075_r9w17)": (
         None, red_team("075_r9w17"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "whole gradients all-reduced through Backend.allreduce, bound at import (a ninth red team's 075_r9w24)": (
+        None, red_team("075_r9w24"), r"rank \d: your code used torch's own process-group method allreduce "
+                                     r"\(torch\._C\._distributed_c10d\), kept as _BACKEND_ALLREDUCE when your file was "
+                                     r"imported"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),
