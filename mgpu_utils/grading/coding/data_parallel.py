@@ -50,7 +50,12 @@ integer buffer never broadcast. A Python-level history of strings, or one kept i
 non-persistent buffer is not in it), and each all-reduce waited for in a thread that the hook joins. A fifth
 (adv5) found 4 more: the gradients exchanged through the c10d store and buckets fixed in registration order, now
 told; waits in a callback queued for the end of backward (as torch's DDP waits) and in a worker thread whose
-futures finish() waits on were judged right (the statement says so).
+futures finish() waits on were judged right (the statement says so). A ninth (2026-12-06) waited in the hook
+through names no patch reaches (a future's value() polled, torch._C.Future.wait or a functional collective's wait
+captured at import): since then, in step 2 of the first round, one rank starts 0.4 s late and a rank whose
+gradients become ready over more than 0.24 s waited, however it waited (:data:`WAIT_DELAY`; a right backward's
+span is about 1 ms, at most 11 ms in 25 runs at 3 ranks beside a busy core and a test suite). Still passing: the
+all-reduces deferred to a node autograd runs after the last gradient, with a nested backward faking progress.
 """
 
 from __future__ import annotations

@@ -46,7 +46,13 @@ made of broadcasts from each owner and a reduce to each owner are accepted, as i
 pickled bytes), update rules written for SGD and Adam only (an RMSprop round), an inner optimizer built from the
 first step's gradients; 07.6 gradients reduced whole to rank 0 and broadcast back, a frozen parameter kept whole or
 gathered in float32 under compute_dtype, gathered parameters kept until a backward that a frozen one never runs
-(FrozenUnusedNet's frozen table is 80 kB, and its float32 round counts what is kept outside).
+(FrozenUnusedNet's frozen table is 80 kB, and its float32 round counts what is kept outside). A ninth red team's
+(2026-12-06) are caught since: 07.5 whole gradients all-reduced from hooks in the backward (the backward's
+collectives count with step()'s), the whole state packed after the parameters in their storage (room a parameter
+leaves in its storage is held state), kept as numpy copies or sparse tensors (their buffers and indices count), and
+gloo's allreduce bound at import (:func:`~mgpu_utils.grading.common.raw_collectives_kept`). Accepted: 07.6 a
+gradient divided by the world size in bfloat16 before the float32 reduce-scatter (one more rounding, exact at a
+power-of-two world size).
 """
 
 from __future__ import annotations
