@@ -665,6 +665,10 @@ WRONG_037 = {
     "wait() in the hook while torch._C._current_autograd_node is replaced to say None (an eighth red team's 037_r8w07)": (
         None, red_team("037_r8w07"), r"rank \d: 3 of the 3 asynchronous all-reduces were waited for \(wait\(\)\) during "
                                      r"backward, in a hook"),
+    "all-reduces started in a node after the last gradient, .grad filled by nested backwards (ninth red team's 037_r9w01)": (
+        None, red_team("037_r9w01"), r"rank \d: 6 of the 6 gradients reached \.grad through a backward your code started inside the step's backward"),
+    "the same from step 2 on, step 1 right (a ninth red team's 037_r9w14)": (
+        None, red_team("037_r9w14"), r"rank \d in step 2 of 3, after step 1 passed: 6 of the 6 gradients reached \.grad through a backward your code started"),
     "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
         None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
