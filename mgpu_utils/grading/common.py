@@ -623,21 +623,47 @@ def routes_refused() -> bool:
 
 def _watched_owners() -> list[tuple[str, object]]:
     """The classes and modules a solution must leave as it found them: torch.optim's optimizers (the one-process
-    references are trained with them, in the same process) and the grader's own modules (its instruments)."""
+    references are trained with them, in the same process), the grader's own modules and their classes (its
+    instruments) and ``torch.UntypedStorage`` (whose ``nbytes`` and ``data_ptr`` count the bytes held)."""
     import torch.optim as optim
     owners = [(f"torch.optim.{c.__name__}", c) for c in (optim.Optimizer, optim.SGD, optim.Adam, optim.AdamW,
                                                           optim.RMSprop)]
     owners.append(("torch.optim", optim))
-    owners += [(name, module) for name, module in list(sys.modules.items())
+    modules = [(name, module) for name, module in list(sys.modules.items())
                if name.startswith(("mgpu_utils.grading", "mgpu_utils.measure")) and module is not None]
-    return owners
+    owners += modules
+    owners += [(f"{name}.{cls.__name__}", cls) for name, module in modules for cls in list(vars(module).values())
+               if isinstance(cls, type) and cls.__module__ == name]   # their classes' methods (a ninth red
+    owners.append(("torch.UntypedStorage", torch.UntypedStorage))      # team's 03.7 w07: comm_calls' handle's
+    return owners                                                      # record made a no-op; 07.5 w14: nbytes)
 
 
 def integrity_snapshot() -> dict:
     """The functions and classes of :func:`_watched_owners`, taken before the student's file is loaded
-    (:func:`integrity_changes` compares, :func:`integrity_restore` puts them back)."""
-    return {(label, owner, key): value for label, owner in _watched_owners() for key, value in list(vars(owner).items())
-            if callable(value) and not key.startswith("__")}
+    (:func:`integrity_changes` compares, :func:`integrity_restore` puts them back). A class's methods that it
+    inherits (``torch.UntypedStorage.nbytes``, from C) are kept as :data:`_INHERITED`: one set on the class
+    itself later shadows them (a ninth red team's 07.5 w14)."""
+    snapshot = {}
+    for label, owner in _watched_owners():
+        own = vars(owner)
+        keep = _STORAGE_KEYS if owner is torch.UntypedStorage else None    # the grader wraps from_file itself
+        for key, value in list(own.items()):
+            if callable(value) and not key.startswith("__") and (keep is None or key in keep):
+                snapshot[label, owner, key] = value
+        if isinstance(owner, type):
+            for key in dir(owner):
+                if (key not in own and not key.startswith("__") and (keep is None or key in keep)
+                        and callable(getattr(owner, key, None))):
+                    snapshot[label, owner, key] = _INHERITED
+    return snapshot
+
+
+#: In :func:`integrity_snapshot`: the class had no attribute of that name of its own, only an inherited one.
+_INHERITED = object()
+#: The methods of ``torch.UntypedStorage`` that count bytes and tell storages apart, watched by
+#: :func:`integrity_snapshot` (its ``from_file`` is wrapped by :func:`refusing_routes` while a check runs).
+_STORAGE_KEYS = frozenset({"nbytes", "data_ptr", "size", "element_size", "untyped", "device", "resize_", "is_shared",
+                           "_new_shared", "share_memory_"})
 
 
 @functools.cache
@@ -664,7 +690,7 @@ def integrity_changes(snapshot: dict, instances: bool = True) -> list[str]:
     w22-w24, 07.6 w17, w19, w20: SGD.step made a no-op or made to copy the student's result, comm_calls'
     content_of replaced, at import; 07.5 w23: every other optimizer's step a no-op, found through gc)."""
     changed = [f"{label}.{key}" for (label, owner, key), value in snapshot.items()
-               if not _same_function(value, vars(owner).get(key))]
+               if (key in vars(owner) if value is _INHERITED else not _same_function(value, vars(owner).get(key)))]
     if instances and not changed:
         changed = [f"the step() of an optimizer ({type(o).__name__}: an instance attribute)"
                    for o in _instances_of(gc.get_objects(), torch.optim.Optimizer) if "step" in vars(o)]
@@ -695,7 +721,10 @@ def integrity_restore(snapshot: dict) -> None:
     """Put back what :func:`integrity_changes` found replaced (the next file graded in this process finds torch
     and the grader as they were)."""
     for (label, owner, key), value in snapshot.items():
-        if not _same_function(value, vars(owner).get(key)):
+        if value is _INHERITED:
+            if key in vars(owner):
+                delattr(owner, key)
+        elif not _same_function(value, vars(owner).get(key)):
             setattr(owner, key, value)
 
 
