@@ -99,3 +99,23 @@ def test_raw_process_group_methods_kept_at_import_are_refused(tmp_path):
     found = raw_collectives_kept(wrong)
     assert [f["route"].split(" kept as ")[1].split(" ")[0] for f in found] == ["RAW", "op", "f"], found
     assert "method allreduce (torch._C._distributed_c10d)" in found[0]["route"]
+
+
+def test_integrity_sees_a_grader_class_method_and_a_shadowed_storage_method_and_puts_them_back():
+    import torch
+
+    from mgpu_utils.grading.common import integrity_changes, integrity_restore, integrity_snapshot
+    from mgpu_utils.measure import comm_calls
+
+    before = integrity_snapshot()
+    assert integrity_changes(before, instances=False) == []
+    blocked = comm_calls._Handle._blocked
+    comm_calls._Handle._blocked = lambda self, how: None            # the grader's record made a no-op
+    torch.UntypedStorage.nbytes = lambda self: 0                     # shadows the method inherited from C
+    try:
+        assert integrity_changes(before, instances=False) == [
+            "mgpu_utils.measure.comm_calls._Handle._blocked", "torch.UntypedStorage.nbytes"]
+    finally:
+        integrity_restore(before)
+    assert comm_calls._Handle._blocked is blocked and "nbytes" not in vars(torch.UntypedStorage)
+    assert torch.zeros(3).untyped_storage().nbytes() == 12

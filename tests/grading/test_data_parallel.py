@@ -669,6 +669,8 @@ WRONG_037 = {
         None, red_team("037_r9w01"), r"rank \d: 6 of the 6 gradients reached \.grad through a backward your code started inside the step's backward"),
     "the same from step 2 on, step 1 right (a ninth red team's 037_r9w14)": (
         None, red_team("037_r9w14"), r"rank \d in step 2 of 3, after step 1 passed: 6 of the 6 gradients reached \.grad through a backward your code started"),
+    "the grader's record of a wait in a hook made a no-op, waits in the hook (a ninth red team's 037_r9w07)": (
+        None, red_team("037_r9w07"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\._Handle\._blocked"),
     "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
         None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (

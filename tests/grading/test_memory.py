@@ -595,6 +595,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r9w24"), r"rank \d: your code used torch's own process-group method allreduce "
                                      r"\(torch\._C\._distributed_c10d\), kept as _BACKEND_ALLREDUCE when your file was "
                                      r"imported"),
+    "torch.UntypedStorage.nbytes replaced to report a share of the state (a ninth red team's 075_r9w14)": (
+        None, red_team("075_r9w14"), r"rank \d: your code replaced torch\.UntypedStorage\.nbytes"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
         None, red_team("075_r8w22"), r"rank \d: your code replaced torch\.optim\.\w+\.step.*: the grader checks your code "
                                      r"against torch\.optim in this same process"),
