@@ -48,6 +48,7 @@ CASES = {
     "capstone_train.py": ["--steps", 2, "--layouts", "dp", "pp2"],
     "batch_size_sweep.py": ["--global-batches", 8, 64, "--lrs", 0.4, "--seeds", 1, "--target", 0.8],
     "case_bert.py": ["--steps", 2, "--check-grads", "--vocab", 500],
+    "dp_tp_step.py": [],
     "case_gan.py": ["--steps", 10, "--check-grads"],
     "case_resnet.py": ["--epochs", 1, "--size", 8, "--per-rank-batch", 4, "--check-grads", "--max-steps", 3],
     "checkpoint_formats.py": lambda d: ["--phase", "save", "--ckpt-dir", d, "--repeats", 1, "--width", 64],

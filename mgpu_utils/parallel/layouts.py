@@ -12,6 +12,8 @@ notebooks/13_capstone.ipynb): a layout string parsed into the sizes of a DeviceM
 * What the replicas must reduce: :func:`reduce_gradients` (dp, ep, cp), :func:`tie_group` and
   :func:`sum_tied` (a pipeline's two copies of the tied embedding), :func:`local_grad` (a DTensor's shard).
 * One rank of a large layout in this process, under a fake process group: :func:`fake_rank` (lesson 13).
+* Every rank of a dp x tp step in this process, under ``LocalTensorMode``: :func:`local_tensor_gradients`, the same
+  code as on gloo ranks (:func:`dp_tp_gradients`; lesson 13).
 
 Nothing runs at import time. Everything is fp32 on the ranks' device; the groups are a DeviceMesh's.
 """
@@ -256,6 +258,70 @@ def fake_rank(layout: str, world: int, rank: int, cfg, seq: int, rows: int = 2) 
                 "bytes": sum(q.numel() * q.element_size() for q in local.values()), "out_shape": tuple(y.shape),
                 "comm": {str(op).split(".")[-1]: k for op, k in comm.get_comm_counts().items()}})
         return out
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()
+        gc.enable()
+
+
+def dp_tp_gradients(cfg, dp: int, tp: int, batch: torch.Tensor) -> dict:
+    """One step of a TinyLlama of ``cfg`` (seed 0) under dp x tp (mesh order dp, tp; Megatron
+    TP + SP, :func:`tensor_parallel`) on the default group of dp * tp ranks, the gradients
+    averaged over dp: ``{name: the whole gradient, float32}`` (TP shards gathered by
+    ``full_tensor``). Lesson 13 and its test.
+
+    ``batch``: (dp * rows, seq + 1) int64 tokens, the same on every rank; dp rank d trains rows
+    [d * rows, (d + 1) * rows), tokens 0..seq-1 against 1..seq. ``rank_map`` picks each rank's
+    rows: a plain tensor on a real rank; under ``LocalTensorMode`` a LocalTensor of every
+    simulated rank's rows (:func:`local_tensor_gradients`). So the same code runs on gloo ranks
+    and in one process. Needs cfg.kv_heads, cfg.heads and seq divisible by tp.
+    """
+    from torch.distributed._local_tensor import rank_map
+    from torch.distributed.tensor import DTensor
+
+    from mgpu_utils.dist import device_mesh
+    from mgpu_utils.models import tiny_llama
+
+    mesh = device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = tiny_llama(cfg, seed=0)
+    tensor_parallel(model, mesh["tp"])
+    rows = batch.shape[0] // dp
+    mine = rank_map(lambda r: batch[(r // tp) * rows:(r // tp + 1) * rows])
+    logits = model(mine[:, :-1])
+    logits = logits.to_local() if isinstance(logits, DTensor) else logits    # replicated (B, S, V)
+    next_token_loss(logits, mine[:, 1:]).backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        shard = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        dist.all_reduce(shard, group=mesh["dp"].get_group())                  # the dp replicas' mean
+        shard.div_(dp)
+        grads[name] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+    return grads
+
+
+def local_tensor_gradients(cfg, dp: int, tp: int, batch: torch.Tensor) -> list[dict]:
+    """:func:`dp_tp_gradients` for all dp * tp ranks in this one process: a fake process group (no data moves)
+    under ``LocalTensorMode``, which holds every rank's tensors and runs each collective on them, so the values
+    are real (unlike :func:`fake_rank`'s). Returns ``[{name: gradient} for each rank]``, float32, detached copies.
+    Needs no process group already initialised (lesson 13; torch 2.14: ``torch.distributed._local_tensor``).
+
+    Raises:
+        ImportError: a torch without ``torch.distributed._local_tensor`` (the floor torch 2.10 has none).
+    """
+    import gc
+
+    from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = dp * tp
+    gc.disable()                       # no collection while the fake group's objects are alive (as fake_rank)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with LocalTensorMode(world):
+            grads = dp_tp_gradients(cfg, dp, tp, batch)
+            return [{n: (g._local_tensors[r] if isinstance(g, LocalTensor) else g).detach().clone()
+                     for n, g in grads.items()} for r in range(world)]
     finally:
         gc.collect()
         dist.destroy_process_group()
