@@ -1,41 +1,27 @@
 """The capstone (issue 59; notebooks/13_capstone.ipynb runs a subset of it): one TinyLlama
 trained 10 steps under every layout capstone_train.py knows, each equal to one process within 1e-5 (fp32), and
 planted bugs that the matrix catches. One launch per world size (the script trains its --layouts in turn)."""
+import functools
 import re
 
 import pytest
 import torch
 
 from mgpu_utils.launch.launcher import LaunchError, launch
-from mgpu_utils.models import tiny_llama
+from mgpu_utils.models import LlamaConfig, tiny_llama
+from mgpu_utils.parallel.layouts import DIMS, PARITY_ARGS, PARITY_MATRIX, parse_layout
 from mgpu_utils.text_data import byte_corpus, get_batch, split
 
 TOL, STEPS, GLOBAL_BATCH, SEQ, LR = 1e-5, 10, 16, 32, 0.2
 
-# world size -> the layouts trained in one launch: DP, FSDP2, TP + SP, PP (seven schedules), CP (lesson 08's ring
-# attention, zigzag), EP (lesson 08's ExpertParallelMoE; 4 experts, against its own one process; ep2 alone is in the
-# MoE launch below), and their 2-D and 3-D combinations. A 4-D layout of size-2 dimensions needs 16 ranks:
-# dp2-cp2-tp2-pp2:1F1B passes at 16 gloo ranks (1.2e-7 off) but that launch took 78 s wall, 104 s CPU on 2 loaded
-# cores (16 processes importing torch), so it is left out.
-MATRIX = {
-    1: ["dp"],
-    2: ["dp2", "fsdp2", "tp2", "pp2:1F1B", "pp2:LoopedBFS", "cp2"],
-    4: ["dp2-tp2", "fsdp2-tp2", "dp2-pp2:InterleavedZeroBubble", "tp2-pp2:ZBVZeroBubble", "fsdp2-pp2:Interleaved1F1B",
-        "fsdp4", "dp2-cp2", "cp2-tp2", "dp2-ep2"],
-    8: ["dp2-fsdp2-tp2", "dp2-tp2-pp2:Interleaved1F1B", "fsdp2-tp2-pp2:1F1B", "dp2-fsdp2-pp2:GPipe",
-        "dp4-pp2:DualPipeV", "dp8", "cp2-tp2-pp2:1F1B", "dp2-ep2-cp2"],
-}
-# Left out, and refused by the script: FSDP2 under a schedule that splits the backward into input and weight
-# gradients (InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; torch 2.14, gloo): every stage ends off one process
-# after 10 steps (fsdp2-pp2: 0.046 with ZBVZeroBubble, 0.068 with DualPipeV), while the same schedules pass without
-# FSDP and FSDP2 passes under 1F1B, GPipe, Interleaved1F1B and LoopedBFS.
+MATRIX, MATRIX_ARGS = PARITY_MATRIX, PARITY_ARGS     # world size -> layouts, and that launch's extra arguments
 
 
-@pytest.fixture(scope="module")
-def one_process_losses():
+@functools.cache
+def reference_losses(layers: int = 4) -> list[float]:
     """The reference written here, not taken from the script: plain SGD on the whole batch in this process."""
     train, _ = split(byte_corpus())
-    model = tiny_llama(seed=0)
+    model = tiny_llama(LlamaConfig(layers=layers), seed=0)
     opt, losses = torch.optim.SGD(model.parameters(), lr=LR), []
     for step in range(STEPS):
         xb = get_batch(train, step, GLOBAL_BATCH, SEQ, 0)
@@ -47,10 +33,15 @@ def one_process_losses():
     return losses
 
 
+@pytest.fixture(scope="module")
+def one_process_losses():
+    return reference_losses()
+
+
 def check(res, layouts, one_process_losses):
     assert list(res["layouts"]) == layouts and res["steps"] == STEPS
     torch.testing.assert_close(res["ref_losses"], one_process_losses, rtol=TOL, atol=0)
-    assert one_process_losses[-1] < one_process_losses[0] - 1.5                 # it learns: 5.56 -> 3.61
+    assert one_process_losses[-1] < one_process_losses[0] - 1.5           # it learns: 5.56 -> 3.61 (2 blocks: 3.62)
     for name, r in res["layouts"].items():
         assert r["max_param_diff"] <= TOL and r["max_loss_diff"] <= TOL * one_process_losses[0], (name, r)
         assert r["dp"] * r["fsdp"] * r["ep"] * r["cp"] * r["tp"] * r["pp"] == res["world_size"], name
@@ -60,9 +51,18 @@ def check(res, layouts, one_process_losses):
 
 
 @pytest.mark.parametrize("nproc", sorted(MATRIX))
-def test_every_layout_equals_one_process(nproc, one_process_losses, starts_processes):
-    res = launch("capstone_train.py", nproc, args=["--layouts", *MATRIX[nproc]], show="none", timeout_s=400)
-    check(res, MATRIX[nproc], one_process_losses)
+def test_every_layout_equals_one_process(nproc, starts_processes):
+    """One launch per world size; at 32 ranks the 4-D and 5-D layouts (2 blocks: its own reference here)."""
+    args = MATRIX_ARGS.get(nproc, [])
+    layers = int(args[args.index("--layers") + 1]) if "--layers" in args else 4
+    res = launch("capstone_train.py", nproc, args=["--layouts", *MATRIX[nproc], *args], show="none", timeout_s=400)
+    check(res, MATRIX[nproc], reference_losses(layers))
+
+
+def test_the_matrix_has_every_parallelism_and_2d_to_5d():
+    layouts = [parse_layout(t, w) for w, ts in MATRIX.items() for t in ts]
+    assert len(layouts) >= 12 and all(any(L[d] > 1 for L in layouts) for d in DIMS)
+    assert {sum(L[d] > 1 for d in DIMS) for L in layouts} >= {1, 2, 3, 4, 5}
 
 
 def test_mixture_of_experts_layouts(starts_processes):
