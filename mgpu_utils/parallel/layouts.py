@@ -21,6 +21,7 @@ Nothing runs at import time. Everything is fp32 on the ranks' device; the groups
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,25 @@ PARITY_MATRIX = {
 #: one alone with 4 blocks and 4 micro-batches (torch 2.14, 2 quiet cores); the start-up of 32 processes is most
 #: of what is left.
 PARITY_ARGS = {32: ["--layers", "2", "--micro-batches", "2"]}
+#: The whole matrix's last run, stored by benchmarks/capstone_matrix.py (JSON): what lesson 13 shows for the
+#: layouts it does not run live.
+STORED_MATRIX = Path(__file__).resolve().parents[2] / "benchmarks" / "stored" / "capstone_matrix.json"
+
+
+def stored_parity_matrix() -> dict:
+    """The stored run of the whole :data:`PARITY_MATRIX` (lesson 13): ``{"torch", "cpu_cores", "date", "seconds":
+    {world: s}, "total_seconds", "layouts": {layout: {"world", "experts", "loss_first", "loss_last",
+    "max_param_diff", "max_loss_diff"}}}``.
+
+    Raises:
+        FileNotFoundError: no stored table (run ``python benchmarks/capstone_matrix.py``).
+    """
+    import json
+
+    if not STORED_MATRIX.is_file():
+        raise FileNotFoundError(f"{STORED_MATRIX} is missing: run `python benchmarks/capstone_matrix.py` to store "
+                                "the whole matrix")
+    return json.loads(STORED_MATRIX.read_text())
 
 
 def next_token_loss(logits, targets):

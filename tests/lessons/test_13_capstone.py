@@ -9,7 +9,7 @@ import torch
 
 from mgpu_utils.launch.launcher import LaunchError, launch
 from mgpu_utils.models import LlamaConfig, tiny_llama
-from mgpu_utils.parallel.layouts import DIMS, PARITY_ARGS, PARITY_MATRIX, parse_layout
+from mgpu_utils.parallel.layouts import DIMS, PARITY_ARGS, PARITY_MATRIX, parse_layout, stored_parity_matrix
 from mgpu_utils.text_data import byte_corpus, get_batch, split
 
 TOL, STEPS, GLOBAL_BATCH, SEQ, LR = 1e-5, 10, 16, 32, 0.2
@@ -63,6 +63,17 @@ def test_the_matrix_has_every_parallelism_and_2d_to_5d():
     layouts = [parse_layout(t, w) for w, ts in MATRIX.items() for t in ts]
     assert len(layouts) >= 12 and all(any(L[d] > 1 for L in layouts) for d in DIMS)
     assert {sum(L[d] > 1 for d in DIMS) for L in layouts} >= {1, 2, 3, 4, 5}
+
+
+def test_the_stored_matrix_is_the_matrix():
+    """Lesson 13 shows the layouts it does not run from benchmarks/capstone_matrix.py's stored table: it must name
+    exactly the matrix's layouts at their world sizes and arguments, each within the tolerance."""
+    stored, fix = stored_parity_matrix(), "run `python benchmarks/capstone_matrix.py` and commit its table"
+    want = {t: (w, PARITY_ARGS.get(w, [])) for w, ts in MATRIX.items() for t in ts}
+    assert {t: (r["world"], r["args"]) for t, r in stored["layouts"].items()} == want, fix
+    assert sorted(map(int, stored["seconds"])) == sorted(MATRIX), fix
+    assert all(r["max_param_diff"] <= TOL and r["max_loss_diff"] <= TOL * r["loss_first"]
+               for r in stored["layouts"].values())
 
 
 def test_mixture_of_experts_layouts(starts_processes):
