@@ -175,11 +175,13 @@ def main():
                 dist.all_reduce(worst_all, op=dist.ReduceOp.MAX)
             loss_diff = max(abs(u - v) for u, v in zip(losses, ref_losses))
             ctx.log(f"{text}: loss {losses[0]:.4f} -> {losses[-1]:.4f}; after {a.steps} steps largest difference from "
-                    f"one process: loss {loss_diff:.2g}, parameters {worst_all.item():.2g} (allowed {TOL:g})")
+                    f"one process: loss {loss_diff:.2g}, parameters {worst_all.item():.2g} (allowed {TOL:g}; "
+                    f"the loss: {TOL:g} x its first value)")
             if worst_all.item() > TOL or loss_diff > TOL * max(1.0, abs(ref_losses[0])):
                 where = where if worst > TOL else "another rank's parameter"
                 raise AssertionError(f"layout {text}: {where} differs from one process by {worst_all.item():.3g} and "
-                                     f"the loss by {loss_diff:.3g} after {a.steps} steps (allowed {TOL:g})")
+                                     f"the loss by {loss_diff:.3g} after {a.steps} steps (allowed {TOL:g}; the loss: "
+                                     f"{TOL:g} x its first value)")
             out["layouts"][text] = {**L, "experts": cfg.experts, "losses": losses, "max_loss_diff": loss_diff,
                                     "max_param_diff": worst_all.item()}
         emit_result(out)

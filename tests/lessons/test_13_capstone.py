@@ -15,6 +15,7 @@ from mgpu_utils.text_data import byte_corpus, get_batch, split
 TOL, STEPS, GLOBAL_BATCH, SEQ, LR = 1e-5, 10, 16, 32, 0.2
 
 MATRIX, MATRIX_ARGS = PARITY_MATRIX, PARITY_ARGS     # world size -> layouts, and that launch's extra arguments
+STORED_FIX = "the stored matrix is stale: run `python benchmarks/capstone_matrix.py` and commit its table"
 
 
 @functools.cache
@@ -57,6 +58,12 @@ def test_every_layout_equals_one_process(nproc, starts_processes):
     layers = int(args[args.index("--layers") + 1]) if "--layers" in args else 4
     res = launch("capstone_train.py", nproc, args=["--layouts", *MATRIX[nproc], *args], show="none", timeout_s=400)
     check(res, MATRIX[nproc], reference_losses(layers))
+    stored = stored_parity_matrix()["layouts"]          # what lesson 13 shows: still what the script computes
+    for name, r in res["layouts"].items():
+        s = stored[name]
+        assert s["experts"] == r["experts"] and s["args"] == args, (name, STORED_FIX)
+        torch.testing.assert_close([s["loss_first"], s["loss_last"]], [r["losses"][0], r["losses"][-1]],
+                                   rtol=TOL, atol=0, msg=lambda m: f"{name}: {m}\n{STORED_FIX}")
 
 
 def test_the_matrix_has_every_parallelism_and_2d_to_5d():
@@ -68,7 +75,7 @@ def test_the_matrix_has_every_parallelism_and_2d_to_5d():
 def test_the_stored_matrix_is_the_matrix():
     """Lesson 13 shows the layouts it does not run from benchmarks/capstone_matrix.py's stored table: it must name
     exactly the matrix's layouts at their world sizes and arguments, each within the tolerance."""
-    stored, fix = stored_parity_matrix(), "run `python benchmarks/capstone_matrix.py` and commit its table"
+    stored, fix = stored_parity_matrix(), STORED_FIX
     want = {t: (w, PARITY_ARGS.get(w, [])) for w, ts in MATRIX.items() for t in ts}
     assert {t: (r["world"], r["args"]) for t, r in stored["layouts"].items()} == want, fix
     assert sorted(map(int, stored["seconds"])) == sorted(MATRIX), fix
