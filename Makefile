@@ -55,8 +55,11 @@ class-copy:
 slides: $(STAMP)
 	$(PY) -m mgpu_utils.course --slides --out build/slides notebooks
 
+# Two worker processes (pytest-xdist): a lesson in the browser or a launch waits on its ranks' start-up and leaves a
+# core idle; the other worker fills it. TEST_WORKERS=0 runs the suite in one process (pytest alone does too).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist load)
 
 # The oldest torch the course supports (mgpu_utils.compat.OLDEST_TORCH), from PyPI with its torchvision: the
 # in-process tests and the launches of the compat, collectives, DDP and model-parallel tests (the library's pipeline

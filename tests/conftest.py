@@ -26,8 +26,8 @@ class NotebooksRunOnce:
     (no Chromium or no playwright: the browser test says SKIPPED; `-k "not browser"`; `pytest notebooks/...`
     alone) nbval runs them as before.
 
-    Deselected after collection rather than ignored during it: only then is it known whether the browser
-    test is among the selected tests (`-k`, `-m`, explicit paths), and trylast puts this after `-k`/`-m`.
+    Deselected after collection rather than ignored during it: only then is it known which lessons' browser
+    tests are among the selected tests (`-k`, `-m`, explicit paths), and trylast puts this after `-k`/`-m`.
     """
 
     def __init__(self):
@@ -35,11 +35,13 @@ class NotebooksRunOnce:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        from lab_server import browser_notebooks, browser_runs_notebooks
+        from lab_server import browser_runs_notebooks
 
-        if not any(item.get_closest_marker("runs_notebooks") for item in items) or not browser_runs_notebooks():
+        # the lessons the selected browser tests run (one test per lesson: -k 03_ddp leaves nbval the others)
+        in_browser = {item.callspec.params["path"].resolve() for item in items
+                      if item.get_closest_marker("runs_notebooks") and hasattr(item, "callspec")}
+        if not in_browser or not browser_runs_notebooks():
             return
-        in_browser = {p.resolve() for p in browser_notebooks()}
         drop = [item for item in items if item.path.suffix == ".ipynb" and item.path.resolve() in in_browser]
         if not drop:
             return
@@ -60,10 +62,15 @@ def pytest_collection_modifyitems(config, items):
     """Mark by what a test does: a test that starts processes asks for the `starts_processes` fixture (and a
     notebook cell of nbval runs in a kernel process), and gets the `launches` marker. So `-m "not launches"`
     selects the in-process tests (the mutation run of `make mutation` uses it: mutants are visible only
-    in-process), and `process_guard` fails an unmarked test that starts a process anyway."""
+    in-process), and `process_guard` fails an unmarked test that starts a process anyway.
+
+    The lessons in the browser (tests/repo/test_browser.py, about 40 s each) run first: `make test`'s two
+    workers (pytest-xdist, `--dist load`) take tests in this order, and short tests last leave no worker
+    idle at the end while the other finishes a lesson."""
     for item in items:
         if "starts_processes" in getattr(item, "fixturenames", ()) or item.path.suffix == ".ipynb":
             item.add_marker("launches")
+    items.sort(key=lambda item: not item.get_closest_marker("runs_notebooks"))     # stable: the rest keep order
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """The course as a student sees it: every notebook run in a real browser (headless Chromium driven by
-Playwright) against JupyterLab started as `make lab` starts it. Each notebook is executed once per `make test`:
+Playwright) against JupyterLab started as `make lab` starts it, one test per lesson
+(test_notebook_runs_in_jupyterlab[03_ddp]); a pytest process starts one lab and one page for all the lessons it
+runs (`make test`'s two workers: two labs, two lessons at a time). Each notebook is executed once per `make test`:
 where this test runs it, nbval does not (tests/conftest.py deselects nbval's cells of these notebooks), so this
 test also makes nbval's checks.
 
@@ -12,17 +14,20 @@ kernel's error messages, read on the page's websocket) and no traceback on stder
 sanitizers (tests/nbval_sanitize.cfg; see output_diff); every figure the committed notebook has is drawn and
 shown at 0.75x its size or larger in a 1280-pixel window; every widget renders as a widget and redraws within
 15 s when its first control changes, without an error.
-No "Jupyter news" question appears (looked for on the last lesson's page, up for a whole Run All).
+No "Jupyter news" question appears (looked for after each lesson's Run All: its page has been up that long).
 Screenshots go to build/browser/. The browser is Debian's Chromium (/usr/bin/chromium, or $MGPU_CHROMIUM);
 without it, or without the playwright package, the test says SKIPPED and how to install them, and nbval runs
 the notebooks instead (lab_server.browser_missing decides for both).
 
-Run alone: .venv/bin/python -m pytest tests/repo/test_browser.py (about 7 minutes on 2 cores);
-MGPU_BROWSER_NOTEBOOKS=00,04 runs only those lessons (in a full `make test`, nbval runs the others).
+Run alone: .venv/bin/python -m pytest tests/repo/test_browser.py (about 7 minutes on 2 cores; with -n 2, two
+lessons at a time); one lesson: -k 03_ddp (nbval then leaves out only that lesson); MGPU_BROWSER_NOTEBOOKS=00,04
+runs only those lessons (in a full `make test`, nbval runs the others).
 """
 import difflib
 import json
 import re
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,10 +43,9 @@ NOTEBOOKS = browser_notebooks()
 SANITIZE_CFG = ROOT / "tests" / "nbval_sanitize.cfg"    # what `make test` passes to nbval (pyproject.toml)
 WIDGET_CALLS = re.compile(r"ring_stepper\(|explorer\(|calculator\(|widgets\.interact")
 RUN_ALL_TIMEOUT_S = 420
-# The whole test runs every notebook in turn: about 6 minutes on a quiet 2-core machine, about 11 with one
-# core kept busy (measured: a busy run passed 600 s in lesson 12, over make test's per-test limit). A hang is
-# caught per notebook by RUN_ALL_TIMEOUT_S; this limit only has to sit above the slowest honest total.
-BROWSER_TEST_TIMEOUT_S = RUN_ALL_TIMEOUT_S + 150 * len(NOTEBOOKS)
+# One test per lesson (make test's two workers run two at a time, each in its own lab and page). A hang is caught
+# by RUN_ALL_TIMEOUT_S; this limit adds the lab's start (the first lesson of a worker) and the checks around it.
+NOTEBOOK_TEST_TIMEOUT_S = RUN_ALL_TIMEOUT_S + 180
 # a 1280-pixel window with the file browser open: the width the line and figure conventions are made for
 # (tests/repo/test_notebook_views.py); every figure must be shown at 0.75x its size or larger
 VIEW_WIDTH, MIN_FIGURE_SCALE = 1280, 0.75
@@ -255,10 +259,28 @@ def patterns(pytestconfig):
     return sanitize_patterns(pytestconfig.invocation_params.dir / cfg if cfg else SANITIZE_CFG)
 
 
-@pytest.mark.runs_notebooks                             # nbval does not run these notebooks again (conftest.py)
-@pytest.mark.timeout(BROWSER_TEST_TIMEOUT_S)            # not make test's 600 s for one test: thirteen lessons
-def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path, starts_processes):
+class Lab:
+    """One JupyterLab (started as `make lab` starts it) and one browser page on it, for the lessons this pytest
+    process runs (under `make test`'s two workers, each worker has its own)."""
+
+    def __init__(self, base: str, token: str, log: Path, page):
+        self.base, self.token, self.log, self.page = base, token, log, page
+        self.errors, self.connected = [], []        # the kernel's error messages; its kernel_info replies
+
+        def on_frame(payload):
+            msg = kernel_message(payload)
+            if msg and msg[:2] == ("iopub", "error"):
+                self.errors.append(msg[2])
+            elif msg and msg[:2] == ("shell", "kernel_info_reply"):
+                self.connected.append(True)
+
+        page.on("websocket", lambda ws: ws.on("framereceived", on_frame) if "/channels" in ws.url else None)
+
+
+@pytest.fixture(scope="module")
+def lab(browser, tmp_path_factory):
     SHOTS.mkdir(parents=True, exist_ok=True)
+    tmp_path = tmp_path_factory.mktemp("lab")
     # the test's own user settings: autosave off, so a run in the browser never rewrites the committed files;
     # every cell in the page (JupyterLab otherwise renders only the cells near the view, to be fast)
     for plugin, values in {"docmanager-extension/plugin": {"autosave": False},
@@ -266,123 +288,127 @@ def test_every_notebook_runs_in_jupyterlab(browser, patterns, tmp_path, starts_p
         f = tmp_path / "user-settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(values))
+    # the kernels' sockets in a folder of this lab's own (`make lab` puts them under $XDG_RUNTIME_DIR): two labs
+    # started at once (make test's two workers) never pick the same socket name; short, for the 107-byte limit
+    sockets = tempfile.mkdtemp(prefix="mgpu-xdg-")
     env = {"JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces")}
-    report = []
-    with running_lab(tmp_path, env=env) as (base, token, log, _):
-        context = browser.new_context(viewport={"width": VIEW_WIDTH, "height": 800})
-        try:
-            _run_all_notebooks(context, base, token, patterns, report)
-        finally:
-            context.close()                             # its open websockets would hold the server up
-        text = log.read_text()
-        assert "without encryption" not in text, text[-2000:]
-    (SHOTS / "report.json").write_text(json.dumps(report, indent=1))
-    for name, seconds, checked, widgets, scale in report:
-        print(f"{name:<28} {seconds:6.1f} s  outputs compared: {checked:2d}  "
-              f"smallest figure shown at {scale:.2f}x  widgets: {widgets}")
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "XDG_RUNTIME_DIR": sockets}
+    try:
+        with running_lab(tmp_path, env=env) as (base, token, log, _):
+            context = browser.new_context(viewport={"width": VIEW_WIDTH, "height": 800})
+            try:
+                page = context.new_page()
+                page.goto(f"{base}/lab?token={token}")
+                page.wait_for_selector(".jp-LauncherCard, .jp-Launcher", timeout=90_000)
+                page.screenshot(path=str(SHOTS / "00_start.png"))
+                yield Lab(base, token, log, page)
+            finally:
+                context.close()                     # its open websockets would hold the server up
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
-def _run_all_notebooks(context, base, token, patterns, report):
-    """Open, check, Run All, check and screenshot every notebook; one row per notebook into ``report``."""
+@pytest.mark.runs_notebooks                             # nbval does not run these notebooks again (conftest.py)
+@pytest.mark.timeout(NOTEBOOK_TEST_TIMEOUT_S)           # not make test's 600 s: the lab's start, then Run All
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_jupyterlab(lab, patterns, path, starts_processes):
+    try:
+        row = _run_notebook(lab, path, patterns)
+    finally:                                            # the next lesson gets a fresh kernel, also after a failure
+        for session in api(lab.base, lab.token, "/api/sessions") or []:
+            api(lab.base, lab.token, f"/api/sessions/{session['id']}", "DELETE")
+    (SHOTS / f"{path.stem}.json").write_text(json.dumps(row))
+    name, seconds, checked, widgets, scale = row
+    print(f"{name:<28} {seconds:6.1f} s  outputs compared: {checked:2d}  "
+          f"smallest figure shown at {scale:.2f}x  widgets: {widgets}")
+    # JupyterLab asks about news a few seconds after a page loads; this page has been up for a whole Run All
+    assert "Jupyter news" not in lab.page.inner_text("body"), "the news pop-up appeared"
+    assert "without encryption" not in lab.log.read_text(), lab.log.read_text()[-2000:]
+
+
+def _run_notebook(lab: Lab, path: Path, patterns) -> tuple:
+    """Open, check, Run All, check and screenshot one notebook; returns its row (name, seconds of Run All,
+    outputs compared, widgets changed, the smallest figure's scale)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page = context.new_page()
-    errors, connected = [], []                      # the kernel's error messages; its kernel_info replies
-
-    def on_frame(payload):
-        msg = kernel_message(payload)
-        if msg and msg[:2] == ("iopub", "error"):
-            errors.append(msg[2])
-        elif msg and msg[:2] == ("shell", "kernel_info_reply"):
-            connected.append(True)
-
-    page.on("websocket", lambda ws: ws.on("framereceived", on_frame) if "/channels" in ws.url else None)
-    page.goto(f"{base}/lab?token={token}")
-    page.wait_for_selector(".jp-LauncherCard, .jp-Launcher", timeout=90_000)
-    page.screenshot(path=str(SHOTS / "00_start.png"))
-    for path in NOTEBOOKS:
-        committed = _cells(path)
-        stored, scales = _stored(committed), []
-        connected.clear()
-        _open(page, base, path, len(stored))
-        cells = page.locator(f"{PANEL} .jp-Cell")
-        before = page.evaluate(CELLS_JS)
-        assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
-        # the deeper sections open collapsed (tests/repo/test_lesson_shape.py): their cells hidden, the rest shown
-        expect_hidden = hidden_on_opening(committed)
-        deadline = time.monotonic() + 15            # JupyterLab collapses a heading once it has rendered it
-        while (hidden := [i for i, h in enumerate(page.evaluate(HIDDEN_JS)) if h]) != expect_hidden:
-            # margin: collapsing takes well under a second, on a busy machine too; 15 s means not collapsed
-            assert time.monotonic() < deadline, \
-                f"{path.name}: cells {hidden} hidden on opening, expected {expect_hidden}"
-            page.wait_for_timeout(200)
-        if hidden:                                  # Run All runs them too; their figures are checked shown
-            _expand_all_headings(page, len(stored))
-        for i, (is_code, n_img, is_widget) in enumerate(stored):
-            if is_widget:                           # opened without running: a picture, not a repr
-                assert "children=" not in before[i]["text"], f"{path.name} cell {i}: {before[i]['text'][:80]}"
-                assert before[i]["imgs"] >= 1 or "run this cell" in before[i]["text"], \
-                    f"{path.name} cell {i}: no static view before running"
-                cells.nth(i).screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_unrun.png"))
-        # Run All before the page has its connection to the new kernel can be lost (the prompts stay [ ], the
-        # kernel idle; seen when a notebook opened quickly after another): wait for the kernel's first reply
-        deadline = time.monotonic() + 90
-        while not connected:     # margin: a kernel connects in seconds, on a busy machine too; 90 s is a hang
-            assert time.monotonic() < deadline, f"{path.name}: no connection to a kernel after 90 s"
-            page.wait_for_timeout(200)              # (Playwright hands over websocket frames while it waits)
-        _menu(page, "Edit", "Clear Outputs of All Cells")   # stored prompts [n] would look finished
-        page.wait_for_function(f"() => [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')]"
-                               ".every(p => !/\\d/.test(p.textContent))", timeout=10_000)
-        errors.clear()
-        t0 = time.monotonic()
-        page.evaluate("() => { window.__runAllSince = Date.now(); }")
-        _menu(page, "Run", "Run All Cells")
-        try:                                        # finished, or stopped by an error (nothing running after 10 s)
-            # margin: the slowest lesson takes about 100 s on a quiet 2-core machine; 420 s is a hang
-            page.wait_for_function(RUN_ALL_ENDED_JS, arg=10_000, polling=200, timeout=RUN_ALL_TIMEOUT_S * 1000)
-        except PlaywrightTimeout:
-            running = [i for i, c in enumerate(page.evaluate(CELLS_JS)) if c["code"] and "*" in c["prompt"]]
-            raise AssertionError(f"{path.name}: Run All still running cell {running}") from None
-        seconds = time.monotonic() - t0
-        now = page.evaluate(CELLS_JS)
-        outputs = page.evaluate(OUTPUTS_JS)         # also lets Playwright hand over the last websocket frames
-        _assert_no_error(path, errors, outputs, "in Run All")
-        not_run = [i for i, c in enumerate(now) if c["code"] and not re.search(r"\[\d+\]", c["prompt"])]
-        assert not not_run, f"{path.name}: cells {not_run} did not run (an error stopped Run All)"
-        checked = [i for i, cell in enumerate(committed) if checks_output(cell)]
-        differ = [f"{path.name} cell {i}: the output differs from the committed one (nbval's check of a "
-                  f"# NBVAL_CHECK_OUTPUT cell, after nbval's sanitizers):\n{d}"
-                  for i in checked for d in [output_diff(committed[i], outputs[i], patterns)] if d]
-        assert not differ, "\n".join(differ)
-        for i, c in enumerate(now):
-            assert "Traceback" not in c["stderr"], f"{path.name} cell {i}: {c['stderr'][-1500:]}"
-            assert c["imgs"] >= stored[i][1], f"{path.name} cell {i}: {c['imgs']} figures, stored {stored[i][1]}"
-            for natural, shown in c["shown"]:
-                assert shown >= MIN_FIGURE_SCALE * natural, \
-                    f"{path.name} cell {i}: a figure {natural} px wide is shown {shown} px wide (too small to read)"
-                scales.append(shown / natural)
-        widgets = []
-        for i, (_, _, is_widget) in enumerate(stored):
-            if not is_widget:
-                continue
-            assert now[i]["widget"], f"{path.name} cell {i}: the widget did not render as a widget"
-            cell = cells.nth(i)
-            cell.scroll_into_view_if_needed()
-            out = cell.locator(".widget-output").first
-            old = out.inner_html()
-            what, t1 = _interact(cell), time.monotonic()
-            page.wait_for_function("([el, old]) => el.innerHTML !== old && el.querySelector('img, pre')",
-                                   arg=[out.element_handle(), old], timeout=15_000)
-            widgets.append((i, what, round(time.monotonic() - t1, 2)))
-            cell.screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_widget.png"))
-        _assert_no_error(path, errors, page.evaluate(OUTPUTS_JS), "when its widgets changed")
-        page.screenshot(path=str(SHOTS / f"{path.stem}.png"))
-        report.append((path.name, round(seconds, 1), len(checked), widgets, round(min(scales, default=1.0), 2)))
-        for s in api(base, token, "/api/sessions") or []:   # the next notebook gets a fresh kernel
-            api(base, token, f"/api/sessions/{s['id']}", "DELETE")
-    # JupyterLab asks about news a few seconds after a page loads; this page has been up for a whole lesson
-    assert "Jupyter news" not in page.inner_text("body"), "the news pop-up appeared"
+    page, base, errors, connected = lab.page, lab.base, lab.errors, lab.connected
+    committed = _cells(path)
+    stored, scales = _stored(committed), []
+    connected.clear()
+    _open(page, base, path, len(stored))
+    cells = page.locator(f"{PANEL} .jp-Cell")
+    before = page.evaluate(CELLS_JS)
+    assert len(before) == len(stored), f"{path.name}: {len(before)} cells shown, {len(stored)} stored"
+    # the deeper sections open collapsed (tests/repo/test_lesson_shape.py): their cells hidden, the rest shown
+    expect_hidden = hidden_on_opening(committed)
+    deadline = time.monotonic() + 15            # JupyterLab collapses a heading once it has rendered it
+    while (hidden := [i for i, h in enumerate(page.evaluate(HIDDEN_JS)) if h]) != expect_hidden:
+        # margin: collapsing takes well under a second, on a busy machine too; 15 s means not collapsed
+        assert time.monotonic() < deadline, \
+            f"{path.name}: cells {hidden} hidden on opening, expected {expect_hidden}"
+        page.wait_for_timeout(200)
+    if hidden:                                  # Run All runs them too; their figures are checked shown
+        _expand_all_headings(page, len(stored))
+    for i, (is_code, n_img, is_widget) in enumerate(stored):
+        if is_widget:                           # opened without running: a picture, not a repr
+            assert "children=" not in before[i]["text"], f"{path.name} cell {i}: {before[i]['text'][:80]}"
+            assert before[i]["imgs"] >= 1 or "run this cell" in before[i]["text"], \
+                f"{path.name} cell {i}: no static view before running"
+            cells.nth(i).screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_unrun.png"))
+    # Run All before the page has its connection to the new kernel can be lost (the prompts stay [ ], the
+    # kernel idle; seen when a notebook opened quickly after another): wait for the kernel's first reply
+    deadline = time.monotonic() + 90
+    while not connected:     # margin: a kernel connects in seconds, on a busy machine too; 90 s is a hang
+        assert time.monotonic() < deadline, f"{path.name}: no connection to a kernel after 90 s"
+        page.wait_for_timeout(200)              # (Playwright hands over websocket frames while it waits)
+    _menu(page, "Edit", "Clear Outputs of All Cells")   # stored prompts [n] would look finished
+    page.wait_for_function(f"() => [...document.querySelectorAll('{PANEL} .jp-CodeCell .jp-InputPrompt')]"
+                           ".every(p => !/\\d/.test(p.textContent))", timeout=10_000)
+    errors.clear()
+    t0 = time.monotonic()
+    page.evaluate("() => { window.__runAllSince = Date.now(); }")
+    _menu(page, "Run", "Run All Cells")
+    try:                                        # finished, or stopped by an error (nothing running after 10 s)
+        # margin: the slowest lesson takes about 100 s on a quiet 2-core machine; 420 s is a hang
+        page.wait_for_function(RUN_ALL_ENDED_JS, arg=10_000, polling=200, timeout=RUN_ALL_TIMEOUT_S * 1000)
+    except PlaywrightTimeout:
+        running = [i for i, c in enumerate(page.evaluate(CELLS_JS)) if c["code"] and "*" in c["prompt"]]
+        raise AssertionError(f"{path.name}: Run All still running cell {running}") from None
+    seconds = time.monotonic() - t0
+    now = page.evaluate(CELLS_JS)
+    outputs = page.evaluate(OUTPUTS_JS)         # also lets Playwright hand over the last websocket frames
+    _assert_no_error(path, errors, outputs, "in Run All")
+    not_run = [i for i, c in enumerate(now) if c["code"] and not re.search(r"\[\d+\]", c["prompt"])]
+    assert not not_run, f"{path.name}: cells {not_run} did not run (an error stopped Run All)"
+    checked = [i for i, cell in enumerate(committed) if checks_output(cell)]
+    differ = [f"{path.name} cell {i}: the output differs from the committed one (nbval's check of a "
+              f"# NBVAL_CHECK_OUTPUT cell, after nbval's sanitizers):\n{d}"
+              for i in checked for d in [output_diff(committed[i], outputs[i], patterns)] if d]
+    assert not differ, "\n".join(differ)
+    for i, c in enumerate(now):
+        assert "Traceback" not in c["stderr"], f"{path.name} cell {i}: {c['stderr'][-1500:]}"
+        assert c["imgs"] >= stored[i][1], f"{path.name} cell {i}: {c['imgs']} figures, stored {stored[i][1]}"
+        for natural, shown in c["shown"]:
+            assert shown >= MIN_FIGURE_SCALE * natural, \
+                f"{path.name} cell {i}: a figure {natural} px wide is shown {shown} px wide (too small to read)"
+            scales.append(shown / natural)
+    widgets = []
+    for i, (_, _, is_widget) in enumerate(stored):
+        if not is_widget:
+            continue
+        assert now[i]["widget"], f"{path.name} cell {i}: the widget did not render as a widget"
+        cell = cells.nth(i)
+        cell.scroll_into_view_if_needed()
+        out = cell.locator(".widget-output").first
+        old = out.inner_html()
+        what, t1 = _interact(cell), time.monotonic()
+        page.wait_for_function("([el, old]) => el.innerHTML !== old && el.querySelector('img, pre')",
+                               arg=[out.element_handle(), old], timeout=15_000)
+        widgets.append((i, what, round(time.monotonic() - t1, 2)))
+        cell.screenshot(path=str(SHOTS / f"{path.stem}_cell{i}_widget.png"))
+    _assert_no_error(path, errors, page.evaluate(OUTPUTS_JS), "when its widgets changed")
+    page.screenshot(path=str(SHOTS / f"{path.stem}.png"))
+    return path.name, round(seconds, 1), len(checked), widgets, round(min(scales, default=1.0), 2)
 
 
 def _assert_no_error(path: Path, errors: list, shown: list, when: str):
