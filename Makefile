@@ -40,8 +40,10 @@ lab-config: $(STAMP)
 lab: lab-config
 	MGPU_NPROC=$(NPROC) $(VENV)/bin/jupyter lab $(LAB_FLAGS) $(ROOT_FLAG) $(LAB_ARGS)
 
+# Two lessons at a time, each in its own kernel (COURSE_JOBS=1: one at a time, as a student runs them)
+COURSE_JOBS ?= 2
 course: $(STAMP)
-	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --out build notebooks
+	MGPU_NPROC=$(NPROC) $(PY) -m mgpu_utils.course --jobs $(COURSE_JOBS) --out build notebooks
 
 # A copy of the course for students, without the worked solutions (exercises/solutions/) and the graders' tests
 # (tests/grading/): the graders compare with PyTorch, not with them. The copy is the last commit (git archive HEAD),

@@ -51,6 +51,16 @@ class NotebooksRunOnce:
         items[:] = [item for item in items if id(item) not in dropped]
         config.hook.pytest_deselected(items=drop)
 
+    def pytest_report_header(self, config):
+        """Under `make test`'s workers (pytest-xdist) each worker collects and deselects for itself, and the
+        header below, written after collection, is not shown: this line says what they do."""
+        from lab_server import browser_runs_notebooks
+
+        if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput") \
+                and browser_runs_notebooks():
+            return ["notebooks: each runs once; where its browser test (tests/repo/test_browser.py) is selected, "
+                    "nbval's cells of that lesson are deselected"]
+
     def pytest_report_collectionfinish(self, config, start_path, items):
         if self.deselected:
             names = ", ".join(n[:2] for n in sorted(self.deselected))

@@ -35,6 +35,28 @@ def test_course_runs_notebooks_and_reports_failures(tmp_path, capfd, starts_proc
     assert course.main(["--out", str(out), str(src / "01_ok.ipynb")]) == 0
 
 
+def test_two_jobs_run_two_notebooks_at_once(tmp_path, capfd, starts_processes):
+    """--jobs 2 (make course): each notebook waits until the other has started, which one at a time never
+    sees (its cell times out); the rows come back in the course's order, a failure as a failure."""
+    src = tmp_path / "nbs"
+    src.mkdir()
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    for name, other in (("01_a", "02_b"), ("02_b", "01_a")):
+        _nb(src / f"{name}.ipynb", [f"import pathlib, time\n(pathlib.Path({str(meet)!r}) / {name!r}).touch()\n"
+                                    f"while not (pathlib.Path({str(meet)!r}) / {other!r}).exists():\n"
+                                    f"    time.sleep(0.1)"])
+    _nb(src / "03_bad.ipynb", ["raise ValueError('broken lesson')"])
+    out = tmp_path / "build"
+    assert course.main(["--jobs", "2", "--timeout", "120", "--no-progress", "--out", str(out), str(src)]) == 1
+    table = capfd.readouterr().out.split("\nnotebook ", 1)[1]
+    assert [ln.split()[0] for ln in table.splitlines()[1:4]] == ["01_a.ipynb", "02_b.ipynb", "03_bad.ipynb"]
+    assert "FAILED: ValueError: broken lesson" in table and table.count("  ok") == 2
+    assert (out / "01_a.ipynb").exists() and (out / "02_b.html").exists()
+    with pytest.raises(SystemExit):
+        course.main(["--jobs", "0", "--out", str(out), str(src)])
+
+
 @pytest.mark.parametrize("name", ["00_setup", "09_sync_vs_async"])
 def test_a_lesson_becomes_a_slide_deck_without_running(tmp_path, name):
     """make slides: every heading and every figure of the stored lesson is in the deck, no code, nothing from
