@@ -46,11 +46,11 @@ def test_two_jobs_run_two_notebooks_at_once(tmp_path, capfd, starts_processes):
         _nb(src / f"{name}.ipynb", [f"import pathlib, time\n(pathlib.Path({str(meet)!r}) / {name!r}).touch()\n"
                                     f"while not (pathlib.Path({str(meet)!r}) / {other!r}).exists():\n"
                                     f"    time.sleep(0.1)"])
-    _nb(src / "03_bad.ipynb", ["raise ValueError('broken lesson')"])
+    _nb(src / "02_bad.ipynb", ["raise ValueError('broken lesson')"])
     out = tmp_path / "build"
     assert course.main(["--jobs", "2", "--timeout", "120", "--no-progress", "--out", str(out), str(src)]) == 1
     table = capfd.readouterr().out.split("\nnotebook ", 1)[1]
-    assert [ln.split()[0] for ln in table.splitlines()[1:4]] == ["01_a.ipynb", "02_b.ipynb", "03_bad.ipynb"]
+    assert [ln.split()[0] for ln in table.splitlines()[1:4]] == ["01_a.ipynb", "02_b.ipynb", "02_bad.ipynb"]
     assert "FAILED: ValueError: broken lesson" in table and table.count("  ok") == 2
     assert (out / "01_a.ipynb").exists() and (out / "02_b.html").exists()
     with pytest.raises(SystemExit):
@@ -143,3 +143,5 @@ def test_the_table_marks_lessons_over_their_budget():
     assert "01_a.ipynb      12.0      60  ok\n" in table and "02_b.ipynb      75.5      60  ok  OVER" in table
     assert "total           87.5     300  within" in table and table.endswith("2 cores: 02_b.ipynb")
     assert "OVER" in course.budget_table([("01_a.ipynb", 250.0, "ok"), ("02_b.ipynb", 55.0, "ok")]).splitlines()[-2]
+    two = course.budget_table([("01_a.ipynb", 250.0, "ok"), ("02_b.ipynb", 55.0, "ok")], wall_s=251.0, jobs=2)
+    assert "wall           251.0     300  within" in two and "2 notebooks at a time" in two   # not the sum, 305
