@@ -121,13 +121,30 @@ def run_notebook(path: Path, out_dir: Path, timeout_s: int = 900, progress: bool
     return seconds, status
 
 
+def stored_seconds(path: Path) -> float:
+    """How long a notebook's stored outputs took to compute: the sum of its code cells' execution records
+    (``metadata.execution``, which nbclient writes), 0.0 where there are none. An estimate, for ordering."""
+    from datetime import datetime
+
+    import nbformat
+
+    total = 0.0
+    for cell in nbformat.read(path, as_version=4).cells:
+        e = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type == "code" and "iopub.execute_input" in e and "shell.execute_reply" in e:
+            start, end = (datetime.fromisoformat(e[k].replace("Z", "+00:00"))
+                          for k in ("iopub.execute_input", "shell.execute_reply"))
+            total += max(0.0, (end - start).total_seconds())
+    return total
+
+
 def run_notebooks(notebooks: list[Path], out_dir: Path, timeout_s: int = 900, jobs: int = 1,
                   progress: bool = True) -> list[tuple[str, float, str]]:
     """Execute notebooks with :func:`run_notebook`, ``jobs`` at a time.
 
     With ``jobs`` > 1 each notebook runs in a process of its own (started with "spawn": nothing of this
-    process is shared), in the order given, a new one as soon as one ends; a line is printed as each one
-    starts and ends, and the per-cell bars are off (they would overwrite each other).
+    process is shared), the longest first (:func:`stored_seconds`), a new one as soon as one ends; a line
+    is printed as each one ends, and the per-cell bars are off (they would overwrite each other).
 
     Returns:
         ``(name, seconds, status)`` per notebook, in the order given (what :func:`budget_table` takes).
@@ -144,7 +161,9 @@ def run_notebooks(notebooks: list[Path], out_dir: Path, timeout_s: int = 900, jo
     results = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         started = {}
-        for nb in notebooks:
+        # the longest first (as their stored outputs took), so that no long lesson starts last while the
+        # other jobs have nothing left to do
+        for nb in sorted(notebooks, key=stored_seconds, reverse=True):
             started[pool.submit(run_notebook, nb, out_dir, timeout_s, False)] = nb
         print(f"running {len(notebooks)} notebooks, {jobs} at a time ...", flush=True)
         for done in as_completed(started):

@@ -137,6 +137,19 @@ def test_every_slide_fits_its_frame_in_chromium(tmp_path, starts_processes):
             browser.close()
 
 
+def test_stored_seconds_add_up_the_cells_execution_records(tmp_path):
+    """What orders make course's lessons, the longest first: the stored cells' execution records."""
+    _nb(tmp_path / "a.ipynb", ["1", "2", "3"])
+    nb = nbformat.read(tmp_path / "a.ipynb", 4)
+    nb.cells[0].metadata["execution"] = {"iopub.execute_input": "2026-12-06T10:00:00.000000Z",
+                                         "shell.execute_reply": "2026-12-06T10:00:02.500000Z"}
+    nb.cells[1].metadata["execution"] = {"iopub.execute_input": "2026-12-06T10:00:03Z",
+                                         "shell.execute_reply": "2026-12-06T10:00:04Z"}
+    nbformat.write(nb, tmp_path / "a.ipynb")
+    assert course.stored_seconds(tmp_path / "a.ipynb") == 3.5
+    assert course.stored_seconds(REPO_ROOT / "notebooks" / "10_case_studies.ipynb") > 10
+
+
 def test_the_table_marks_lessons_over_their_budget():
     """Issue 60: each lesson's seconds beside its budget (60 s), the ones over it named; the total against 300 s."""
     table = course.budget_table([("01_a.ipynb", 12.0, "ok"), ("02_b.ipynb", 75.5, "ok")])
