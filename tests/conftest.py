@@ -16,6 +16,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "launches: the test starts processes (torchrun or a subprocess)")
     config.addinivalue_line("markers", "runs_notebooks: the test executes lab_server.browser_notebooks() (in a "
                                        "browser, with nbval's output check): nbval does not run them again")
+    config.addinivalue_line("markers", "timing_claims: the test asserts a timing claim where the machine is quiet "
+                                       "(mgpu_utils.timing.LoadWatch; given to every test that uses it): make test "
+                                       "runs these alone, after the others")
     # a plugin, not a hook of this file: this conftest's hooks are not asked about items under notebooks/
     config.pluginmanager.register(NotebooksRunOnce(), "mgpu-notebooks-run-once")
 
@@ -74,13 +77,36 @@ def pytest_collection_modifyitems(config, items):
     selects the in-process tests (the mutation run of `make mutation` uses it: mutants are visible only
     in-process), and `process_guard` fails an unmarked test that starts a process anyway.
 
+    A test whose code uses mgpu_utils.timing.LoadWatch gets the `timing_claims` marker: its claim is asserted
+    only where the machine is quiet, which beside make test's other worker it seldom is, so make test runs
+    these tests alone after the others (`-m timing_claims`, one process).
+
     The lessons in the browser (tests/repo/test_browser.py, about 40 s each) run first: `make test`'s two
     workers (pytest-xdist, `--dist load`) take tests in this order, and short tests last leave no worker
     idle at the end while the other finishes a lesson."""
     for item in items:
         if "starts_processes" in getattr(item, "fixturenames", ()) or item.path.suffix == ".ipynb":
             item.add_marker("launches")
+        if _uses_load_watch(getattr(item, "function", None)):
+            item.add_marker("timing_claims")
     items.sort(key=lambda item: not item.get_closest_marker("runs_notebooks"))     # stable: the rest keep order
+
+
+_LOAD_WATCH: dict = {}
+
+
+def _uses_load_watch(function) -> bool:
+    """Whether a test function's own source uses LoadWatch (a timing claim asserted only on a quiet machine)."""
+    if function is None:
+        return False
+    if function not in _LOAD_WATCH:
+        import inspect
+
+        try:
+            _LOAD_WATCH[function] = "LoadWatch(" in inspect.getsource(function)
+        except (OSError, TypeError):
+            _LOAD_WATCH[function] = False
+    return _LOAD_WATCH[function]
 
 
 @pytest.fixture

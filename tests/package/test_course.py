@@ -147,6 +147,7 @@ def test_stored_seconds_add_up_the_cells_execution_records(tmp_path):
                                          "shell.execute_reply": "2026-12-06T10:00:04Z"}
     nbformat.write(nb, tmp_path / "a.ipynb")
     assert course.stored_seconds(tmp_path / "a.ipynb") == 3.5
+    # by construction: the committed lesson's stored records are read, nothing is timed here
     assert course.stored_seconds(REPO_ROOT / "notebooks" / "10_case_studies.ipynb") > 10
 
 
