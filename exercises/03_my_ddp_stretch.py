@@ -27,7 +27,8 @@ group's own allreduce counts too), checks that each was waited for, in finish() 
 of backward), not in a hook, and that together they carry this rank's gradients (none through the process group's
 key-value store), and refuses torch's own DistributedDataParallel inside your class.
 Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
-grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store and sockets of your own. Grade it from a notebook cell:
+grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store, and sockets,
+processes, pipes and sqlite3 databases of your own. Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("03.7")
 """

@@ -49,7 +49,8 @@ and whose backward reduce-scatters; all_gather_single and reduce_scatter_single 
 p.data = torch.empty(0) frees a parameter's storage and keeps the Parameter object (and so a tied weight's
 identity).
 Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
-grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store and sockets of your own.
+grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store, and sockets,
+processes, pipes and sqlite3 databases of your own.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.6")

@@ -12,7 +12,8 @@ The grader trains a small MLP three steps on 2 and 3 ranks and compares the para
 in one process on the whole batch; it also measures the bytes your optimizer holds (they must be about
 8 bytes x parameters / world size).
 Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
-grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store and sockets of your own.
+grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store, and sockets,
+processes, pipes and sqlite3 databases of your own.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.4")

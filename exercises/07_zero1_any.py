@@ -26,7 +26,8 @@ of step() carries (however it is made: a process group's own methods and torch's
 too), checks that the reduce-scatters carry this rank's gradients and the all-gathers (or owners' broadcasts,
 all-to-alls) the updated parameter slices (not gradients), and refuses torch's ZeroRedundancyOptimizer.
 Move data between the ranks only with torch.distributed collectives and keep state in tensors: the
-grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store and sockets of your own.
+grader refuses files, mmap, shared memory, torch.from_file, ctypes, the key-value store, and sockets,
+processes, pipes and sqlite3 databases of your own.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("07.5")

@@ -396,7 +396,13 @@ def opened_path(args: tuple) -> tuple[str, bool] | None:
 #: While :func:`refusing_routes` runs: ``{"file": the student's file, "found": [problem, ...]}``; else None.
 _REFUSING: dict | None = None
 #: The audit events :func:`_refused_route` reads (the others pass at the cost of one set lookup).
-_REFUSED_EVENTS = frozenset({"mmap.__new__", "open", "ctypes.dlsym", "socket.bind", "socket.connect"})
+_REFUSED_EVENTS = frozenset({"mmap.__new__", "open", "ctypes.dlsym", "socket.bind", "socket.connect",
+                             "sqlite3.connect"})
+#: Audit events of a process started by the student's code (a forked child keeps a copy of everything, out of
+#: every check's sight: a red team's 07.5 kept the optimizer's state in one, 2026-12-06): refused routes too, from
+#: the student's file only.
+_PROCESS_EVENTS = frozenset({"os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+                             "subprocess.Popen"})
 
 
 def _refused_route(event: str, args: tuple) -> str | None:
@@ -415,6 +421,10 @@ def _refused_route(event: str, args: tuple) -> str | None:
         return "ctypes (C functions and C memory, which no check can count)"
     if event in ("socket.bind", "socket.connect"):
         return "a socket of your own"
+    if event == "sqlite3.connect":
+        return "an sqlite3 database (memory or a file that no check counts)"
+    if event in _PROCESS_EVENTS:
+        return f"a process of your own ({event}: a child holds a copy no check sees)"
     return None
 
 
@@ -435,12 +445,14 @@ def _python_cache(path: str) -> bool:
 def _audit(event: str, args: tuple) -> None:
     """sys.addaudithook's hook (one per process: a hook cannot be removed): every "open" of a path goes to the
     watchers of :func:`watching_opens`; within :func:`refusing_routes`, the routes it refuses are recorded."""
-    if (_REFUSING is not None and (event in _REFUSED_EVENTS or event.startswith("ctypes."))
-            and not getattr(_IN_WATCHER, "on", False)):
+    if (_REFUSING is not None and (event in _REFUSED_EVENTS or event in _PROCESS_EVENTS
+                                   or event.startswith("ctypes.")) and not getattr(_IN_WATCHER, "on", False)):
         route = _refused_route(event, args)
         if route is not None:
-            # ctypes and files written only from the student's code: the grader's own (malloc_bytes) are not routes
-            _record_route(route, needs_student=event.startswith("ctypes.") or route.startswith("a file written"))
+            # ctypes, files written and processes started only from the student's code: the grader's own
+            # (malloc_bytes) are not routes
+            _record_route(route, needs_student=(event.startswith("ctypes.") or event in _PROCESS_EVENTS
+                                                or route.startswith("a file written")))
     if event != "open" or not _OPEN_WATCHERS or getattr(_IN_WATCHER, "on", False):
         return
     found = opened_path(args)
@@ -503,6 +515,24 @@ def _shared_mappings() -> set[str]:
     return {m for m in shared if not m.startswith("/dev/") or m.startswith(("/dev/shm", "/dev/zero"))}
 
 
+def _kernel_buffers() -> dict[int, str]:
+    """This process's open pipes and memfds (/proc/self/fd): ``{fd: "pipe" or "memfd"}``, bytes written to them
+    stay in the kernel. Sockets are left out (gloo's own, made in C++ by a new group). Empty without /proc."""
+    found = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:                                     # closed meanwhile (listdir's own descriptor)
+            continue
+        if target.startswith(("pipe:", "/memfd:")):
+            found[int(fd)] = "pipe" if target.startswith("pipe:") else "memfd"
+    return found
+
+
 #: The functions that map a file into memory from C++ (no audit event), wrapped within :func:`refusing_routes`.
 _FROM_FILE = [(torch, "from_file"), (torch.UntypedStorage, "from_file"), (torch.TypedStorage, "from_file")]
 _INHERITED = object()         # an attribute that a class inherits: deleted, not set, when the wrapper is removed
@@ -516,7 +546,7 @@ def _wrapped_routes() -> dict:
     route."""
     saved = {}
 
-    def wrap(owner, name, route, is_store=False):
+    def wrap(owner, name, route, is_store=False, needs_student=False):
         original = getattr(owner, name, None)
         if original is None:
             return
@@ -526,7 +556,7 @@ def _wrapped_routes() -> dict:
         def recorded(*a, **k):
             caller = sys._getframe(1).f_code.co_name
             if not (is_store and caller == "_store_based_barrier"):
-                _record_route(route)
+                _record_route(route, needs_student=needs_student)
             return original(*a, **k)
         setattr(owner, name, recorded)
 
@@ -541,6 +571,9 @@ def _wrapped_routes() -> dict:
                 super().__init__(f, *args, **kwargs)
         saved[(torch._C, "PyTorchFileWriter")] = writer
         torch._C.PyTorchFileWriter = Writer
+    import _posixsubprocess                                 # subprocess's own start, without its audit event
+    wrap(_posixsubprocess, "fork_exec", "a process of your own (_posixsubprocess.fork_exec: a child holds a copy "
+                                        "no check sees)", needs_student=True)
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
@@ -562,16 +595,21 @@ def refusing_routes(path: str, found: list):
     team's, 2026-12-06: libc files, libc-made files mapped by torch.from_file, C-allocated copies, the
     constructor's broadcast through the store). Nothing raises: a rank that failed at once would leave the others
     waiting in a collective; the check runs to its end and the problem is reported after. gloo's and the c10d
-    store's sockets are C++ and not seen."""
+    store's sockets are C++ and not seen. Also refused (a twelfth red team's, 2026-12-06): a process the student's
+    code starts (fork, spawn, subprocess: a child keeps a copy), an sqlite3 database, and a pipe or memfd still
+    open at the block's end (bytes kept in the kernel)."""
     global _REFUSING
     _hook_audit()
-    shared_before = _shared_mappings()
+    shared_before, fds_before = _shared_mappings(), _kernel_buffers()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
     try:
         yield
         for mapping in sorted(_shared_mappings() - shared_before):   # kept past the block, however it was made
             _record_route(f"memory shared with other processes ({mapping})")
+        for fd, what in sorted(_kernel_buffers().items() - fds_before.items()):   # still open at the block's end
+            _record_route(f"a {what} left open (file descriptor {fd}: bytes kept in the kernel, which no check "
+                          f"counts)")
     finally:
         for (owner, name), original in saved.items():
             if original is _INHERITED:
@@ -737,8 +775,8 @@ COMMON_HINTS = {"tampered": [(always, "rank {rank}: your code replaced {what}: t
 #: The hint of a route that :func:`refusing_routes` refused.
 ROUTE_HINTS = [(always, "rank {rank}: your code used {route}{line_said}: this exercise moves data between the ranks "
                 "only with torch.distributed collectives and keeps its state in tensors (what is counted). Data "
-                "passed or kept around them (shared memory, mmap, files, ctypes, the key-value store, sockets) is not "
-                "allowed: remove it, and "
+                "passed or kept around them (shared memory, mmap, files, ctypes, the key-value store, sockets, "
+                "processes, pipes, sqlite3) is not allowed: remove it, and "
                 "let the collectives' results be what your code uses")]
 
 

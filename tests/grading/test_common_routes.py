@@ -119,3 +119,44 @@ def test_integrity_sees_a_grader_class_method_and_a_shadowed_storage_method_and_
         integrity_restore(before)
     assert comm_calls._Handle._blocked is blocked and "nbytes" not in vars(torch.UntypedStorage)
     assert torch.zeros(3).untyped_storage().nbytes() == 12
+
+
+def test_a_process_of_the_students_own_is_a_route_with_its_line(tmp_path, starts_processes):
+    """A forked child (or any process the student's code starts) keeps a copy of the state that no check sees."""
+    found, _ = _run(tmp_path, "import os\n\ndef go():\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+                              "    os.waitpid(pid, 0)\n")
+    assert [(f["route"].split(" (")[0], f["line"]) for f in found] == [("a process of your own", 4)], found
+    found, _ = _run(tmp_path, "import subprocess, sys\n\ndef go():\n    subprocess.run([sys.executable, '-c', ''])\n")
+    assert found and all(f["line"] == 4 and f["route"].startswith("a process of your own") for f in found), found
+    found, _ = _run(tmp_path, "import _posixsubprocess, os\n\ndef go():\n    try:\n"
+                              "        _posixsubprocess.fork_exec()\n    except TypeError:\n        pass\n")
+    assert [f["line"] for f in found] == [5] and "fork_exec" in found[0]["route"], found
+
+
+def test_the_graders_own_process_is_not_a_route(tmp_path, starts_processes):
+    import subprocess
+    import sys
+    found = []
+    with common.refusing_routes(str(tmp_path / "student.py"), found):
+        subprocess.run([sys.executable, "-c", ""], check=True)
+    assert found == []
+
+
+def test_sqlite_is_a_route(tmp_path):
+    found, kept = _run(tmp_path, "import sqlite3\n\ndef go():\n    return sqlite3.connect(':memory:')\n")
+    assert [(f["route"].split(" (")[0], f["line"]) for f in found] == [("an sqlite3 database", 4)], found
+    kept.close()
+
+
+def test_a_pipe_or_memfd_left_open_is_a_route_but_not_one_closed_again(tmp_path):
+    import os
+    found, kept = _run(tmp_path, "import os\n\ndef go():\n    r, w = os.pipe()\n    os.write(w, b'x' * 100)\n"
+                                 "    m = os.memfd_create('state')\n    os.write(m, b'y')\n"
+                                 "    a, b = os.pipe()\n    os.close(a)\n    os.close(b)\n    return r, w, m\n")
+    try:
+        kinds = sorted(f["route"].split(" left open")[0] for f in found)
+        assert kinds == ["a memfd", "a pipe", "a pipe"], found
+        assert all("bytes kept in the kernel" in f["route"] for f in found)
+    finally:
+        for fd in kept:
+            os.close(fd)

@@ -679,6 +679,12 @@ WRONG_037 = {
         None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
+    "a helper process started to keep the replicas' copies": (
+        "        self.bucket, self.pending = [], []\n",
+        "        self.bucket, self.pending = [], []\n        import subprocess, sys\n"
+        "        self.helper = subprocess.Popen([sys.executable, '-c', 'pass'])   # holds what the hooks send\n"
+        "        self.helper.wait()\n",
+        r"rank \d: your code used a process of your own \(subprocess\.Popen.*\(line \d+ of your file\)"),
 }
 
 

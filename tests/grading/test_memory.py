@@ -377,6 +377,19 @@ RIGHT_075 = {   # name: (text of the solution, replaced by)
 }
 
 WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    # first: a later entry's patched step() would stay for the rest of this launch
+    "a child process forked to hold a copy of the whole optimizer": (
+        "        self.inner = optimizer_class(inner_groups, **defaults)\n",
+        "        self.inner = optimizer_class(inner_groups, **defaults)\n        import os\n"
+        "        self.keeper = os.fork()                        # the child holds a copy of everything\n"
+        "        if self.keeper == 0:\n            os._exit(0)\n",
+        r"rank \d: your code used a process of your own \(os\.fork: a child holds a copy no check sees\) \(line \d+ "
+        r"of your file\).*only with torch\.distributed collectives"),
+    "the optimizer's state written into a pipe, kept in the kernel's buffer": (
+        "        self.inner.step()\n",
+        "        self.inner.step()\n        import os\n        if not hasattr(self, 'spill'):\n"
+        "            self.spill = os.pipe()\n        os.write(self.spill[1], bytes(64))\n",
+        r"rank \d: your code used a pipe left open \(file descriptor \d+: bytes kept in the kernel"),
     "a missing gradient filled with zeros": (
         SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
         r"with SGD with momentum, a parameter not used in step 3 \(its .grad None\) moved by"),
@@ -1089,6 +1102,16 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
     "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (
         None, red_team("076_r8w20"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
+    "the whole parameters kept in an in-memory sqlite3 database": (
+        "        self.shards = torch.nn.ParameterList(shards)\n",
+        "        self.shards = torch.nn.ParameterList(shards)\n        import sqlite3\n"
+        "        self.db = sqlite3.connect(':memory:')        # a blob per parameter, outside every tensor\n",
+        r"rank \d: your code used an sqlite3 database .*\(line \d+ of your file\).*only with torch\.distributed"),
+    "the whole parameters kept in a memfd": (
+        "        self.shards = torch.nn.ParameterList(shards)\n",
+        "        self.shards = torch.nn.ParameterList(shards)\n        import os\n"
+        "        self.keep = os.memfd_create('full')           # memory the kernel holds for this process\n",
+        r"rank \d: your code used a memfd left open \(file descriptor \d+: bytes kept in the kernel"),
 }
 
 
@@ -1177,6 +1200,8 @@ def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python,
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     t = torch.arange(10_000 if kind != "buffer" and kind != "bytearray" else 1000, dtype=torch.float32)
+    if kind == "torch.save":   # a process's first torch.save to a path imports and caches about 23 kB: not kept
+        torch.save(torch.zeros(1), tmp_path / "warm-up.pt")
     with OutsideState(mod.keep) as watch:
         mod.keep(kind, t)
         found = watch.count(t, limit=0, tries=1)
