@@ -11,7 +11,8 @@ Write measure_step(step, sync, warmup, repeats, peak_flops) -> dict, for one ran
 Return {"step_s": the median seconds of one step over the timed steps, "flops": the FLOPs of one step of
 this rank, counted with torch.utils.flop_counter.FlopCounterMode, "mfu": flops / step_s / peak_flops (a
 fraction)}. The grader's step is as slow at first as a first GPU step is (lazy initialisation,
-autotuning), and its queued work takes a known time, so a clock read before the work is done shows.
+autotuning), and its queued work takes a known time, varied from step to step, so a clock read before the
+work is done shows, and so does any number but the median of the timed steps.
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script
     check_script("11.5")

@@ -135,6 +135,32 @@ def attributes(o) -> list:
     return items
 
 
+def graph_saved(o, limit: int = 10_000) -> list:
+    """The tensors the autograd graph of tensor ``o`` (its ``grad_fn``), or of the node ``o``, keeps for a backward:
+    each node's ``_saved_*`` values, the graph walked through ``next_functions`` (up to ``limit`` nodes); [] for a
+    leaf. Saved tensors a backward already freed are skipped. :func:`held_bytes` counts them with the tensor (a
+    thirteenth red team's 07.5 x01, 07.6 x01 and 03.7 x01 kept whole states, gathered models and every step's
+    gradients as the saved results of ops whose 1-element outputs they held, 2026-12-07)."""
+    node = o.grad_fn if isinstance(o, torch.Tensor) else o
+    todo, seen, saved = [node], set(), []
+    while todo and len(seen) < limit:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except (RuntimeError, AttributeError):           # freed by a backward, or not a tensor
+                continue
+            values = value if isinstance(value, (list, tuple)) else [value]
+            saved += [v for v in values if isinstance(v, torch.Tensor)]
+        todo += [fn for fn, _ in getattr(node, "next_functions", ())]
+    return saved
+
+
 def tensor_storage(t: torch.Tensor):
     """``t``'s storage as torch gives it (``torch.UntypedStorage``): a subclass's own ``untyped_storage()`` is not
     asked (one that answered for a slice of what it holds passed as sharded: an eighth red team's 07.4 w15); a
@@ -158,10 +184,11 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     in another object, a Module or a closure, or moments kept in a list or dict, are found. ``grads``: count the ``.grad`` of every
     tensor reached too (a full gradient left on a module's freed parameter, 07.6). A ``functools.cache`` or
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
-    ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also the attributes set on the
-    tensors reached (``p.history = [...]`` on a parameter) and every Python int, float, bytes and bytearray reached
-    (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or ``bytearray(t.numpy())``; a
-    memoryview's ``nbytes``), for a check of what grows across steps."""
+    ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also every Python int, float,
+    bytes and bytearray reached (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or
+    ``bytearray(t.numpy())``; a memoryview's ``nbytes``), for a check of what grows across steps. Always: the
+    attributes set on a tensor reached (``p.history = [...]`` on a parameter; an arena hung on a tensor), and the
+    tensors its autograd graph keeps (:func:`graph_saved`; a ``grad_fn`` reached on its own too)."""
     seen_objects, storages, numbers = set(), {}, {}
     skip = _spare_room([t for q in exclude for t in (q, q.grad) if t is not None])
 
@@ -174,10 +201,14 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
                 storages[index.data_ptr()] = index.nbytes()
             if grads and o.grad is not None:
                 walk(o.grad, d)
-            if python and d >= 0 and id(o) not in seen_objects:
-                seen_objects.add(id(o))
-                for item in attributes(o):
+            if d >= 0 and id(o) not in seen_objects:       # the attributes set on it (an arena hung on a
+                seen_objects.add(id(o))                    # tensor: a thirteenth red team's 07.5 x03), and
+                for item in attributes(o) + graph_saved(o):   # what its autograd graph keeps (07.5 x01)
                     walk(item, d - 1)
+            return
+        if isinstance(o, torch.autograd.graph.Node):       # a grad_fn kept on its own
+            for item in graph_saved(o):
+                walk(item, d - 1)
             return
         storage = _bare_storage(o)
         if storage is not None:
@@ -574,6 +605,11 @@ def _wrapped_routes() -> dict:
     import _posixsubprocess                                 # subprocess's own start, without its audit event
     wrap(_posixsubprocess, "fork_exec", "a process of your own (_posixsubprocess.fork_exec: a child holds a copy "
                                         "no check sees)", needs_student=True)
+    from mgpu_utils.measure.comm_calls import GROUP_METHODS, GROUP_METHODS_OUT_FIRST, P2P_METHODS
+    for name in [*GROUP_METHODS, *GROUP_METHODS_OUT_FIRST, *P2P_METHODS, "barrier"]:   # a backend's own methods
+        wrap(torch._C._distributed_c10d.Backend, name,        # (wrapped before the file is imported: a method
+             f"a process group's backend object directly (Backend.{name}: torch's internals, past the collectives "
+             f"the checks count)", needs_student=True)       # bound at import or in __init__ is this one)
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
@@ -597,7 +633,9 @@ def refusing_routes(path: str, found: list):
     waiting in a collective; the check runs to its end and the problem is reported after. gloo's and the c10d
     store's sockets are C++ and not seen. Also refused (a twelfth red team's, 2026-12-06): a process the student's
     code starts (fork, spawn, subprocess: a child keeps a copy), an sqlite3 database, and a pipe or memfd still
-    open at the block's end (bytes kept in the kernel)."""
+    open at the block's end (bytes kept in the kernel); and a collective or send of a process group's backend
+    object called from the student's file (``group._get_backend(device).allreduce``, bound at import, in a
+    closure or in ``__init__``: a thirteenth red team's 07.5 x02 and x04, 2026-12-07)."""
     global _REFUSING
     _hook_audit()
     shared_before, fds_before = _shared_mappings(), _kernel_buffers()
@@ -803,31 +841,13 @@ def _tensors_and_storages(objects) -> list:
 
 
 def _node_saved_tensors(objects) -> list:
-    """The tensors autograd keeps for a backward (each node's ``_saved_*``, their graphs walked through
-    ``next_functions``) of the autograd nodes among ``objects`` that Python holds as objects (a ``grad_fn`` kept
-    in a dict, a list, a registry): memory that no tensor object holds (an eighth red team's 07.5 w14/w15 and 07.6
-    w13 kept whole optimizer states and gathered models as the saved results of ops, holding only their nodes).
-    The graphs of tensors are not walked: a right solution's tensors have graphs too (a view of a parameter, the
-    last step's loss), and walking them once flagged three right solutions. Saved tensors already freed by a
-    backward are skipped."""
-    todo = _instances_of(objects, torch.autograd.graph.Node)
-    seen, saved = set(), []
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, name)
-            except (RuntimeError, AttributeError):           # freed by a backward, or not a tensor
-                continue
-            values = value if isinstance(value, (list, tuple)) else [value]
-            saved += [(v, 1) for v in values if isinstance(v, torch.Tensor)]
-        todo += [fn for fn, _ in getattr(node, "next_functions", ())]
-    return saved
+    """The tensors autograd keeps for a backward (:func:`graph_saved`) of the autograd nodes among ``objects`` that
+    Python holds as objects (a ``grad_fn`` kept in a dict, a list, a registry): memory that no tensor object holds
+    (an eighth red team's 07.5 w14/w15 and 07.6 w13 kept whole optimizer states and gathered models as the saved
+    results of ops, holding only their nodes), each as ``(tensor, 1)``. The graphs of all the block's tensors are
+    not walked: a right solution's tensors have graphs too (a view of a parameter, the last step's loss), and
+    walking them once flagged three right solutions; those the student's module or object reaches are."""
+    return [(t, 1) for node in _instances_of(objects, torch.autograd.graph.Node) for t in graph_saved(node)]
 
 
 def _module_space(owner) -> dict:
@@ -1025,6 +1045,8 @@ class OutsideState:
                 found.append((o, 1))
                 if o.grad is not None:
                     found.append((o.grad, 1))
+                for item in attributes(o) + graph_saved(o):     # hung on it, or kept by its graph
+                    walk(item, d - 1)
                 return
             if _bare_storage(o) is not None:
                 found.append((o, 2))

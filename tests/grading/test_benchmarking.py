@@ -1,6 +1,7 @@
 """Exercise 11.5's grader (mgpu_utils.grading.coding.benchmarking), round 2 of issue 55: a timed step that
 starts while earlier work is still queued, and a mean where the median is asked for (one timed step is 0.6 s
-slower: the median ignores it, a mean moves by 75 ms). Right variants pass; wrong ones get the hint that
+slower: the median ignores it, a mean moves by 75 ms); the fastest step, the last one, a clock started after
+step() returned, the warm-up timed too (the steps' times vary in an order drawn each run). Right variants pass; wrong ones get the hint that
 names them. Each list is graded in one launch at 3 ranks."""
 import re
 
@@ -39,6 +40,20 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
     "FLOPs summed over the module tree": (
         "counter.get_total_flops()", "sum(sum(ops.values()) for ops in counter.get_flop_counts().values())",
         r"FLOPs for the one step you counted, .* did you sum get_flop_counts\(\) over the module tree"),
+    # a thirteenth red team's (2026-12-07): the timed steps' work varies, in an order drawn each run, and the
+    # median lies 40 ms or more from every single step: a hint names a mistake only where one number fits
+    "the fastest timed step (best of N)": (
+        MEDIAN, "min(times)", r"(is the fastest timed step, not their median|but the median of the timed steps)"),
+    "the last timed step's time": (
+        MEDIAN, "times[-1]", r"(is the last timed step's time, one sample|but the median of the timed steps)"),
+    "the clock started after step() returns": (
+        "        t0 = time.perf_counter()\n        step()\n", "        step()\n        t0 = time.perf_counter()\n",
+        r"(the clock started after step\(\) returned|but the median of the timed steps)"),
+    "the warm-up steps timed with the others": (
+        ["    for _ in range(warmup):", "        step()\n    times = []\n    for _ in range(repeats):\n"],
+        ["    if False:", "        step()\n    times = []\n    for _ in range(warmup + repeats):\n"],
+        r"(is the median of all \d+ steps, the warm-up's included|but the median of the timed steps.*a warm-up step "
+        r"timed too moves it)"),
 }
 
 

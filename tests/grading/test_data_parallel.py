@@ -424,6 +424,17 @@ class MyDDP(torch.nn.Module):
 '''
 FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
 WRONG_037 = {
+    "the real work only on models under 100,000 parameters (all the small ones graded); a big one keeps its own": (
+        "    def ready(self, p: torch.Tensor) -> None:\n        self.bucket.append(p)\n",
+        "    def ready(self, p: torch.Tensor) -> None:\n"
+        "        if sum(q.numel() for q in self.module.parameters()) >= 100_000:\n"
+        "            return\n        self.bucket.append(p)\n",
+        r"rank \d: on a wide MLP \([\d,]+ parameters; the other models graded have under 10,000\) the gradient of "
+        r"\d\.\w+ is not DDP's"),
+    "every step's averaged gradients kept in the autograd graph of a 1-element tensor a step (a thirteenth red "
+    "team's 037_r13w01)": (
+        None, red_team("037_r13w01"), r"rank \d: the result is right, but what your wrapper holds after each step "
+                                      r"grows"),
     "each bucket waited for in the hook that sent it": (
         SEND_037, "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()\n"
                   "        self.pending.append((self.bucket, flat, work))\n",

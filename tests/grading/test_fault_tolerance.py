@@ -55,6 +55,18 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
                                   "        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)\n"
                                   "        os.write(fd, buf.getvalue())\n        os.close(fd)\n", ""],
         r"halfway through writing the second snapshot, the path no longer held the first"),
+    "the old snapshot deleted, then the new one renamed onto the path (a thirteenth red team's 12.5 x01)": (
+        RENAME, "        if os.path.exists(path):\n            os.remove(path)                              # none now\n"
+                "        os.rename(tmp, path)\n",
+        r"halfway through writing the second snapshot, the path no longer held the first"),
+    "the temporary file copied onto the path by cp in a subprocess (12.5 x02)": (
+        [IMPORTS, RENAME], ["import os\nimport subprocess\n",
+                            "        subprocess.run(['cp', tmp, path], check=True)    # rewrites path in place\n"],
+        r"rank 0: save_snapshot started a process \(subprocess\.Popen"),
+    "every rank writes a copy through torch.serialization.save (12.5 x03)": (
+        "    if dist.get_rank() == 0:\n",
+        "    torch.serialization.save({'step': step}, f'{path}.rank{dist.get_rank()}')\n    if dist.get_rank() == 0:\n",
+        r"ranks \[1, 2\] wrote files too: only rank 0 writes"),
 }
 
 

@@ -5,7 +5,7 @@ gradient summed over tp_group in place of f and the replicated parameters averag
 that names them. Each list is graded in one launch at 3 ranks (meshes 3x1 and 1x3)."""
 import re
 
-from helpers import solution, wrong
+from helpers import red_team, solution, wrong
 from mgpu_utils.grading.runner import grade_many
 
 F_APPLY = "    z = CopyToTP.apply(z, tp_group)\n"
@@ -59,6 +59,10 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         "            p -= lr * p.grad\n            p.grad = None\n",
         r"mesh 1x3, dp x tp\): the result is right, but W0's or b2's gradient was averaged over every rank, "
         r"tp_group included"),
+    "no tensor parallelism: whole weights all-reduced from zero-padded shards, four float32 packed into each "
+    "complex128 element to match f's and g's element counts (a thirteenth red team's 063_r13w01)": (
+        None, red_team("063_r13w01"), r"mesh 1x3, dp x tp\): the result is right, but at step 1 the all-reduces over "
+                                      r"tp_group sent [\d,]+ elements"),
 }
 
 
@@ -66,6 +70,11 @@ def _cases(tmp_path, table):
     out = []
     for k, (name, (old, new, *_)) in enumerate(table.items()):
         (tmp_path / str(k)).mkdir()
+        if old is None:                                    # a whole file (a red team's)
+            path = tmp_path / str(k) / "06_two_d_step.py"
+            path.write_text(new)
+            out.append(("06.3", path))
+            continue
         out.append(("06.3", wrong(tmp_path / str(k), "06.3", old, new)))
     return out
 

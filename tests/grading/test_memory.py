@@ -390,6 +390,26 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         "        self.inner.step()\n        import os\n        if not hasattr(self, 'spill'):\n"
         "            self.spill = os.pipe()\n        os.write(self.spill[1], bytes(64))\n",
         r"rank \d: your code used a pipe left open \(file descriptor \d+: bytes kept in the kernel"),
+    "a copy of the whole model kept in an ssl.MemoryBIO (C memory) in a module-level list": (
+        ["import torch.distributed as dist\n", "        self.inner.step()\n"],
+        ["import torch.distributed as dist\n\n_KEPT = []\n",
+         "        self.inner.step()\n        import ssl\n        bio = ssl.MemoryBIO()\n"
+         "        bio.write(torch.cat([p.detach().reshape(-1) for p, _, _ in self.shards]).numpy().tobytes())\n"
+         "        _KEPT[:] = [bio]                                  # the whole model, where no tensor shows it\n"],
+        r"rank \d: with SGD with momentum, deleting your optimizer and letting go of what your module keeps \(its "
+        r"globals, its classes' attributes\) gave back [\d,]+ bytes of C memory"),
+    "full-size state kept as saved results in the autograd graphs of 1-element tensors (a thirteenth red team's "
+    "075_r13w01)": (
+        None, red_team("075_r13w01"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "whole gradients all-reduced through the backend's allreduce captured at import in a closure (075_r13w02)": (
+        None, red_team("075_r13w02"), r"rank \d: your code used a process group's backend object directly "
+                                      r"\(Backend\.allreduce"),
+    "full-size state in a 32 MB arena made at import, hung on a module-level tensor (075_r13w03)": (
+        None, red_team("075_r13w03"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside "
+                                      r"the tensors your optimizer holds"),
+    "whole gradients all-reduced through the backend's allreduce bound on self in __init__ (075_r13w04)": (
+        None, red_team("075_r13w04"), r"rank \d: your code used a process group's backend object directly "
+                                      r"\(Backend\.allreduce"),
     "a missing gradient filled with zeros": (
         SKIP_NONE, "            if p.grad is None:\n                p.grad = torch.zeros_like(p)\n",
         r"with SGD with momentum, a parameter not used in step 3 \(its .grad None\) moved by"),
@@ -592,8 +612,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "no sharding at all, the whole state kept as the saved results of autograd nodes (an eighth red team's 075_r8w14)": (
         None, red_team("075_r8w14"), r"rank \d: with SGD with momentum, .*"),
     "the whole state kept only as the saved results of autograd nodes (an eighth red team's 075_r8w15)": (
-        None, red_team("075_r8w15"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the "
-                                     r"tensors your optimizer holds \([\d,]+\): [\d,]+ in tensors or storages it does not hold"),
+        None, red_team("075_r8w15"), r"rank \d: with SGD with momentum, (your optimizer holds [\d,]+ bytes of state|"
+                                     r"[\d,]+ bytes appeared in this process outside the tensors your optimizer holds "
+                                     r"\([\d,]+\): [\d,]+ in tensors or storages it does not hold)"),
     "whole gradients all-reduced by hooks in the backward, step() slicing them (a ninth red team's 075_r9w20)": (
         None, red_team("075_r9w20"), r"rank \d: with SGD with momentum, step 1 all-reduced 1,\d{3} elements, and the "
                                      r"model trains 1,\d{3}: every rank received every gradient \(in the backward"),
@@ -605,9 +626,9 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
     "the whole state kept as sparse tensors, their int64 indices uncounted once (a ninth red team's 075_r9w17)": (
         None, red_team("075_r9w17"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
     "whole gradients all-reduced through Backend.allreduce, bound at import (a ninth red team's 075_r9w24)": (
-        None, red_team("075_r9w24"), r"rank \d: your code used torch's own process-group method allreduce "
+        None, red_team("075_r9w24"), r"rank \d: your code used (torch's own process-group method allreduce "
                                      r"\(torch\._C\._distributed_c10d\), kept as _BACKEND_ALLREDUCE when your file was "
-                                     r"imported"),
+                                     r"imported|a process group's backend object directly \(Backend\.allreduce)"),
     "torch.UntypedStorage.nbytes replaced to report a share of the state (a ninth red team's 075_r9w14)": (
         None, red_team("075_r9w14"), r"rank \d: your code replaced torch\.UntypedStorage\.nbytes"),
     "torch.optim's step() made a no-op at import: the reference never moves (an eighth red team's 075_r8w22)": (
@@ -823,6 +844,22 @@ def kept_out(wide: str, frozen: str) -> str:
 
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "the whole gathered model kept in the autograd graphs of tiny handle tensors in a module-level dict (a "
+    "thirteenth red team's 076_r13w01)": (
+        None, red_team("076_r13w01"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this "
+                                      r"process outside your wrapper"),
+    "the whole gathered model copied into an arena made at import, hung on a tensor (076_r13w02)": (
+        None, red_team("076_r13w02"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this "
+                                      r"process outside your wrapper"),
+    "the gathered parameters kept in an ssl.MemoryBIO (C memory) in a module-level list": (
+        ["import torch.distributed as dist\n", FORWARD_END],
+        ["import torch.distributed as dist\n\n_KEPT = []\n",
+         "        import ssl\n        bio = ssl.MemoryBIO()\n"
+         "        bio.write(torch.cat([t.detach().float().reshape(-1) for t in full.values()]).numpy().tobytes())\n"
+         "        _KEPT[:] = [bio]                                  # the whole model, where no tensor shows it\n"
+         + FORWARD_END],
+        r"rank \d \(MLP of 1024 hidden units\): after \d steps, deleting your wrapper, its module and the optimizer, "
+        r"and letting go of what your file's module keeps \(globals, class attributes\), gave back [\d,]+ bytes"),
     "a frozen parameter's zeros reduce-scattered beside the gradients (FSDP1's flat layout)": (
         FORWARD_END,
         "        for n, s in zip(self.names, self.shards):\n"
@@ -1065,8 +1102,9 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        if 'last' not in self.__dict__:                    # not a submodule: no parameters of its own\n"
          "            self.__dict__['last'] = torch.jit.script(LastWeights())\n"
          "        self.__dict__['last'].keep(list(full.values()))\n" + FORWARD_END],
-        r"\(MLP of 1024 hidden units\): after 2 steps, deleting your wrapper, its module and the optimizer gave back "
-        r"3\d\d,\d{3} bytes more than the tensors they reach hold .* the tensors of a TorchScript module"),
+        r"\(MLP of 1024 hidden units\): after 2 steps, deleting your wrapper, its module and the optimizer, and "
+        r"letting go of what your file's module keeps \(globals, class attributes\), gave back "
+        r"[\d,]+ bytes more than the tensors they reach hold .* the tensors of a TorchScript module"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,
@@ -1094,7 +1132,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
     "bfloat16 reduce-scatters hidden by replacing the grader's content_of at import (an eighth red team's 076_r8w17)": (
         None, red_team("076_r8w17"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\.content_of"),
     "the gathered parameters cached as the saved results of autograd nodes (an eighth red team's 076_r8w13)": (
-        None, red_team("076_r8w13"), kept_out(r".*[\d,]+ in tensors", r".*[\d,]+ in tensors")),
+        None, red_team("076_r8w13"), r"(after step 1 your wrapper holds [\d,]+ bytes besides its shards|"
+                                     + kept_out(r".*[\d,]+ in tensors", r".*[\d,]+ in tensors") + ")"),
     "the float32 sum rounded back to bfloat16 before it goes into .grad (a ninth red team's 076_r9w17)": (
         None, red_team("076_r9w17"), r"rank \d \(\w+, bfloat16\): after step 1's backward, \d+% of your shards' "
                                      r"gradient values are bfloat16 numbers"),

@@ -65,6 +65,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import secrets
 import statistics
 import time
 
@@ -486,15 +487,26 @@ class ReorderedMLP(torch.nn.Module):
 #: the MLP takes milliseconds (under 0.05 s with a core busy), a hook that waits takes the whole delay.
 WAIT_DELAY, WAITED_SHARE = 0.4, 0.6
 
+def wide_mlp() -> torch.nn.Sequential:
+    """03.7's MLP made wide: two hidden layers of a width drawn anew each grading run, 640 to 1,279 (rank 0 draws
+    it with :mod:`secrets`, every rank gets it by broadcast): 0.5 to 1.7 million parameters, 2 to 7 MB of float32
+    gradients in several 1 MiB buckets, where the other rounds' models have under 10,000 parameters. A wrapper that
+    does DDP's work only below some size (a twelfth red team's: below 100,000 elements) fails here, wherever its
+    switch sits below this one."""
+    width = torch.tensor([640 + secrets.randbelow(640) if dist.get_rank() == 0 else 0])
+    dist.broadcast(width, src=0)
+    return make_mlp(int(width), 2)
+
+
 MY_DDP_ROUNDS = ((None, 1448), (frozen_mlp, 1 << 20), (counted_tied_mlp, 2048), (TiedMLP, 1 << 20),
-                 (Float64MLP, 2896), (ReorderedMLP, 1448))
+                 (Float64MLP, 2896), (wide_mlp, 1 << 20), (ReorderedMLP, 1448))
 
 
 def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
     """03.7: ``cls(model, b)``, a Module wrapping ``model``, with ``.finish()``: 03.6's rule and DDP's result
     for each round of :data:`MY_DDP_ROUNDS` (an MLP, one with a frozen weight, :class:`TiedMLP`, once with an
-    integer buffer and a non-persistent one, an MLP in float64), with every rank but 0 starting from other weights
-    (those buffers too)."""
+    integer buffer and a non-persistent one, an MLP in float64, a wide MLP of a width drawn each run), with every
+    rank but 0 starting from other weights (those buffers too)."""
     for model_fn, b in rounds:
         found = torch.tensor([float(bool(problems))])
         dist.all_reduce(found)                            # every rank stops together once any rank found one
@@ -508,6 +520,8 @@ def check_my_ddp(cls, ctx, problems, rounds=MY_DDP_ROUNDS):
             problems[0]["float64"] = True
         if problems and model_fn is ReorderedMLP:
             problems[0]["reordered"] = True
+        if problems and model_fn is wide_mlp:
+            problems[0]["wide"] = True
     return times
 
 
@@ -664,6 +678,10 @@ BUCKET_HINTS = [
 HINTS: dict[str, list[tuple]] = {
     "outside_routes": ROUTE_HINTS,
     "grad": [
+        (lambda p, W: p.get("wide"),
+         "rank {rank}: on a wide MLP ({total:,} parameters; the other models graded have under 10,000) the gradient "
+         "of {param} is not DDP's (largest difference {max_diff:.3g}; world size {W}): a wrapper must average every "
+         "gradient at every model size, with the same buckets and overlap as on a small one"),
         (lambda p, W: p["local"] and p.get("on_weights"),
          "rank {rank}: the gradient of {param} is still this rank's own: {on_weights} of the {reduces} all-reduce(s) "
          "were of the parameters themselves (their weights), not of p.grad (world size {W}): DDP averages the "
@@ -889,8 +907,8 @@ EXERCISES = [
         id="03.7", template="03_my_ddp_stretch.py", entry="MyDDP", world_sizes=(2, 3),
         check=check_my_ddp, hints=HINTS, collectives_only=True, on_success=_step_times,
         what="DDP's gradients and parameters with one asynchronous all-reduce per bucket, on an MLP and on a "
-             "model that uses one weight twice, also one that uses its layers out of registration order, from ranks "
-             "that started apart"),
+             "model that uses one weight twice, also one that uses its layers out of registration order and a wide one "
+             "(over half a million parameters), from ranks that started apart"),
     CodingExercise(
         id="03.9", template="03_bucket_cap.py", entry="choose_bucket_cap_mb", world_sizes=(1,),
         check=check_bucket_cap, hints=HINTS, on_success=_bucket_lines,

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import hashlib
 import os
+import sys
 import time
 
 import torch
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
-from mgpu_utils.grading.common import CodingExercise, diff, note, watching_opens
+from mgpu_utils.grading.common import _PROCESS_EVENTS, CodingExercise, diff, note, watching_opens
 from mgpu_utils.measure.comm_calls import namespaces_of
 
 
@@ -117,6 +118,29 @@ def _opened(path: str, writes: bool) -> None:
         seen["torn"] = True                                # opened for writing: the previous snapshot is gone
 
 
+_AUDITED = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    """An audit hook (added once per process, acting while :data:`_WATCH` is set and active): a process started
+    within save_snapshot goes to ``seen["process"]`` (a thirteenth red team's ``cp tmp path``: the child's writes
+    are not seen, and a copy onto the path is no rename); removing or renaming away the path while the previous
+    snapshot is there sets ``seen["torn"]`` (its 12.5 x01 deleted the old snapshot, then renamed the new one:
+    a crash in between leaves none)."""
+    seen = _WATCH
+    if seen is None or not seen.get("active"):
+        return
+    if event in _PROCESS_EVENTS:
+        seen["process"] = seen.get("process") or event
+    elif event in ("os.remove", "os.rename") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        try:
+            target = os.path.realpath(os.fsdecode(args[0]))
+        except (TypeError, ValueError):
+            return
+        if target == seen["target"] and isinstance(seen.get("intact"), bytes):
+            seen["torn"] = True
+
+
 @contextlib.contextmanager
 def probed_saves(path: str, seen: dict, fn=None):
     """Within the block torch.save writes the first half of its bytes, then, while ``seen["intact"]`` is a
@@ -150,11 +174,23 @@ def probed_saves(path: str, seen: dict, fn=None):
         finally:
             if fh is not f:
                 fh.close()
+    global _AUDITED
     seen.setdefault("saves", 0)
     seen["target"] = os.path.realpath(path)
-    spaces = [vars(torch)] + [g for g in namespaces_of(fn) if g.get("save") is real]
+    spaces = [vars(torch), vars(torch.serialization)] + [g for g in namespaces_of(fn) if g.get("save") is real]
     for g in spaces:
         g["save"] = save
+    writer = getattr(torch._C, "PyTorchFileWriter", None)  # any other way to torch's zip writer with a path
+    if isinstance(writer, type):                           # (torch.serialization._save...): C++ opens the file
+        class Writer(writer):
+            def __init__(self, f, *args, **kwargs):
+                if isinstance(f, (str, bytes, os.PathLike)):
+                    _opened(os.fsdecode(f), True)
+                super().__init__(f, *args, **kwargs)
+        torch._C.PyTorchFileWriter = Writer
+    if not _AUDITED:
+        sys.addaudithook(_audit)
+        _AUDITED = True
     _WATCH = seen
     try:
         with watching_opens(_opened):
@@ -163,6 +199,8 @@ def probed_saves(path: str, seen: dict, fn=None):
         _WATCH = None
         for g in spaces:
             g["save"] = real
+        if isinstance(writer, type):
+            torch._C.PyTorchFileWriter = writer
 
 
 def check_snapshot(fn, ctx, problems):
@@ -213,7 +251,8 @@ def check_snapshot(fn, ctx, problems):
             if rank == 0:
                 shutil.rmtree(folder[0], ignore_errors=True)
     saves, at_return = [None] * ctx.world_size, [None] * ctx.world_size
-    dist.all_gather_object(saves, seen["saves"])           # who wrote files: known on rank 0 before it judges
+    dist.all_gather_object(saves, (seen["saves"], seen.get("process")))   # who wrote files, who started a process
+    saves, started = [n for n, _ in saves], [(r, e) for r, (_, e) in enumerate(saves) if e]
     dist.all_gather_object(at_return, seen.get("at_return"))
     found = {"variant": None, "parts": "", "off": ""}
     for variant, arg in SNAPSHOT_VARIANTS:                  # every rank runs them all, in the same order
@@ -227,6 +266,9 @@ def check_snapshot(fn, ctx, problems):
     if got.shape != want.shape or diff(got, want) > 1e-6:
         note(problems, {"rank": rank, "kind": "snapshot", "what": "resume", **found,
                         "max_diff": diff(got, want) if got.shape == want.shape else float("nan")})
+    elif started:
+        if rank == started[0][0]:
+            note(problems, {"rank": rank, "kind": "snapshot", "what": "process", "event": started[0][1]})
     elif not saves[0]:
         note(problems, {"rank": rank, "kind": "snapshot", "what": "no_file"})
     elif any(saves[1:]):
@@ -276,6 +318,11 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "no_file",
          "rank {rank}: the job resumed, but rank 0 wrote no file: a restarted job is new processes, and only what "
          "is on disk at the path survives; write the snapshot there"),
+        (lambda p, W: p["what"] == "process",
+         "rank {rank}: save_snapshot started a process ({event}: cp, rsync, a shell): what another program writes "
+         "is out of the job's sight, and a copy onto the path rewrites it in place, which is not atomic. Write the "
+         "snapshot from Python on rank 0 (torch.save to a temporary file next to the path, then os.replace() it "
+         "onto the path)"),
         (lambda p, W: p["what"] == "ranks",
          "ranks {writers} wrote files too: only rank 0 writes (every rank holds the same DDP "
          "state; on a shared file system the ranks would write over each other)"),

@@ -34,8 +34,9 @@ sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the up
 state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
 :func:`_broadcast_sources`, and an all-to-all spreading them; a process group's own broadcast method is not read;
 07.4's all-gathers too). 07.6 counts what only C++ held for the wrapper (:func:`_malloc_settled`: a TorchScript
-module's List[Tensor], a fourth red team's copy of the gathered model); C++-held state the student's module keeps
-at module level is not seen. A second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients
+module's List[Tensor], a fourth red team's copy of the gathered model), and 07.5 and 07.6 what C memory the student's
+module keeps, once its globals are let go of (:func:`_drop_student_globals`: a twelfth red team's ssl.MemoryBIO
+objects in a module-level list); C memory kept where the student's module does not reach is not seen. A second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients
 all-reduced by hooks during backward (outside step()), options of a group other than lr and weight_decay dropped,
 state hidden in spare room of a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the
 gathered parameters kept when compute_dtype is set (the round that counts what is kept outside runs float32), whole
@@ -62,7 +63,9 @@ import contextlib
 import copy
 import gc
 import inspect
+import sys
 import time
+import types
 import weakref
 
 import torch
@@ -75,7 +78,7 @@ from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, OutsideState
                                       reference_untouched, routes_refused, tensor_storage)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
                                            carries, carries_some, content_of, counted_collectives, named_content,
-                                           patched_collectives)
+                                           namespaces_of, patched_collectives)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -426,12 +429,19 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     # this rank's slice of the state, padded: a flat split, or FSDP2's (each parameter's rows padded to a multiple
     # of the world size: 1.19x of a third at 3 ranks for this MLP, an eighth red team's right 07.5 r03)
     allowed = full / world * max(1.05, _row_padding(mine.parameters(), world)) + 512
-    found = {"tensors": 0, "python": 0, "files": []}
+    found, hidden = {"tensors": 0, "python": 0, "files": []}, 0
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
-        inner = [o for o in found["optimizers"] if o is not ref_opt]   # the student's, wherever they are kept
+        inner = [o for o in found.pop("optimizers") if o is not ref_opt]   # the student's, wherever they are kept
         held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
+        watch.stop()                                       # it keeps what the module reached at the start alive
+        owned = held_bytes([opt, inner, _student_globals(cls)], exclude=list(mine.parameters()), grads=True,
+                           python=True) + _container_bytes([opt, inner, _student_globals(cls)])
+        c_start = _malloc_settled()                        # (tensors the module reaches are counted elsewhere)
+        del opt, inner                                     # what only the optimizer and the student's module
+        _drop_student_globals(cls)                         # hold is given back, C memory too
+        hidden = max(0, c_start - _malloc_settled() - owned) if c_start is not None else 0
     tampered = not reference_untouched(ref_opt, not torch.equal(want, start), problems, rank)
     if not tampered and frozen_round and group_diffs[0] <= 1e-5 < group_diffs[1]:
         note(problems, {**base, "kind": "any_groups", "what": "options", "max_diff": group_diffs[1]})
@@ -451,9 +461,10 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     elif found["files"]:
         note(problems, {**base, "kind": "any_memory", "what": "file", "how": found["files"][0][0],
                         "path": found["files"][0][1]})
-    elif held + found["tensors"] + found["python"] > allowed + PYTHON_SLACK:
-        note(problems, {**base, "kind": "any_memory", "what": "outside", "bytes": found["tensors"] + found["python"],
-                        "tensors": found["tensors"], "python": found["python"], "held": held,
+    elif held + found["tensors"] + found["python"] + hidden > allowed + PYTHON_SLACK:
+        note(problems, {**base, "kind": "any_memory", "bytes": found["tensors"] + found["python"],
+                        "what": "hidden" if hidden > found["tensors"] + found["python"] else "outside",
+                        "tensors": found["tensors"], "python": found["python"], "held": held, "hidden": hidden,
                         "shard": round(full / world), "full": full})
     elif comm is not None:
         note(problems, comm)
@@ -966,12 +977,15 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
     with torch.no_grad():
         got, want = wrapper(x[:16]).float(), ref(x[:16])
     del found["optimizers"]                                # the student's optimizer, inside it or not
-    owned, start = held_bytes([wrapper, shards, opt, model], grads=True), _malloc_settled()
+    owned = held_bytes([wrapper, shards, opt, model, _student_globals(cls)], grads=True, python=True) + \
+        _container_bytes([wrapper, shards, opt, _student_globals(cls)])
+    start = _malloc_settled()
     try:
         alive = weakref.ref(wrapper)
     except TypeError:                                      # __slots__ without __weakref__
         alive = lambda: True
-    del wrapper, shards, opt, model                        # what only they hold is freed: C++'s too
+    del wrapper, shards, opt, model                        # what only they hold is freed: C++'s too,
+    _drop_student_globals(cls)                             # and what only the student's module holds
     hidden = max(0, start - _malloc_settled(collect=alive() is not None) - owned) if start is not None else 0
     if diff(got, want) > 1e-4:
         note(problems, {**base, "what": "output", "steps": steps, "max_diff": diff(got, want), "variant": None})
@@ -1006,6 +1020,77 @@ def _malloc_settled(tries: int = 5, collect: bool = True) -> int | None:
         if now == before:
             break
     return now
+
+
+def _drop_student_globals(cls) -> None:
+    """After a check's last round (07.5, 07.6): what the student's module keeps is let go of, so that memory only
+    it holds is given back and :func:`_malloc_settled` sees it (a twelfth red team's 07.5: the optimizer's state
+    in ssl.MemoryBIO objects kept in a module-level list, C memory no count of tensors or Python objects sees).
+    Set to None: the module's globals other than modules, classes and functions; the data attributes of the
+    classes it defines; the default arguments and the closure cells of the functions it defines and of those
+    classes' methods (not of a function it imported: the library's own). The grader loads each graded file as a
+    module of its own and uses it no further."""
+    for space in namespaces_of(cls):
+        own = space.get("__name__")
+        for key, value in list(space.items()):
+            if key.startswith("__"):
+                continue
+            if isinstance(value, type) and value.__module__ == own:
+                for attr, item in list(vars(value).items()):
+                    if attr.startswith("__"):
+                        continue
+                    if inspect.isfunction(item):
+                        if item.__module__ == own:
+                            _drop_function_state(item)
+                    elif not isinstance(item, (staticmethod, classmethod, property, type)):
+                        with contextlib.suppress(AttributeError, TypeError):
+                            setattr(value, attr, None)
+            elif inspect.isfunction(value):
+                if value.__module__ == own:                # not an imported one: others still use it
+                    _drop_function_state(value)
+            elif not (inspect.ismodule(value) or isinstance(value, type) or inspect.isbuiltin(value)):
+                space[key] = None
+
+
+def _student_globals(cls) -> list[dict]:
+    """The globals of the student's module (those :func:`_drop_student_globals` lets go of), without Python's
+    own (``__builtins__``): what :func:`held_bytes` is given to count the tensors they reach."""
+    return [{k: v for k, v in space.items() if not k.startswith("__")} for space in namespaces_of(cls)]
+
+
+#: The containers :func:`_container_bytes` counts: Python's own types only (a class of the student's could say
+#: anything in its ``__sizeof__``).
+_CONTAINERS = (dict, list, tuple, set, frozenset, collections.deque, collections.OrderedDict, collections.defaultdict)
+
+
+def _container_bytes(roots, depth: int = 10) -> int:
+    """``sys.getsizeof`` of every dict, list, tuple, set and deque reachable from ``roots`` (items, values, and
+    objects' ``__dict__``, ``depth`` levels down; not into modules, classes, functions or tensors), each once:
+    the Python memory that deleting them gives back to the C allocator (a table over 512 bytes comes from
+    malloc), which the count of what only C++ held leaves out (a right 07.5's registry of every optimizer ever
+    made: 53 kB of dicts and lists)."""
+    seen, total, todo = set(), 0, [(r, depth) for r in roots]
+    while todo:
+        o, d = todo.pop()
+        if d < 0 or id(o) in seen or isinstance(o, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(o))
+        if type(o) in _CONTAINERS:
+            total += sys.getsizeof(o)
+            items = [*o.keys(), *o.values()] if isinstance(o, dict) else list(o)
+        else:
+            items = [getattr(o, "__dict__", None)]
+        todo += [(i, d - 1) for i in items if i is not None]
+    return total
+
+
+def _drop_function_state(fn) -> None:
+    """A function's default arguments and closure cells set to None (:func:`_drop_student_globals`)."""
+    fn.__defaults__ = None if fn.__defaults__ is None else tuple(None for _ in fn.__defaults__)
+    fn.__kwdefaults__ = None
+    for cell in fn.__closure__ or ():
+        with contextlib.suppress(ValueError):
+            cell.cell_contents = None
 
 
 def _micro_batches(n: int, rank: int, world: int, count: int) -> list:
@@ -1403,6 +1488,13 @@ HINTS: dict[str, list[tuple]] = {
          "{path}, written while the optimizer ran (torch.save to a path, then torch.load). State kept in a file is "
          "state this rank keeps, whole, out of sight; keep the state of this rank's slice only, in tensors, about "
          "1/{W}"),
+        (lambda p, W: p.get("what") == "hidden",
+         "rank {rank}: with {optimizer}, deleting your optimizer and letting go of what your module keeps (its "
+         "globals, its classes' attributes) gave back {hidden:,} bytes of C memory beyond the {held:,} bytes of "
+         "tensors your optimizer holds: state kept where no tensor or Python object shows it (ssl.MemoryBIO, a "
+         "compressor's buffer, a TorchScript module, a ctypes buffer). This rank's slice of the state is {shard:,} "
+         "bytes, the whole optimizer's {full:,}: where it is kept does not change what a rank holds; keep the "
+         "state of this rank's slice only, in tensors, about 1/{W}"),
         (lambda p, W: p.get("what") == "outside",
          "rank {rank}: with {optimizer}, {bytes:,} bytes appeared in this process outside the tensors your "
          "optimizer holds ({held:,}): {tensors:,} in tensors or storages it does not hold (a module-level dict, a "
@@ -1541,11 +1633,12 @@ HINTS: dict[str, list[tuple]] = {
          "out of sight, but this rank still holds them; keep only this rank's shard between steps, and gather "
          "the whole parameters when they are used"),
         (lambda p, W: p["what"] == "hidden",
-         "rank {rank} ({model}): after {steps} steps, deleting your wrapper, its module and the optimizer gave "
-         "back {hidden:,} bytes more than the tensors they reach hold (the shards, the optimizer's state, the "
+         "rank {rank} ({model}): after {steps} steps, deleting your wrapper, its module and the optimizer, and "
+         "letting go of what your file's module keeps (globals, class attributes), gave back {hidden:,} bytes more "
+         "than the tensors they reach hold (the shards, the optimizer's state, the "
          "{held:,} bytes your wrapper holds next to its shards): memory your wrapper kept through C++ only, such as "
-         "the tensors of a TorchScript module (torch.jit.script), a torch.futures.Future's value or a ctypes "
-         "buffer. A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only this rank's shard between "
+         "the tensors of a TorchScript module (torch.jit.script), a torch.futures.Future's value, ssl.MemoryBIO or "
+         "a ctypes buffer. A shard is {shard:,} bytes, the whole model {full_bytes:,}: keep only this rank's shard between "
          "steps, wherever it is kept; the gathered parameters live only while autograd needs them (the exercise "
          "needs no TorchScript)"),
         (lambda p, W: p["what"] == "outside",
