@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import functools
 import gc
+import hashlib
 import itertools
 import os
 import sys
@@ -840,6 +841,81 @@ def _tensors_and_storages(objects) -> list:
     return [(o, kinds[type(o)]) for o in picked]
 
 
+def _digest(storage) -> bytes | torch.Tensor:
+    """What a storage holds, in short: a blake2b digest of its bytes on the CPU (about 1 GB/s), a copy elsewhere."""
+    content = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    if storage.device.type != "cpu":
+        return content.clone()
+    return hashlib.blake2b(memoryview(content.numpy()), digest_size=16).digest()
+
+
+def _fingerprints(objects) -> dict:
+    """{storage address: (object, kind, bytes, :func:`_digest`)} of the tensors and storage objects among
+    ``objects`` (one object per storage): :class:`OutsideState` takes them of every object alive before its block,
+    and :func:`_changed` tells those written or swapped within it. State kept in a buffer made before the block
+    (at import, or in an earlier round) hides wherever it is hung (a fourteenth red team's arenas on a
+    ``types.ModuleType``, on a class that says it is another module's, on ``torch.distributed``, in a paused
+    generator's frame, in an eval'd lambda's globals): a buffer that holds state is written in the block."""
+    out = {}
+    for o, kind in _tensors_and_storages(objects):
+        key = _storage_of(o, kind)
+        if key is None or key[0] in out or not key[1]:
+            continue
+        try:
+            out[key[0]] = (o, kind, key[1], _digest(tensor_storage(o) if kind == 1 else _bare_storage(o)))
+        except (RuntimeError, TypeError, ValueError, NotImplementedError):
+            continue
+    return out
+
+
+def _changed(old: dict) -> list:
+    """``[(object, kind), ...]`` of :func:`_fingerprints`' objects whose storage is not the one it was (another
+    address or size) or holds other bytes now."""
+    out = []
+    for ptr, (o, kind, nbytes, digest) in old.items():
+        key = _storage_of(o, kind)
+        if key is None:
+            continue
+        try:
+            same = key == (ptr, nbytes) and OutsideState._same(
+                digest, _digest(tensor_storage(o) if kind == 1 else _bare_storage(o)))
+        except (RuntimeError, TypeError, ValueError, NotImplementedError):
+            continue
+        if not same:
+            out.append((o, kind))
+    return out
+
+
+@contextlib.contextmanager
+def new_objects_only():
+    """Within the block the garbage collector lists only the objects made in it (the others are frozen,
+    ``gc.freeze``), for :func:`young_bytes`; unfrozen at the end."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def young_bytes() -> tuple[int, int]:
+    """Within :func:`new_objects_only`: (tensors, Python): bytes of every tensor and storage made in the block and still alive
+    (wherever it is kept: a list on a ``types.ModuleType``, a class that says it is another module's, an attribute
+    of ``torch.distributed``; a fourteenth red team's 03.7 y03 and y11), of the tensors autograd keeps for the
+    nodes Python holds; and of the Python objects made in the block with what they hold (bytes, floats, numpy
+    arrays). 03.7 reads it after every step: it must not grow step after step (a right solution's Python objects
+    grow by about 12 kB from step 1 to 2, as torch's DDP beside it settles, then by about 100 bytes; its tensors by
+    44 bytes, then 0)."""
+    gc.collect()                                             # the block's objects only: the others are frozen
+    young = gc.get_objects()
+    storages: dict = {}
+    for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young):
+        key = _storage_of(o, kind)
+        if key is not None:
+            storages[key[0]] = max(storages.get(key[0], 0), key[1])
+    return sum(storages.values()), OutsideState._python_bytes(None, young, set())
+
+
 def _node_saved_tensors(objects) -> list:
     """The tensors autograd keeps for a backward (:func:`graph_saved`) of the autograd nodes among ``objects`` that
     Python holds as objects (a ``grad_fn`` kept in a dict, a list, a registry): memory that no tensor object holds
@@ -961,6 +1037,7 @@ class OutsideState:
         self.files: list[tuple[str, str]] = []
         self.space = _module_space(owner) if owner is not None else {}
         self._watch = None
+        self.old: dict = {}
 
     def __enter__(self):
         return self.begin()
@@ -977,6 +1054,7 @@ class OutsideState:
                 pass
         self.walked = {id(o): o for o in walked}             # kept alive: a new object cannot take their ids
         del walked
+        self.old = _fingerprints(gc.get_objects())           # every tensor and storage alive before the block
         self.stored = {}                                     # the c10d store's writes (made before the freeze:
         self._store_methods = _watch_store(self.stored)      # the grader's own objects, not counted)
         gc.freeze()                                          # from now on gc.get_objects() lists new objects only
@@ -1009,7 +1087,7 @@ class OutsideState:
             setattr(_STORE, name, method)
         self._store_methods = {}
         gc.unfreeze()
-        self.reached, self.walked = {}, {}
+        self.reached, self.walked, self.old = {}, {}, {}
 
     def _opened(self, path: str, writes: bool) -> None:
         """:func:`watching_opens`'s callback: note a path written, or read after a change within the block."""
@@ -1151,6 +1229,7 @@ class OutsideState:
                 elif id(o) not in counted:
                     counted.add(id(o))
                     python += sys.getsizeof(o)
+            reach += _changed(self.old)                      # older than the block, written within it
             new = [o for o in walked if id(o) not in self.walked and not gc.is_tracked(o)
                    and not isinstance(o, (bool, type(None)))]   # untracked by gc.collect: a tuple of floats, a str
             python += self._python_bytes(new, counted, referents=False)

@@ -76,8 +76,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.data import load_data
 from mgpu_utils.costs import overlap
-from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, always, diff, held_bytes, note, store_writes,
-                                      switched_off)
+from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, always, diff, held_bytes, new_objects_only,
+                                      note, store_writes, switched_off, young_bytes)
 from mgpu_utils.measure.comm_calls import (TORCH_DDP, add_content, built, carries, content_of, counted_all_reduce,
                                            named_content, namespaces_of)
 from mgpu_utils.models import TiedMLP, make_mlp
@@ -158,7 +158,7 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     for q in mine.parameters():
         if q.requires_grad:                               # a frozen parameter has no gradient, and no hook
             q.register_post_accumulate_grad_hook(accumulated)
-    with built(TORCH_DDP) as torch_built:                 # torch's DDP built by the student's code (ours is built)
+    with built(TORCH_DDP) as torch_built, new_objects_only():   # torch's DDP built by the student's code (ours
         return _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready, own, state,
                       torch_built)
 
@@ -200,6 +200,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
     times, held, held_outside, hooked, later = {"yours_ms": [], "ddp_ms": []}, [], [], [], None
+    held_process = []
     spaces = namespaces_of(fn) if fn is not None else []
     outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals,
                for space in spaces] + [                                     # its classes' attributes
@@ -233,6 +234,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         hooked.append(_hook_count(mine) - ours)           # hooks registered anew every step, never removed?
         held.append(held_bytes([sync, hooks], exclude=list(mine.parameters()), python=True))   # the wrapper, its
         held_outside.append(held_bytes(outside, exclude=list(mine.parameters()), python=True))  # hooks, its module
+        held_process.append(young_bytes())               # and anywhere else in the process
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
@@ -306,6 +308,8 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
     elif _grows(held_outside):
         note(problems, {"rank": rank, "kind": "growth", "bytes": held_outside, "outside": True})
+    elif _grows_each([t for t, _ in held_process], 512) or _grows_each([p for _, p in held_process], 4096):
+        note(problems, {"rank": rank, "kind": "growth", "bytes": [t + p for t, p in held_process], "process": True})
     elif later is not None:                               # a later step's all-reduces carried something else
         note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
@@ -334,6 +338,12 @@ def _hook_count(model: torch.nn.Module) -> int:
 def _grows(held: list) -> bool:
     """Whether the bytes held after each of three steps grow every step, by more than 1 KiB in all."""
     return len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024
+
+
+def _grows_each(held: list, by: int) -> bool:
+    """Whether the bytes held after each of three steps grow by more than ``by`` every step (what the whole process
+    made and keeps, :func:`~mgpu_utils.grading.common.young_bytes`: its own objects settle in step 2)."""
+    return len(held) == 3 and held[2] - held[1] > by and held[1] - held[0] > by
 
 
 def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | None:
@@ -725,7 +735,13 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the gradient of {param} is this rank's own divided by {W}: the all-reduce's result was not "
          "kept. all_reduce writes the sum into the tensor it is given: pass p.grad itself, not a copy"),
         (always, "rank {rank}: the gradient of {param} differs from DDP's by {max_diff:.3g} (world size {W})")],
-    "growth": [(lambda p, W: p.get("outside"),
+    "growth": [(lambda p, W: p.get("process"),
+                "rank {rank}: the result is right, but what this process keeps from the steps grows: "
+                "{bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes of tensors and Python objects made since your "
+                "wrapper was built and still alive after steps 1, 2 and 3 (the grader looks at every object the "
+                "garbage collector tracks, wherever it is kept). Something is kept from every step: in a long run "
+                "it fills the memory"),
+               (lambda p, W: p.get("outside"),
                 "rank {rank}: the result is right, but what your module holds at its top level (outside the "
                 "wrapper) grows: {bytes[0]:,}, {bytes[1]:,}, {bytes[2]:,} bytes after steps 1, 2 and 3. Something "
                 "is kept from every step in a global (a list of buckets kept for debugging, a functools cache "
