@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -898,22 +899,33 @@ def new_objects_only():
         gc.unfreeze()
 
 
-def young_bytes() -> tuple[int, int]:
-    """Within :func:`new_objects_only`: (tensors, Python): bytes of every tensor and storage made in the block and still alive
-    (wherever it is kept: a list on a ``types.ModuleType``, a class that says it is another module's, an attribute
-    of ``torch.distributed``; a fourteenth red team's 03.7 y03 and y11), of the tensors autograd keeps for the
-    nodes Python holds; and of the Python objects made in the block with what they hold (bytes, floats, numpy
-    arrays). 03.7 reads it after every step: it must not grow step after step (a right solution's Python objects
-    grow by about 12 kB from step 1 to 2, as torch's DDP beside it settles, then by about 100 bytes; its tensors by
-    44 bytes, then 0)."""
+def young_bytes(earlier: list = ()) -> tuple[int, dict]:
+    """Within :func:`new_objects_only`: (Python, tensors): bytes of the Python objects made in the block and still
+    alive, with what they hold (bytes, floats, numpy arrays); and {id: (weak reference, bytes)} of one tensor or
+    storage object per storage made in the block and still alive (wherever it is kept: a list on a
+    ``types.ModuleType``, a class that says it is another module's, an attribute of ``torch.distributed``; a
+    fourteenth red team's 03.7 y03 and y11), the tensors autograd keeps for the nodes Python holds too. 03.7 reads
+    it after every step (:func:`~mgpu_utils.grading.coding.data_parallel._leaks`): what a step made must not stay.
+    A collective's output can outlive its step by a moment (gloo's worker thread lets go of it late: a 249 kB
+    bucket, there after one step and gone after the next), so a step's tensors count as kept only while the next
+    step's are read. ``earlier``: what it returned before (its objects are not counted)."""
     gc.collect()                                             # the block's objects only: the others are frozen
-    young = gc.get_objects()
-    storages: dict = {}
+    mine = {id(earlier)} | {id(o) for read in earlier for o in (read, read[1])} | {
+        id(o) for _, refs in earlier for entry in refs.values() for o in entry}
+    mine.add(id(mine))
+    young = [o for o in gc.get_objects() if id(o) not in mine]
+    tensors: dict = {}
+    ptrs: set = set()
     for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young):
         key = _storage_of(o, kind)
-        if key is not None:
-            storages[key[0]] = max(storages.get(key[0], 0), key[1])
-    return sum(storages.values()), OutsideState._python_bytes(None, young, set())
+        if key is None or key[0] in ptrs:
+            continue
+        try:
+            tensors[id(o)] = (weakref.ref(o), key[1])
+        except TypeError:
+            continue
+        ptrs.add(key[0])
+    return OutsideState._python_bytes(None, young, set()), tensors
 
 
 def _node_saved_tensors(objects) -> list:

@@ -431,6 +431,10 @@ WRONG_037 = {
         "            return\n        self.bucket.append(p)\n",
         r"rank \d: on a wide MLP \([\d,]+ parameters; the other models graded have under 10,000\) the gradient of "
         r"\d\.\w+ is not DDP's"),
+    "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (
+        None, red_team("037_r14w03"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
+    "every step's averaged gradients kept on a class whose __module__ says logging (037_r14w11)": (
+        None, red_team("037_r14w11"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's averaged gradients kept in the autograd graph of a 1-element tensor a step (a thirteenth red "
     "team's 037_r13w01)": (
         None, red_team("037_r13w01"), r"rank \d: the result is right, but what your wrapper holds after each step "

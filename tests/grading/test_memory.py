@@ -398,6 +398,14 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _KEPT[:] = [bio]                                  # the whole model, where no tensor shows it\n"],
         r"rank \d: with SGD with momentum, deleting your optimizer and letting go of what your module keeps \(its "
         r"globals, its classes' attributes\) gave back [\d,]+ bytes of C memory"),
+    "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
+        None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
+        None, red_team("075_r14w04"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "full-size state in a cache set at import as an attribute of torch.distributed (075_r14w06)": (
+        None, red_team("075_r14w06"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "full-size state in an arena in the globals of an eval'd lambda (075_r14w10)": (
+        None, red_team("075_r14w10"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state kept as saved results in the autograd graphs of 1-element tensors (a thirteenth red team's "
     "075_r13w01)": (
         None, red_team("075_r13w01"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
@@ -844,6 +852,12 @@ def kept_out(wide: str, frozen: str) -> str:
 
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "the whole gathered model copied into an arena on a types.ModuleType global (a fourteenth red team's 076_r14w02)": (
+        None, red_team("076_r14w02"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
+    "the whole gathered model copied into an arena local to a paused generator kept by atexit (076_r14w05)": (
+        None, red_team("076_r14w05"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
+    "the whole gathered model kept in a cache made in an early round on torch.distributed (076_r14w08)": (
+        None, red_team("076_r14w08"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered model kept in the autograd graphs of tiny handle tensors in a module-level dict (a "
     "thirteenth red team's 076_r13w01)": (
         None, red_team("076_r13w01"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this "

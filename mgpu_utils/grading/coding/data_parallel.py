@@ -200,7 +200,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     shard_grads = every_rank_gradients(mine, x_all.flatten(1), y_all, world)     # before any step
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mine, ddp)]
     times, held, held_outside, hooked, later = {"yours_ms": [], "ddp_ms": []}, [], [], [], None
-    held_process = []
+    held_process, leaked = [], None
     spaces = namespaces_of(fn) if fn is not None else []
     outside = [{k: v for k, v in space.items() if not k.startswith("__")}   # the student's module's globals,
                for space in spaces] + [                                     # its classes' attributes
@@ -234,7 +234,8 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         hooked.append(_hook_count(mine) - ours)           # hooks registered anew every step, never removed?
         held.append(held_bytes([sync, hooks], exclude=list(mine.parameters()), python=True))   # the wrapper, its
         held_outside.append(held_bytes(outside, exclude=list(mine.parameters()), python=True))  # hooks, its module
-        held_process.append(young_bytes())               # and anywhere else in the process
+        held_process.append(young_bytes(held_process))               # and anywhere else in the process
+        leaked = leaked or _leaks(held_process)           # (read now: a step's tensors are gone after the next)
         F.cross_entropy(ddp(x), y).backward()
         times["yours_ms"].append(1e3 * (t1 - t0))
         times["ddp_ms"].append(1e3 * (time.perf_counter() - t1))
@@ -308,8 +309,8 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         note(problems, {"rank": rank, "kind": "growth", "bytes": held})
     elif _grows(held_outside):
         note(problems, {"rank": rank, "kind": "growth", "bytes": held_outside, "outside": True})
-    elif _grows_each([t for t, _ in held_process], 512) or _grows_each([p for _, p in held_process], 4096):
-        note(problems, {"rank": rank, "kind": "growth", "bytes": [t + p for t, p in held_process], "process": True})
+    elif leaked:
+        note(problems, {"rank": rank, "kind": "growth", "process": True, "bytes": leaked})
     elif later is not None:                               # a later step's all-reduces carried something else
         note(problems, later)
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
@@ -340,10 +341,23 @@ def _grows(held: list) -> bool:
     return len(held) == 3 and held[2] > held[1] > held[0] and held[2] - held[0] > 1024
 
 
-def _grows_each(held: list, by: int) -> bool:
-    """Whether the bytes held after each of three steps grow by more than ``by`` every step (what the whole process
-    made and keeps, :func:`~mgpu_utils.grading.common.young_bytes`: its own objects settle in step 2)."""
-    return len(held) == 3 and held[2] - held[1] > by and held[1] - held[0] > by
+def _leaks(held: list) -> list | None:
+    """Whether what the process made and keeps (:func:`~mgpu_utils.grading.common.young_bytes` after each of three
+    steps: Python's bytes, and the tensors by weak reference) grows: more than 512 bytes of tensors made in step 2
+    still alive after step 3 and more than 512 bytes made in step 3; or Python's bytes up by more than 8 kB in each
+    step (a right solution's grow by 4 to 14 kB from step 1 to 2, as torch's DDP beside it settles, then by 2 to
+    3.3 kB: the grader's own lists of times and calls). Returns the bytes read after each step when it grows, else None; read right after step 3."""
+    if len(held) != 3:
+        return None
+    (p1, t1), (p2, t2), (p3, t3) = held
+
+    def new(now: dict, before: dict) -> dict:               # an id reused by a new object is new
+        return {k: v for k, v in now.items() if k not in before or before[k][0]() is not v[0]()}
+    kept = sum(n for ref, n in new(t2, t1).values() if ref() is not None)
+    made = sum(n for ref, n in new(t3, t2).values() if ref() is not None)
+    if kept > 512 and made > 512 or p3 - p2 > 8192 and p2 - p1 > 8192:
+        return [p + sum(n for _, n in t.values()) for p, t in held]    # the bytes read after each step
+    return None
 
 
 def _carried(calls: list, own: list, weights, world: int, step: int) -> dict | None:
