@@ -1020,7 +1020,10 @@ class OutsideState:
       object handed to :meth:`count` reaches (a module-level dict, a registry, a closure, a default argument,
       another module's attribute), and those the student's module reaches that changed within the block (a
       buffer made at import, then written), and the tensors autograd keeps for the nodes (``grad_fn``
-      objects) made within the block and held as Python objects (:func:`_node_saved_tensors`);
+      objects) made within the block and held as Python objects (:func:`_node_saved_tensors`); and every tensor
+      and storage alive before the block (made at import, or in an earlier round) whose storage was written or
+      swapped within it, wherever it is hung (:func:`_fingerprints`: a digest of each one's bytes at the start,
+      about 30 ms for a 32 MB arena);
     * Python objects made within the block and still alive, with what they hold (:meth:`_python_bytes`: bytes
       or BytesIO of a torch.save, numpy arrays, lists of floats, strings; inside the object or not), and the
       buffers the student's module reaches that were made or changed within the block (bytes, bytearray,

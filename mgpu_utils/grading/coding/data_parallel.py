@@ -22,8 +22,10 @@ how many gradients had been accumulated at each call, against the rule's fill po
 checked in every step, not in the first only; so is any other collective or send/recv made beside the
 all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What the
 wrapper, and the top level of the student's module, hold after each step must not grow (tensors, also in deques
-and in attributes set on tensors or slots, Python numbers and bytes: a bucket kept as ``tolist()``), nor the
-hooks on the model.
+and in attributes set on tensors or slots, Python numbers and bytes: a bucket kept as ``tolist()``), nor what
+the whole process made in a step and still keeps after the next (:func:`_leaks`: tensors anywhere, Python objects
+the garbage collector tracks; a fourteenth red team's lists on a module object or a class that says it is
+another module's), nor the hooks on the model.
 In 03.7 every rank but 0 starts from other weights, an integer buffer and a non-persistent one (not in
 ``state_dict()``) too, which the wrapper must broadcast, as DDP does every parameter and buffer. The
 hints of the problems they report, the exercises' records and the step times said on success are here too.
@@ -34,8 +36,8 @@ or asserts every gradient is there, passes; a hook that sleeps until a flag says
 (a wait() or a loop on is_completed() in the hook is, and so is either in another thread while the hook waits for
 that thread: joins it, or waits on an event, a future or a queue; so are, since an eighth red team (2026-12-06),
 a future's wait() or a loop on its done(), and reading a functional collective's result there); gradients moved by broadcasts beside
-all-reduces for show, and state that grows in a bounded ``lru_cache`` or below the top level of another module,
-are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
+all-reduces for show, and Python numbers or bytes appended to a list older than the steps, below the top level of
+another module, are not told apart from a right solution (a list, a dict or a ``functools.cache`` at the top level of the
 student's module, a class attribute of its classes, and what the parameters' hooks hold in their closures and
 default arguments are); values hidden in exotic places (mmap, ctypes, os.environ, thread locals) are not looked
 for. Writes to the c10d store from Python during a step (set, add, append, ...: :func:`store_writes`) are a

@@ -27,7 +27,9 @@ shards' gradients are all bfloat16 numbers (the float32 sum rounded back: :func:
 
 Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (ctypes memory
 other than mmap, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
-not reach (hung on builtins), a buffer made at import hung on a function attribute) are not seen; in 07.5 a whole
+not reach (hung on builtins), a Python buffer made at import hung on a function attribute) are not seen (a tensor
+made before the last round and written in it is, wherever it hangs: a fourteenth red team's arenas on a module
+object, on torch.distributed, in a generator's frame); in 07.5 a whole
 optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives and
 sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
