@@ -890,8 +890,8 @@ def _changed(old: dict) -> list:
 @contextlib.contextmanager
 def new_objects_only():
     """Within the block the garbage collector lists only the objects made in it (the others are frozen,
-    ``gc.freeze``), for :func:`young_bytes`; unfrozen at the end."""
-    gc.collect()
+    ``gc.freeze``), for :func:`young_bytes`; unfrozen at the end. No collection first (0.25 s of a grading rank's
+    390,000 objects, for each of 03.7's seven models): garbage older than the block stays frozen, uncounted."""
     gc.freeze()
     try:
         yield
