@@ -11,9 +11,10 @@ trains as lesson 10's GAN does:
   2. the generator, through the discriminator just updated: D(fake) labelled 1 (G wants D to say real); one
      step of opt_g.
 D returns logits: use F.binary_cross_entropy_with_logits. Zero each model's gradients before its backward
-(G's backward also goes through D). The grader runs two steps on 2 and 3 ranks and compares both models'
-parameters with the same steps in one process on every rank's samples at once; typical mistakes get their
-own hint.
+(G's backward also goes through D). The grader runs 3 to 5 steps on 2 and 3 ranks (the number of steps, the
+optimizers' learning rate and momentum and the data are drawn each run) and compares both models' parameters
+with the same steps in one process on every rank's samples at once; each step must call G and D (the
+DDP-wrapped modules) and move no data of its own; typical mistakes get their own hint.
 
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script

@@ -615,7 +615,47 @@ def _wrapped_routes() -> dict:
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
+    for owner, name in _TORCHSCRIPT:
+        wrap(owner, name, _JIT_ROUTE.format(name=name), needs_student=True)
+    for owner, name in [(torch._C, "CompilationUnit"), (torch.jit, "CompilationUnit"), (torch._C, "ScriptModule")]:
+        real = vars(owner).get(name)                        # made by hand: a class that records its making
+        if isinstance(real, type):
+            saved[(owner, name)] = real
+            setattr(owner, name, _recording_class(real, _JIT_ROUTE.format(name=name)))
     return saved
+
+
+def _recording_class(real: type, route: str) -> type:
+    """A subclass of ``real`` whose making from the student's file records ``route`` (:func:`_wrapped_routes`)."""
+    class Recorded(real):
+        def __init__(self, *args, **kwargs):
+            _record_route(route, needs_student=True)
+            super().__init__(*args, **kwargs)
+    Recorded.__name__ = Recorded.__qualname__ = real.__name__
+    return Recorded
+
+
+#: TorchScript's ways in (compiled, traced, loaded): a scripted module's List[Tensor] holds tensors in C++ that no
+#: Python tensor object stands for, and that no count of the process's tensors sees (a fifteenth red team's 03.7,
+#: 07.5 and 07.6 z01-z03, 2026-12-07: gradients and gathered models kept in a scripted module hung on builtins).
+_TORCHSCRIPT = [(torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_module"), (torch.jit, "load"),
+                (torch.jit._script, "script"), (torch.jit._trace, "trace"), (torch.jit._trace, "trace_module"),
+                (torch.jit._serialization, "load")] + [
+    (torch._C, name) for name in ("_jit_script_compile", "_jit_script_class_compile", "_jit_script_interface_compile",
+                                  "_create_function_from_trace", "_create_function_from_trace_with_dict",
+                                  "import_ir_module", "import_ir_module_from_buffer", "_create_module_with_type")]
+_JIT_ROUTE = ("TorchScript (torch.jit: {name}; a scripted object keeps tensors in C++, which no check of this "
+              "exercise counts)")
+#: The TorchScript objects a block must not leave behind, however they were made (torch._C.CompilationUnit's
+#: define(), torch._C.ScriptModule built by hand).
+_SCRIPT_TYPES = tuple(t for t in [torch.jit.ScriptModule, torch.jit.ScriptFunction] + [
+    getattr(torch._C, n, None) for n in ("ScriptModule", "ScriptMethod", "ScriptObject", "CompilationUnit", "ScriptList",
+                                         "ScriptDict")] if isinstance(t, type))   # (those gc lists: the first two)
+
+
+def _script_objects() -> set[int]:
+    """The ids of the TorchScript objects (:data:`_SCRIPT_TYPES`) alive in the process (about 40 ms)."""
+    return {id(o) for o in _instances_of(gc.get_objects(), _SCRIPT_TYPES)}
 
 
 @contextlib.contextmanager
@@ -637,14 +677,18 @@ def refusing_routes(path: str, found: list):
     code starts (fork, spawn, subprocess: a child keeps a copy), an sqlite3 database, and a pipe or memfd still
     open at the block's end (bytes kept in the kernel); and a collective or send of a process group's backend
     object called from the student's file (``group._get_backend(device).allreduce``, bound at import, in a
-    closure or in ``__init__``: a thirteenth red team's 07.5 x02 and x04, 2026-12-07)."""
+    closure or in ``__init__``: a thirteenth red team's 07.5 x02 and x04, 2026-12-07); and TorchScript, called
+    from the student's file or left alive at the block's end (:data:`_TORCHSCRIPT`: C++ holds a scripted module's
+    tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07)."""
     global _REFUSING
     _hook_audit()
-    shared_before, fds_before = _shared_mappings(), _kernel_buffers()
+    shared_before, fds_before, scripts_before = _shared_mappings(), _kernel_buffers(), _script_objects()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
     try:
         yield
+        if _script_objects() - scripts_before and not any("TorchScript" in f["route"] for f in found):
+            _record_route(_JIT_ROUTE.format(name="an object made within the check"))
         for mapping in sorted(_shared_mappings() - shared_before):   # kept past the block, however it was made
             _record_route(f"memory shared with other processes ({mapping})")
         for fd, what in sorted(_kernel_buffers().items() - fds_before.items()):   # still open at the block's end

@@ -3,7 +3,9 @@ step written other ways (one batch through D with the loss doubled, softplus los
 no_grad, the modules' zero_grad, D frozen during G's step) passes; G's loss on detached fakes, D's loss halved,
 the losses returned as tensors or in the other order (the grader now checks what each step returns) and G's
 loss through D's output from before D's step get the hint that names them. Each list is graded in one launch at
-3 ranks.
+3 ranks. Since a fifteenth red team (2026-12-07): the whole batch gathered and trained on the modules inside DDP,
+the grader's SGD hard-coded with a made-up pair returned per rank, a step right for two calls only, and DDP bypassed
+are refused; the whole batch's losses all-reduced and returned on every rank pass.
 
 Exercise 10.7 (design, check_b_crit): three other ways to find B_crit (read off where the steps are twice the
 fewest, a line through the examples, factors of 4 and a fit in log space) and the worked solution with one seed
@@ -15,7 +17,7 @@ import importlib.util
 import re
 import types
 
-from helpers import solution, wrong
+from helpers import red_team, solution, wrong
 from mgpu_utils.grading.coding.case_studies import check_b_crit
 from mgpu_utils.grading.runner import grade_many, problem_hint
 
@@ -44,6 +46,11 @@ RIGHT = {   # name: (text of the solution, replaced by)
         ["    D.zero_grad()\n", "    G.zero_grad()\n"]),
     "D frozen during G's step": (
         G_LOSS, "    D.requires_grad_(False)\n" + G_LOSS + "    D.requires_grad_(True)\n"),
+    "the whole batch's losses returned on every rank (all-reduced)": (
+        RETURN, "    import torch.distributed as dist\n"
+                "    both = torch.tensor([d_loss.item(), g_loss.item()], dtype=torch.float64)\n"
+                "    dist.all_reduce(both)\n    both /= dist.get_world_size()\n"
+                "    return both[0].item(), both[1].item()\n"),
 }
 
 WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
@@ -60,6 +67,25 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         r"G and D are right, but gan_step returned \(Tensor, Tensor\): return \(d_loss, g_loss\) as Python floats"),
     "the losses returned in the other order": (RETURN, "    return g_loss.item(), d_loss.item()\n",
                                                r"G and D are right, but the losses returned are \(g_loss, d_loss\)"),
+    "the whole batch gathered on every rank and trained on the modules inside DDP (a fifteenth red team's "
+    "105_r15w01)": (
+        None, red_team("105_r15w01"), r"your gan_step called torch.distributed's all_gather \(\d+ call\(s\) that "
+                                      r"carry data\): this step moves no data of its own"),
+    "the grader's SGD hard-coded, the optimizers given ignored, rank 0 returning the sum (105_r15w02)": (
+        None, red_team("105_r15w02"), r"after \d steps the parameters differ from one process's by"),
+    "right for two calls, G's step skipped from the third (105_r15w03)": (
+        None, red_team("105_r15w03"), r"after \d steps the parameters differ from one process's by"),
+    "the right step on G.module and D.module, DDP bypassed (its gradients never averaged) on the rows of every rank "
+    "rebuilt from a seed": (
+        ["    fake = G(z)\n"],
+        ["    G, D = G.module, D.module\n    fake = G(z)\n"],
+        r"parameters differ from one process's|was never called"),
+    "each rank returning a made-up pair whose mean is right: rank 0 the sum, the others zeros": (
+        RETURN, "    import torch.distributed as dist\n"
+                "    both = torch.tensor([d_loss.item(), g_loss.item()], dtype=torch.float64)\n"
+                "    dist.all_reduce(both)\n"
+                "    return (both[0].item(), both[1].item()) if dist.get_rank() == 0 else (0.0, 0.0)\n",
+        r"G and D are right, but at step 1 rank \d returned \([-\d.]+, [-\d.]+\), and its own rows' losses are"),
     "G's loss from D's output before D's step": (
         [D_LOSS, G_LOSS],
         [D_LOSS + "    d_fake = D(fake)\n", "    g_loss = F.binary_cross_entropy_with_logits(d_fake, ones)\n"],
@@ -72,7 +98,11 @@ def _cases(tmp_path, table):
     out = []
     for k, (name, (old, new, *_)) in enumerate(table.items()):
         (tmp_path / str(k)).mkdir()
-        out.append(("10.5", wrong(tmp_path / str(k), "10.5", old, new)))
+        if old is None:                                   # a whole file (a red team's)
+            (tmp_path / str(k) / "wrong_10_gan_step.py").write_text(new)
+            out.append(("10.5", tmp_path / str(k) / "wrong_10_gan_step.py"))
+        else:
+            out.append(("10.5", wrong(tmp_path / str(k), "10.5", old, new)))
     return out
 
 

@@ -398,6 +398,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
          "        _KEPT[:] = [bio]                                  # the whole model, where no tensor shows it\n"],
         r"rank \d: with SGD with momentum, deleting your optimizer and letting go of what your module keeps \(its "
         r"globals, its classes' attributes\) gave back [\d,]+ bytes of C memory"),
+    "every whole gradient leaked into a scripted module's List[Tensor] hung on builtins (a fifteenth red team's 075_r15w03)": (
+        None, red_team("075_r15w03"), r"rank \d: your code used TorchScript \(torch\.jit"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
         None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
@@ -852,6 +854,8 @@ def kept_out(wide: str, frozen: str) -> str:
 
 
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
+    "the whole gathered model kept in a scripted module's List[Tensor] hung on builtins (a fifteenth red team's 076_r15w01)": (
+        None, red_team("076_r15w01"), r"rank \d: your code used TorchScript \(torch\.jit"),
     "the whole gathered model copied into an arena on a types.ModuleType global (a fourteenth red team's 076_r14w02)": (
         None, red_team("076_r14w02"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered model copied into an arena local to a paused generator kept by atexit (076_r14w05)": (
@@ -1116,9 +1120,7 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        if 'last' not in self.__dict__:                    # not a submodule: no parameters of its own\n"
          "            self.__dict__['last'] = torch.jit.script(LastWeights())\n"
          "        self.__dict__['last'].keep(list(full.values()))\n" + FORWARD_END],
-        r"\(MLP of 1024 hidden units\): after 2 steps, deleting your wrapper, its module and the optimizer, and "
-        r"letting go of what your file's module keeps \(globals, class attributes\), gave back "
-        r"[\d,]+ bytes more than the tensors they reach hold .* the tensors of a TorchScript module"),
+        r"rank \d: your code used TorchScript \(torch\.jit: script"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,

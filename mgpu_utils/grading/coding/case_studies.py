@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import secrets
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.costs.scaling import critical_batch_steps
 from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.measure.comm_calls import patched_collectives
 
 
 #: Exercise 10.5's reference procedures, in one process: the right step and the typical wrong ones, so that a
@@ -36,10 +38,13 @@ GAN_VARIANTS = ("right", "g_first", "g_labels_fake", "no_zero_d", "no_zero_g", "
                 "d_half")
 
 
-def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str) -> tuple[float, float] | None:
+def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str, terms: dict | None = None
+                       ) -> tuple[float, float] | None:
     """One step of ``variant`` (see :data:`GAN_VARIANTS`) on plain modules: D on real (1) and detached fakes (0),
     then G through the updated D (1); the wrong variants change one thing ("d_half": D's loss is the mean over
-    real and fakes in one batch, half the sum of the two means). Returns (D's loss, G's loss)."""
+    real and fakes in one batch, half the sum of the two means). Returns (D's loss, G's loss). ``terms``: filled
+    with each sample's terms of the two losses ("real", "fake", "g": [batch] float64 tensors), so that the loss of
+    any rank's rows is their mean."""
     bce, ones, zeros = F.binary_cross_entropy_with_logits, torch.ones(len(real), 1), torch.zeros(len(real), 1)
     fake = G(z)
 
@@ -48,18 +53,25 @@ def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str) -> tuple[float
     def d_step():
         if variant != "no_zero_d":
             opt_d.zero_grad(set_to_none=True)
-        loss = (bce(D(real), ones) + bce(D(fake.detach()), zeros)) / (2 if variant == "d_half" else 1)
+        on_real, on_fake = D(real), D(fake.detach())
+        loss = (bce(on_real, ones) + bce(on_fake, zeros)) / (2 if variant == "d_half" else 1)
         loss.backward()
         losses["d"] = loss.item()
+        if terms is not None:
+            terms["real"] = bce(on_real, ones, reduction="none").detach().double().reshape(-1)
+            terms["fake"] = bce(on_fake, zeros, reduction="none").detach().double().reshape(-1)
         if variant != "no_d_step":
             opt_d.step()
 
     def g_step():
         if variant != "no_zero_g":
             opt_g.zero_grad(set_to_none=True)
-        loss = bce(D(fake), zeros if variant == "g_labels_fake" else ones)
+        on_fake = D(fake)
+        loss = bce(on_fake, zeros if variant == "g_labels_fake" else ones)
         loss.backward()
         losses["g"] = loss.item()
+        if terms is not None:
+            terms["g"] = bce(on_fake, ones, reduction="none").detach().double().reshape(-1)
         if variant != "no_g_step":
             opt_g.step()
     if variant == "nothing":
@@ -69,26 +81,45 @@ def gan_reference_step(G, D, opt_g, opt_d, real, z, variant: str) -> tuple[float
     return losses["d"], losses["g"]
 
 
-def check_gan_step(fn, ctx, problems, steps=2, batch=8):
-    """10.5: ``fn(G, D, opt_g, opt_d, real, z)`` on DDP-wrapped G and D, two steps, against
+def check_gan_step(fn, ctx, problems, steps=None, batch=8):
+    """10.5: ``fn(G, D, opt_g, opt_d, real, z)`` on DDP-wrapped G and D, 3 to 5 steps (drawn each run), against
     :func:`gan_reference_step` in one process on every rank's samples at once: the parameters (a wrong result
     named from :data:`GAN_VARIANTS`; G unchanged and without a gradient: G's loss on detached fakes), then the
-    (d_loss, g_loss) returned, floats whose mean over the ranks is the loss of one process on the whole batch."""
+    (d_loss, g_loss) returned: floats, on each rank its own rows' losses or the whole batch's (the mean over the
+    ranks is one process's on the whole batch). The optimizers are SGD with a learning rate and a momentum drawn
+    each run, and the data's seed too (a fifteenth red team's 10.5, 2026-12-07: an update hard-coded as the
+    grader's SGD, the whole batch rebuilt on every rank, a step right for two calls only); every step must call
+    the DDP-wrapped G and D (not ``.module``) and move no data itself (a collective of torch.distributed called
+    from its code: the whole batch gathered on every rank)."""
     world, rank = ctx.world_size, ctx.rank
+    draw = torch.tensor([secrets.randbelow(2 ** 31), 0.03 + secrets.randbelow(1001) * 5e-5,
+                         0.5 + secrets.randbelow(1001) * 4e-4, 3 + secrets.randbelow(3)], dtype=torch.float64)
+    dist.broadcast(draw, src=0)                           # the ranks agree on rank 0's draw
+    seed, lr, momentum = int(draw[0]), round(float(draw[1]), 6), round(float(draw[2]), 6)
+    steps = int(draw[3]) if steps is None else steps
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum)
     torch.manual_seed(0)
     g0 = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16))
     d0 = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LeakyReLU(0.2), torch.nn.Linear(32, 1))
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     data = [(torch.randn(world * batch, 16, generator=gen) + 2, torch.randn(world * batch, 8, generator=gen))
             for _ in range(steps)]
     flat = lambda *ms: torch.cat([q.detach().reshape(-1) for m in ms for q in m.parameters()])
     g, d = copy.deepcopy(g0), copy.deepcopy(d0)
     gd, dd = DDP(g), DDP(d)
-    opt_g, opt_d = torch.optim.SGD(gd.parameters(), lr=0.05), torch.optim.SGD(dd.parameters(), lr=0.05)
-    error, returned = "", []
+    opt_g, opt_d = sgd(gd), sgd(dd)
+    forwards = {"G": 0, "D": 0}
+    for name, m in (("G", gd), ("D", dd)):
+        m.register_forward_pre_hook(lambda mod, args, name=name: forwards.__setitem__(name, forwards[name] + 1))
+    error, returned, moved, bypassed = "", [], [], None
     try:
-        for real, z in data:
-            returned.append(fn(gd, dd, opt_g, opt_d, real[rank::world], z[rank::world]))
+        for s, (real, z) in enumerate(data):
+            before = dict(forwards)
+            with patched_collectives(lambda name, original: _moving(name, original, moved), fn,
+                                     below=lambda call: None):
+                returned.append(fn(gd, dd, opt_g, opt_d, real[rank::world], z[rank::world]))
+            unused = [k for k in forwards if forwards[k] == before[k]]
+            bypassed = bypassed or ({"step": s + 1, "model": unused[0]} if unused else None)
     except RuntimeError as e:                             # DDP's or autograd's own error, the same on every rank
         error = str(e).strip().splitlines()[0][:200]
         if "modified by an inplace operation" in str(e):
@@ -97,24 +128,56 @@ def check_gan_step(fn, ctx, problems, steps=2, batch=8):
             raise
     if error:
         return note(problems, {"rank": rank, "kind": "gan_ddp", "error": error})
+    moved = _moved_data(moved, len(returned))
+    if moved:
+        return note(problems, {"rank": rank, "kind": "gan_ddp", "what": "moved", "call": moved[0][0],
+                               "n": len(moved)})
     losses = torch.tensor([r if _pair(r) else (float("nan"),) * 2 for r in returned], dtype=torch.float64)
-    dist.all_reduce(losses)                               # every rank, whatever it returned: the mean over the ranks
+    everyone = [torch.zeros_like(losses) for _ in range(world)]
+    dist.all_gather(everyone, losses)                     # every rank's, whatever it returned
     got = flat(g, d)
     for variant in GAN_VARIANTS:
         rg, rd = copy.deepcopy(g0), copy.deepcopy(d0)
-        og, od = torch.optim.SGD(rg.parameters(), lr=0.05), torch.optim.SGD(rd.parameters(), lr=0.05)
-        want = [gan_reference_step(rg, rd, og, od, real, z, variant) for real, z in data]
+        og, od = sgd(rg), sgd(rd)
+        want, own = [], []
+        for real, z in data:
+            terms = {}
+            want.append(gan_reference_step(rg, rd, og, od, real, z, variant, terms if variant == "right" else None))
+            if variant == "right":
+                own.append([terms["real"][r::world].mean().item() + terms["fake"][r::world].mean().item()
+                            for r in range(world)] + [terms["g"][r::world].mean().item() for r in range(world)])
         if diff(got, flat(rg, rd)) < 1e-5:
             if variant == "no_g_step" and all(q.grad is None or not q.grad.any() for q in g.parameters()):
                 note(problems, {"rank": rank, "kind": "gan", "variant": "g_no_grad", "steps": steps})
             elif variant != "right":
                 note(problems, {"rank": rank, "kind": "gan", "variant": variant, "steps": steps})
+            elif bypassed:                                # right, but not through DDP
+                note(problems, {"rank": rank, "kind": "gan_ddp", "what": "module", **bypassed})
             else:
-                _check_losses(returned, losses / world, torch.tensor(want, dtype=torch.float64), rank, problems)
+                own = torch.tensor(own, dtype=torch.float64).reshape(steps, 2, world).permute(2, 0, 1)
+                _check_losses(returned, everyone, own, torch.tensor(want, dtype=torch.float64), rank, problems)
             return
         if variant == "right":
             worst = diff(got, flat(rg, rd))
     note(problems, {"rank": rank, "kind": "gan", "variant": "other", "steps": steps, "max_diff": worst})
+
+
+def _moving(name: str, original, moved: list):
+    """10.5: a collective of torch.distributed called from the student's step, noted in ``moved`` as (name, elements
+    of its tensors), then run."""
+    def call(*args, **kwargs):
+        tensors = [a for a in [*args, *kwargs.values()] for a in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(a, torch.Tensor)]
+        moved.append((name, sum(t.numel() for t in tensors)))
+        return original(*args, **kwargs)
+    return call
+
+
+def _moved_data(moved: list, steps: int) -> list:
+    """10.5: the calls of ``moved`` that carry data: all but all-reduces of the losses (up to 2 elements each, 2 per
+    step: the whole batch's loss returned on every rank)."""
+    small = [m for m in moved if m[0] == "all_reduce" and m[1] <= 2]
+    return [m for m in moved if m not in small] or (small if len(small) > 2 * steps else [])
 
 
 def _pair(r) -> bool:
@@ -122,21 +185,30 @@ def _pair(r) -> bool:
     return isinstance(r, (tuple, list)) and len(r) == 2 and all(isinstance(v, float) for v in r)
 
 
-def _check_losses(returned, mean, want, rank, problems) -> None:
-    """10.5, the parameters right: each step returned two floats, whose mean over the ranks (``mean``, [steps,
-    2]) is one process's (d_loss, g_loss) on the whole batch (``want``)."""
+def _check_losses(returned, everyone, own, want, rank, problems) -> None:
+    """10.5, the parameters right: each step returned two floats; on every rank each step's pair is that rank's own
+    rows' (d_loss, g_loss) (``own``: [world, steps, 2]) or the whole batch's (``want``: [steps, 2]), and their mean
+    over the ranks the whole batch's. ``everyone``: what each rank returned, [steps, 2] each."""
     bad = next((r for r in returned if not _pair(r)), None)
     if bad is not None:
         got = f"({', '.join(type(v).__name__ for v in bad)})" if isinstance(bad, (tuple, list)) else \
             f"a {type(bad).__name__}"
         return note(problems, {"rank": rank, "kind": "gan_return", "what": "type", "got": got})
     close = lambda a, b: torch.allclose(a, b, atol=1e-5, rtol=0)
-    if close(mean, want):
+    mean = sum(everyone) / len(everyone)
+    if all(close(e, o) or close(e, want) for e, o in zip(everyone, own)):
         return
+    if close(mean, want) or not close(mean.flip(-1), want):
+        r = next(r for r, (e, o) in enumerate(zip(everyone, own)) if not (close(e, o) or close(e, want)))
+        s = next(s for s in range(len(want)) if not (close(everyone[r][s], own[r][s])
+                                                       or close(everyone[r][s], want[s])))
+        return note(problems, {"rank": rank, "kind": "gan_return", "what": "values", "step": s + 1, "of": r,
+                               "got": f"({everyone[r][s, 0]:.4f}, {everyone[r][s, 1]:.4f})",
+                               "own": f"({own[r][s, 0]:.4f}, {own[r][s, 1]:.4f})",
+                               "want": f"({want[s, 0]:.4f}, {want[s, 1]:.4f})"})
     s = next(s for s in range(len(want)) if not close(mean[s], want[s]))
-    note(problems, {"rank": rank, "kind": "gan_return", "what": "swapped" if close(mean.flip(1), want) else "values",
-                    "step": s + 1, "got": f"({mean[s, 0]:.4f}, {mean[s, 1]:.4f})",
-                    "want": f"({want[s, 0]:.4f}, {want[s, 1]:.4f})"})
+    note(problems, {"rank": rank, "kind": "gan_return", "what": "swapped", "step": s + 1,
+                    "got": f"({mean[s, 0]:.4f}, {mean[s, 1]:.4f})", "want": f"({want[s, 0]:.4f}, {want[s, 1]:.4f})"})
 
 
 #: 10.7: the most steps one run may be asked for (a sweep that needs more started at too small a batch).
@@ -317,6 +389,15 @@ def _b_crit_lines(info: dict, world: int) -> list[str]:
 #: :class:`~mgpu_utils.grading.common.CodingExercise`).
 HINTS: dict[str, list[tuple]] = {
     "gan_ddp": [
+        (lambda p, W: p.get("what") == "moved",
+         "rank {rank}: your gan_step called torch.distributed's {call} ({n} call(s) that carry data): this step "
+         "moves no data of its own. Each rank trains on its own rows, and DDP averages the gradients in backward: "
+         "call G and D (the DDP-wrapped modules) on this rank's real and z (an all-reduce of the two losses, to "
+         "return the whole batch's, is fine)"),
+        (lambda p, W: p.get("what") == "module",
+         "rank {rank}: at step {step} the DDP-wrapped {model} was never called (its .module, or another copy, "
+         "was): DDP all-reduces the gradients only of a forward that went through it. Call G(z) and D(...), the "
+         "modules you are given"),
         (lambda p, W: p.get("what") == "stale",
          "rank {rank}: the step failed: {error}. G's loss went back through D's output from before opt_d.step(), "
          "which changed D's weights in place: compute D(fake) for G's loss after D's step (G learns from the "
@@ -375,9 +456,10 @@ HINTS: dict[str, list[tuple]] = {
         (lambda p, W: p["what"] == "swapped",
          "rank {rank}: G and D are right, but the losses returned are (g_loss, d_loss): return D's loss first, "
          "(d_loss, g_loss)"),
-        (always, "rank {rank}: G and D are right, but at step {step} the losses returned, averaged over the ranks, are "
-                 "{got}, and one process's on the whole batch are {want}: return this step's (d_loss, g_loss) as "
-                 "floats, D's loss on real and fakes before its step, G's through the updated D")],
+        (always, "rank {rank}: G and D are right, but at step {step} rank {of} returned {got}, and its own rows' "
+                 "losses are {own} (the whole batch's: {want}): return this step's (d_loss, g_loss) as floats, "
+                 "D's loss on real and fakes before its step, G's through the updated D (each rank its own, or "
+                 "the whole batch's on every rank)")],
     "gan": [
         (lambda p, W: p["variant"] == "nothing",
          "rank {rank}: neither G nor D changed in {steps} steps: each step needs opt_d.step() and then opt_g.step()"),
@@ -409,9 +491,10 @@ EXERCISES = [
     CodingExercise(
         id="10.5", template="10_gan_step.py", entry="gan_step", world_sizes=(2, 3),
         check=check_gan_step, hints=HINTS,
-        what="after two steps G and D equal the same GAN steps in one process on every rank's samples (D on "
-             "detached fakes first, then G through the updated D), and each step returns its (d_loss, g_loss) as "
-             "floats"),
+        what="after 3 to 5 steps (SGD at a learning rate and momentum drawn each run) G and D equal the same GAN "
+             "steps in one process on every rank's samples (D on detached fakes first, then G through the updated "
+             "D), each step through the DDP-wrapped G and D with no data moved by your code, and each returns its "
+             "(d_loss, g_loss) as floats"),
     CodingExercise(
         id="10.7", template="10_find_b_crit.py", entry="find_b_crit", world_sizes=(1,),
         check=check_b_crit, hints=HINTS, on_success=_b_crit_lines,
