@@ -1120,7 +1120,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
          "        if 'last' not in self.__dict__:                    # not a submodule: no parameters of its own\n"
          "            self.__dict__['last'] = torch.jit.script(LastWeights())\n"
          "        self.__dict__['last'].keep(list(full.values()))\n" + FORWARD_END],
-        r"rank \d: your code used TorchScript \(torch\.jit: script"),
+        r"(rank \d: your code used TorchScript \(torch\.jit: script|gave back [\d,]+ bytes more than the tensors "
+        r"they reach hold .* the tensors of a TorchScript module)"),
     "the gathered parameters saved to a file in every forward": (
         FORWARD_END, "        torch.save({n: t.detach() for n, t in full.items()},\n"
                      "                   __file__ + f'.{dist.get_rank()}.pt')\n" + FORWARD_END,

@@ -25,38 +25,39 @@ collectives) and a last round on the wide MLP that counts what is kept outside t
 wrapper is built under compute_dtype (master shards rounded at build hid under the tolerance), and a step whose
 shards' gradients are all bfloat16 numbers (the float32 sum rounded back: :func:`_share_in_dtype`).
 
-Known limits: state or whole parameters hidden where no tensor, storage or counted Python object is (ctypes memory
-other than mmap, os.environ, a helper thread's locals, a str, int or tuple of floats the student's module does
-not reach (hung on builtins), a Python buffer made at import hung on a function attribute) are not seen (a tensor
-made before the last round and written in it is, wherever it hangs: a fourteenth red team's arenas on a module
-object, on torch.distributed, in a generator's frame); in 07.5 a whole
-optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives and
-sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
+Known limits, of any grader: code that does the work only at the world sizes graded (2 and 3) or only when it sees
+the grader (its call stack, its file names) is not told apart: a check sees what it runs (a fifteenth red team's
+03.7, 07.5 and 07.6 z01/z02 switch at 4 ranks and more). Known limits: state or whole parameters hidden where no
+tensor, storage or counted Python object is (ctypes memory other than mmap, os.environ, a helper thread's locals, a
+str, int or tuple of floats the student's module does not reach (hung on builtins), a Python buffer made at import
+hung on a function attribute) are not seen (a tensor made before the last round and written in it is, wherever it
+hangs: a fourteenth red team's arenas on a module object, on torch.distributed, in a generator's frame); in 07.5 a
+whole optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives
+and sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
 state in an anonymous mmap or a TorchScript module, is caught since, and so are slices broadcast by their owners,
 :func:`_broadcast_sources`, and an all-to-all spreading them; a process group's own broadcast method is not read;
 07.4's all-gathers too). 07.6 counts what only C++ held for the wrapper (:func:`_malloc_settled`: a TorchScript
-module's List[Tensor], a fourth red team's copy of the gathered model), and 07.5 and 07.6 what C memory the student's
-module keeps, once its globals are let go of (:func:`_drop_student_globals`: a twelfth red team's ssl.MemoryBIO
-objects in a module-level list); C memory kept where the student's module does not reach is not seen. A second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients
-all-reduced by hooks during backward (outside step()), options of a group other than lr and weight_decay dropped,
-state hidden in spare room of a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the
-gathered parameters kept when compute_dtype is set (the round that counts what is kept outside runs float32), whole
-parameters kept in autograd's saved tensors or hung on the wrapped module beside its parameters. (Its flat
-reduce-scatter of frozen zeros and a frozen weight trained in the compute dtype are caught since; an all-gather
-made of broadcasts from each owner and a reduce to each owner are accepted, as in 07.5.) A third red team's
-(2026-12-05) are caught since: 07.5 gradients sent whole by all_gather_object (object collectives count their
-pickled bytes), update rules written for SGD and Adam only (an RMSprop round), an inner optimizer built from the
-first step's gradients; 07.6 gradients reduced whole to rank 0 and broadcast back, a frozen parameter kept whole or
-gathered in float32 under compute_dtype, gathered parameters kept until a backward that a frozen one never runs
-(FrozenUnusedNet's frozen table is 80 kB, and its float32 round counts what is kept outside). A ninth red team's
-(2026-12-06) are caught since: 07.5 whole gradients all-reduced from hooks in the backward (the backward's
-collectives count with step()'s), the whole state packed after the parameters in their storage (room a parameter
-leaves in its storage is held state), kept as numpy copies or sparse tensors (their buffers and indices count), and
-gloo's allreduce bound at import (:func:`~mgpu_utils.grading.common.raw_collectives_kept`). Accepted: 07.6 a
-gradient divided by the world size in bfloat16 before the float32 reduce-scatter (one more rounding, exact at a
-power-of-two world size).
-"""
+module's List[Tensor], a fourth red team's copy of the gathered model), and 07.5 and 07.6 what C memory the
+student's module keeps, once its globals are let go of (:func:`_drop_student_globals`: a twelfth red team's
+ssl.MemoryBIO objects in a module-level list); C memory kept where the student's module does not reach is not seen.
+A second red team (2026-12-05) found more that pass (issue 55's note): 07.5 gradients all-reduced by hooks during
+backward (outside step()), options of a group other than lr and weight_decay dropped, state hidden in spare room of
+a parameter's storage, gradients packed two float32 to a float64 word; 07.6 the gathered parameters kept when
+compute_dtype is set (the round that counts what is kept outside runs float32), whole parameters kept in autograd's
+saved tensors or hung on the wrapped module beside its parameters. (Its flat reduce-scatter of frozen zeros and a
+frozen weight trained in the compute dtype are caught since; an all-gather made of broadcasts from each owner and a
+reduce to each owner are accepted, as in 07.5.) A third red team's (2026-12-05) are caught since: 07.5 gradients
+sent whole by all_gather_object (object collectives count their pickled bytes), update rules written for SGD and
+Adam only (an RMSprop round), an inner optimizer built from the first step's gradients; 07.6 gradients reduced whole
+to rank 0 and broadcast back, a frozen parameter kept whole or gathered in float32 under compute_dtype, gathered
+parameters kept until a backward that a frozen one never runs (FrozenUnusedNet's frozen table is 80 kB, and its
+float32 round counts what is kept outside). A ninth red team's (2026-12-06) are caught since: 07.5 whole gradients
+all-reduced from hooks in the backward (the backward's collectives count with step()'s), the whole state packed
+after the parameters in their storage (room a parameter leaves in its storage is held state), kept as numpy copies
+or sparse tensors (their buffers and indices count), and gloo's allreduce bound at import
+(:func:`~mgpu_utils.grading.common.raw_collectives_kept`). Accepted: 07.6 a gradient divided by the world size in
+bfloat16 before the float32 reduce-scatter (one more rounding, exact at a power-of-two world size). """
 
 from __future__ import annotations
 
