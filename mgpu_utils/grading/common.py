@@ -1248,12 +1248,38 @@ class OutsideState:
                      o.base if hasattr(type(o), "__array_interface__") else None)
             if inner is not None:
                 add(inner)
+            if type(o) in (dict, tuple, list) and not gc.is_tracked(o):    # a dict of str to bytes, a tuple of
+                for item in [*o.keys(), *o.values()] if type(o) is dict else o:   # bytes: the collector does not
+                    add(item)                                  # list it, nor what it holds (a sixteenth red team's
+                                                               # 07.5 v03, 07.6 v02, 03.7 v02: pickled state)
         for o in young:
             add(o)
         for o in gc.get_referents(*young) if referents else ():
             if not gc.is_tracked(o):
                 add(o)
         return total
+
+    def _thread_locals(self, depth: int = 4) -> list:
+        """The objects held by the locals of the student's frames in the process's other threads (a helper thread
+        that keeps state in its locals: a sixteenth red team's 07.5 v01 and 07.6 v01, pickled state, 2026-12-07), and
+        what the containers among them hold, ``depth`` levels down; tensors are counted apart."""
+        me, file, out, seen = threading.get_ident(), self.space.get("__file__"), [], set()
+
+        def walk(o, d):
+            if id(o) in seen or d < 0 or isinstance(o, (torch.Tensor, type, types.ModuleType, types.FunctionType)):
+                return
+            seen.add(id(o))
+            out.append(o)
+            if type(o) in (dict, list, tuple, set, frozenset, collections.deque):
+                for item in [*o.keys(), *o.values()] if type(o) is dict else list(o):
+                    walk(item, d - 1)
+        for ident, frame in sys._current_frames().items():
+            while ident != me and file and frame is not None:
+                if frame.f_code.co_filename == file:
+                    for value in list(frame.f_locals.values()):
+                        walk(value, depth)
+                frame = frame.f_back
+        return out
 
     def count(self, *known, limit: float, tries: int = 5) -> dict:
         """{"tensors": bytes of the tensors and storages of the kinds above that no object of ``known`` reaches
@@ -1292,6 +1318,7 @@ class OutsideState:
             new = [o for o in walked if id(o) not in self.walked and not gc.is_tracked(o)
                    and not isinstance(o, (bool, type(None)))]   # untracked by gc.collect: a tuple of floats, a str
             python += self._python_bytes(new, counted, referents=False)
+            python += self._python_bytes(self._thread_locals(), counted, referents=False)
             del walked, new
             for k in range(tries):
                 if k:

@@ -71,6 +71,12 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
     "105_r15w01)": (
         None, red_team("105_r15w01"), r"your gan_step called torch.distributed's all_gather \(\d+ call\(s\) that "
                                       r"carry data\): this step moves no data of its own"),
+    "the whole batch gathered with the process group's own allgather (a sixteenth red team's 105_r16w01)": (
+        None, red_team("105_r16w01"), r"your gan_step called torch.distributed's \w+ \(\d+ call\(s\) that carry data\): this step moves no data of its own"),
+    "DDP's sync switched off (no_sync), the whole batch gathered with a functional all-gather (105_r16w02)": (
+        None, red_team("105_r16w02"), r"your gan_step called torch.distributed's \w+ \(\d+ call\(s\) that carry data\): this step moves no data of its own"),
+    "trained on .module, DDP called under no_grad for show, gradients averaged with the group's own allreduce (105_r16w03)": (
+        None, red_team("105_r16w03"), r"your gan_step called torch.distributed's \w+ \(\d+ call\(s\) that carry data\): this step moves no data of its own"),
     "the grader's SGD hard-coded, the optimizers given ignored, rank 0 returning the sum (105_r15w02)": (
         None, red_team("105_r15w02"), r"after \d steps the parameters differ from one process's by"),
     "right for two calls, G's step skipped from the third (105_r15w03)": (

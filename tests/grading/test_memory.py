@@ -400,6 +400,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         r"globals, its classes' attributes\) gave back [\d,]+ bytes of C memory"),
     "every whole gradient leaked into a scripted module's List[Tensor] hung on builtins (a fifteenth red team's 075_r15w03)": (
         None, red_team("075_r15w03"), r"rank \d: your code used TorchScript \(torch\.jit"),
+    "the whole optimizer's state pickled in a helper thread's locals, slices spread by the group's own broadcast (a sixteenth red team's 075_r16w01)": (
+        None, red_team("075_r16w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "the whole optimizer's state pickled into a dict of str to bytes on the optimizer (untracked by the garbage collector; 075_r16w03)": (
+        None, red_team("075_r16w03"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
         None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
@@ -856,6 +860,10 @@ def kept_out(wide: str, frozen: str) -> str:
 WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get at 3 ranks)
     "the whole gathered model kept in a scripted module's List[Tensor] hung on builtins (a fifteenth red team's 076_r15w01)": (
         None, red_team("076_r15w01"), r"rank \d: your code used TorchScript \(torch\.jit"),
+    "the whole gathered parameters pickled in a helper thread's locals (a sixteenth red team's 076_r16w01)": (
+        None, red_team("076_r16w01"), r"rank \d \((FrozenUnusedNet|MLP of 1024 hidden units)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
+    "the whole gathered parameters pickled into an untracked dict of str to bytes on the wrapper (076_r16w02)": (
+        None, red_team("076_r16w02"), r"rank \d \((FrozenUnusedNet|MLP of 1024 hidden units)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered model copied into an arena on a types.ModuleType global (a fourteenth red team's 076_r14w02)": (
         None, red_team("076_r14w02"), r"rank \d \(FrozenUnusedNet\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered model copied into an arena local to a paused generator kept by atexit (076_r14w05)": (

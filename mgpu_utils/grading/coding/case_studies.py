@@ -19,7 +19,9 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import os
 import secrets
+import sys
 
 import numpy as np
 import torch
@@ -29,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from mgpu_utils.costs.scaling import critical_batch_steps
 from mgpu_utils.grading.common import CodingExercise, always, diff, note
+from mgpu_utils.measure import comm_calls
 from mgpu_utils.measure.comm_calls import patched_collectives
 
 
@@ -116,7 +119,7 @@ def check_gan_step(fn, ctx, problems, steps=None, batch=8):
         for s, (real, z) in enumerate(data):
             before = dict(forwards)
             with patched_collectives(lambda name, original: _moving(name, original, moved), fn,
-                                     below=lambda call: None):
+                                     below=lambda call: _moving_below(call, moved)):
                 returned.append(fn(gd, dd, opt_g, opt_d, real[rank::world], z[rank::world]))
             unused = [k for k in forwards if forwards[k] == before[k]]
             bypassed = bypassed or ({"step": s + 1, "model": unused[0]} if unused else None)
@@ -171,6 +174,25 @@ def _moving(name: str, original, moved: list):
         moved.append((name, sum(t.numel() for t in tensors)))
         return original(*args, **kwargs)
     return call
+
+
+#: The files whose collectives are DDP's own (its reducer is called from autograd's engine, its forward may
+#: broadcast buffers): the first frame outside the grader's instruments says who asked.
+_DDP_OWN = (os.path.join("torch", "autograd", "graph.py"), os.path.join("torch", "nn", "parallel", ""))
+
+
+def _moving_below(call, moved: list) -> None:
+    """10.5: a collective reached below torch.distributed's functions (a process group's method, a functional
+    collective, DDP's reducer): noted in ``moved`` as (name, elements) unless DDP asked for it (the first Python
+    frame outside the instruments is autograd's engine running the reducer's hooks, or DDP's own module; a
+    sixteenth red team's 10.5 gathered the whole batch with a group's allgather and a functional all_gather,
+    2026-12-07)."""
+    frame, instruments = sys._getframe(1), (comm_calls.__file__, __file__)
+    while frame is not None and frame.f_code.co_filename in instruments:
+        frame = frame.f_back
+    name = frame.f_code.co_filename if frame is not None else ""
+    if not any(own in name for own in _DDP_OWN):
+        moved.append((call.name, call.elements))
 
 
 def _moved_data(moved: list, steps: int) -> list:
