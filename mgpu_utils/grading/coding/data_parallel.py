@@ -32,37 +32,39 @@ hints of the problems they report, the exercises' records and the step times sai
 
 Known limits, of any grader: code that does the work only at the world sizes graded (2 and 3) or only when it sees
 the grader (its call stack, its file names) is not told apart: a check sees what it runs (a fifteenth red team's
-03.7, 07.5 and 07.6 z01/z02 switch at 4 ranks and more). Known limits (03.7): the exercise asks for models whose
-trainable parameters all get a gradient every step (DDP's default), so no model has an unused parameter, and a
-wrapper that counts hooks to close the last bucket, or asserts every gradient is there, passes; a hook that sleeps
-until a flag says done is not seen as a wait (a wait() or a loop on is_completed() in the hook is, and so is either
-in another thread while the hook waits for that thread: joins it, or waits on an event, a future or a queue; so are,
-since an eighth red team (2026-12-06), a future's wait() or a loop on its done(), and reading a functional
-collective's result there); gradients moved by broadcasts beside all-reduces for show, and Python numbers or bytes
-appended to a list older than the steps, below the top level of another module, are not told apart from a right
-solution (a list, a dict or a ``functools.cache`` at the top level of the student's module, a class attribute of its
-classes, and what the parameters' hooks hold in their closures and default arguments are); values hidden in exotic
-places (mmap, ctypes, os.environ, thread locals) are not looked for. Writes to the c10d store from Python during a
-step (set, add, append, ...: :func:`store_writes`) are a problem of their own (adv5's 037/w2: the buckets' sums
-dropped, the mean exchanged through the store): the values the all-reduces deliver are not told apart from the same
-values that came another way. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional
-collective waited inside the hook, zeros all-reduced on time while the last call carries every gradient, every
-all-reduce started from autograd's final callback, a full bucket sent one gradient late (issue 55's note). A third
-(2026-12-05, adv3) found 7 more, now told: every bucket started from the last gradient's hook, a barrier in the
-hook, histories in a deque, on the parameters or as Python floats, hooks registered at every forward, an integer
-buffer never broadcast. A Python-level history of strings, or one kept in a container of another module (array,
-numpy), is still not counted. A fourth (2026-12-05) found 2 more, now told: a state_dict broadcast (a non-persistent
-buffer is not in it), and each all-reduce waited for in a thread that the hook joins. A fifth (adv5) found 4 more:
-the gradients exchanged through the c10d store and buckets fixed in registration order, now told; waits in a
-callback queued for the end of backward (as torch's DDP waits) and in a worker thread whose futures finish() waits
-on were judged right (the statement says so). A ninth (2026-12-06) waited in the hook through names no patch reaches
-(a future's value() polled, torch._C.Future.wait or a functional collective's wait captured at import): since then,
-in step 2 of the first round, one rank starts 0.4 s late and a rank whose gradients become ready over more than 0.24
-s waited, however it waited (:data:`WAIT_DELAY`; a right backward's span is about 1 ms, at most 11 ms in 25 runs at
-3 ranks beside a busy core and a test suite); and every all-reduce started in a node autograd runs after the last
-gradient, ``.grad`` filled by nested backwards so that the calls' order looked on time: a gradient accumulated in
-another graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). Still passing: tampers that
-rewrite the grader's records. """
+03.7, 07.5 and 07.6 z01/z02 switch at 4 ranks and more). Known limits (03.7): a callback on an all-reduce's future
+that parks the thread running the collectives until finish() (a sixteenth red team's 03.7 v04) never parks under the
+grader, whose futures deliver their results at wait(): it is not seen. The exercise asks for models whose trainable
+parameters all get a gradient every step (DDP's default), so no model has an unused parameter, and a wrapper that
+counts hooks to close the last bucket, or asserts every gradient is there, passes; a hook that sleeps until a flag
+says done is not seen as a wait (a wait() or a loop on is_completed() in the hook is, and so is either in another
+thread while the hook waits for that thread: joins it, or waits on an event, a future or a queue; so are, since an
+eighth red team (2026-12-06), a future's wait() or a loop on its done(), and reading a functional collective's
+result there); gradients moved by broadcasts beside all-reduces for show, and Python numbers or bytes appended to a
+list older than the steps, below the top level of another module, are not told apart from a right solution (a list,
+a dict or a ``functools.cache`` at the top level of the student's module, a class attribute of its classes, and what
+the parameters' hooks hold in their closures and default arguments are); values hidden in exotic places (mmap,
+ctypes, os.environ, thread locals) are not looked for. Writes to the c10d store from Python during a step (set, add,
+append, ...: :func:`store_writes`) are a problem of their own (adv5's 037/w2: the buckets' sums dropped, the mean
+exchanged through the store): the values the all-reduces deliver are not told apart from the same values that came
+another way. A second red team (2026-12-05, 9 wrong files) found more that pass: a functional collective waited
+inside the hook, zeros all-reduced on time while the last call carries every gradient, every all-reduce started from
+autograd's final callback, a full bucket sent one gradient late (issue 55's note). A third (2026-12-05, adv3) found
+7 more, now told: every bucket started from the last gradient's hook, a barrier in the hook, histories in a deque,
+on the parameters or as Python floats, hooks registered at every forward, an integer buffer never broadcast. A
+Python-level history of strings, or one kept in a container of another module (array, numpy), is still not counted.
+A fourth (2026-12-05) found 2 more, now told: a state_dict broadcast (a non-persistent buffer is not in it), and
+each all-reduce waited for in a thread that the hook joins. A fifth (adv5) found 4 more: the gradients exchanged
+through the c10d store and buckets fixed in registration order, now told; waits in a callback queued for the end of
+backward (as torch's DDP waits) and in a worker thread whose futures finish() waits on were judged right (the
+statement says so). A ninth (2026-12-06) waited in the hook through names no patch reaches (a future's value()
+polled, torch._C.Future.wait or a functional collective's wait captured at import): since then, in step 2 of the
+first round, one rank starts 0.4 s late and a rank whose gradients become ready over more than 0.24 s waited,
+however it waited (:data:`WAIT_DELAY`; a right backward's span is about 1 ms, at most 11 ms in 25 runs at 3 ranks
+beside a busy core and a test suite); and every all-reduce started in a node autograd runs after the last gradient,
+``.grad`` filled by nested backwards so that the calls' order looked on time: a gradient accumulated in another
+graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). Still passing: tampers that rewrite
+the grader's records. """
 
 from __future__ import annotations
 
@@ -350,7 +352,8 @@ def _leaks(held: list) -> list | None:
     steps: Python's bytes, and the tensors by weak reference) grows: more than 512 bytes of tensors made in step 2
     still alive after step 3 and more than 512 bytes made in step 3; or Python's bytes up by more than 8 kB in each
     step (a right solution's grow by 4 to 14 kB from step 1 to 2, as torch's DDP beside it settles, then by 2 to
-    3.3 kB: the grader's own lists of times and calls). Returns the bytes read after each step when it grows, else None; read right after step 3."""
+    3.3 kB: the grader's own lists of times and calls). Returns the bytes read after each step when it grows, else
+    None; read right after step 3."""
     if len(held) != 3:
         return None
     (p1, t1), (p2, t2), (p3, t3) = held

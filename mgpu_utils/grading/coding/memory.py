@@ -28,10 +28,12 @@ shards' gradients are all bfloat16 numbers (the float32 sum rounded back: :func:
 Known limits, of any grader: code that does the work only at the world sizes graded (2 and 3) or only when it sees
 the grader (its call stack, its file names) is not told apart: a check sees what it runs (a fifteenth red team's
 03.7, 07.5 and 07.6 z01/z02 switch at 4 ranks and more). Known limits: state or whole parameters hidden where no
-tensor, storage or counted Python object is (ctypes memory other than mmap, os.environ, a helper thread's locals, a
-str, int or tuple of floats the student's module does not reach (hung on builtins), a Python buffer made at import
-hung on a function attribute) are not seen (a tensor made before the last round and written in it is, wherever it
-hangs: a fourteenth red team's arenas on a module object, on torch.distributed, in a generator's frame); in 07.5 a
+tensor, storage or counted Python object is (ctypes memory other than mmap, os.environ, a str, int or tuple of
+floats the student's module does not reach (hung on builtins), a Python buffer made at import hung on a function
+attribute) are not seen (a tensor made before the last round and written in it is, wherever it hangs: a fourteenth
+red team's arenas on a module object, on torch.distributed, in a generator's frame; and so are, since a sixteenth
+red team's, pickled bytes in a dict the garbage collector does not track and in the locals of the student's frames
+in a helper thread); in 07.5 a
 whole optimizer kept there still needs every whole gradient on every rank, which the bound on a step's collectives
 and sends/recvs (:func:`_traffic_bound`) sees, and the all-gathers must carry the updated parameter slices
 (:func:`_gathered_updated`: a fourth red team's whole optimizer on the reduced gradient slices all-gathered, its
