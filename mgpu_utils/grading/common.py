@@ -646,18 +646,6 @@ _TORCHSCRIPT = [(torch.jit, "script"), (torch.jit, "trace"), (torch.jit, "trace_
                                   "import_ir_module", "import_ir_module_from_buffer", "_create_module_with_type")]
 _JIT_ROUTE = ("TorchScript (torch.jit: {name}; a scripted object keeps tensors in C++, which no check of this "
               "exercise counts)")
-#: The TorchScript objects a block must not leave behind, however they were made (torch._C.CompilationUnit's
-#: define(), torch._C.ScriptModule built by hand).
-_SCRIPT_TYPES = tuple(t for t in [torch.jit.ScriptModule, torch.jit.ScriptFunction] + [
-    getattr(torch._C, n, None) for n in ("ScriptModule", "ScriptMethod", "ScriptObject", "CompilationUnit", "ScriptList",
-                                         "ScriptDict")] if isinstance(t, type))   # (those gc lists: the first two)
-
-
-def _script_objects() -> set[int]:
-    """The ids of the TorchScript objects (:data:`_SCRIPT_TYPES`) alive in the process (about 40 ms)."""
-    return {id(o) for o in _instances_of(gc.get_objects(), _SCRIPT_TYPES)}
-
-
 @contextlib.contextmanager
 def refusing_routes(path: str, found: list):
     """Within the block (the student's file loaded and checked, exercises whose record says
@@ -678,17 +666,15 @@ def refusing_routes(path: str, found: list):
     open at the block's end (bytes kept in the kernel); and a collective or send of a process group's backend
     object called from the student's file (``group._get_backend(device).allreduce``, bound at import, in a
     closure or in ``__init__``: a thirteenth red team's 07.5 x02 and x04, 2026-12-07); and TorchScript, called
-    from the student's file or left alive at the block's end (:data:`_TORCHSCRIPT`: C++ holds a scripted module's
+    from the student's file (:data:`_TORCHSCRIPT`, and the classes made by hand: C++ holds a scripted module's
     tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07)."""
     global _REFUSING
     _hook_audit()
-    shared_before, fds_before, scripts_before = _shared_mappings(), _kernel_buffers(), _script_objects()
+    shared_before, fds_before = _shared_mappings(), _kernel_buffers()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
     try:
         yield
-        if _script_objects() - scripts_before and not any("TorchScript" in f["route"] for f in found):
-            _record_route(_JIT_ROUTE.format(name="an object made within the check"))
         for mapping in sorted(_shared_mappings() - shared_before):   # kept past the block, however it was made
             _record_route(f"memory shared with other processes ({mapping})")
         for fd, what in sorted(_kernel_buffers().items() - fds_before.items()):   # still open at the block's end
