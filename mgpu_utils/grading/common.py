@@ -667,14 +667,21 @@ def refusing_routes(path: str, found: list):
     object called from the student's file (``group._get_backend(device).allreduce``, bound at import, in a
     closure or in ``__init__``: a thirteenth red team's 07.5 x02 and x04, 2026-12-07); and TorchScript, called
     from the student's file (:data:`_TORCHSCRIPT`, and the classes made by hand: C++ holds a scripted module's
-    tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07)."""
+    tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07); and a Python thread started
+    within the block and still running at its end (a seventeenth red team's helper thread kept whole gradients in
+    zlib objects, bytes held by C, 2026-12-07)."""
     global _REFUSING
     _hook_audit()
-    shared_before, fds_before = _shared_mappings(), _kernel_buffers()
+    shared_before, fds_before, threads_before = _shared_mappings(), _kernel_buffers(), set(threading.enumerate())
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
     try:
         yield
+        for thread in threading.enumerate():            # started in the block, still running at its end
+            if thread not in threads_before and thread.is_alive():
+                _record_route(f"a thread of your own still running at the end (thread {thread.name!r}: what its "
+                              f"frames and C objects hold is kept where no check counts)")
+                break
         for mapping in sorted(_shared_mappings() - shared_before):   # kept past the block, however it was made
             _record_route(f"memory shared with other processes ({mapping})")
         for fd, what in sorted(_kernel_buffers().items() - fds_before.items()):   # still open at the block's end

@@ -435,6 +435,8 @@ WRONG_037 = {
         None, red_team("037_r15w01"), r"rank \d: your code used TorchScript \(torch\.jit"),
     "every step's buckets as bytes in an untracked dict ten lists deep on the wrapper (a sixteenth red team's 037_r16w02)": (
         None, red_team("037_r16w02"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
+    "every step's buckets in zlib decompressors kept by a helper thread, its queue joined (037_r17w04)": (
+        None, red_team("037_r17w04"), r"rank \d: your code used a thread of your own still running at the end"),
     "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (
         None, red_team("037_r14w03"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's averaged gradients kept on a class whose __module__ says logging (037_r14w11)": (
