@@ -14,7 +14,8 @@ D returns logits: use F.binary_cross_entropy_with_logits. Zero each model's grad
 (G's backward also goes through D). The grader runs 3 to 5 steps on 2 and 3 ranks (the number of steps, the
 optimizers' learning rate and momentum and the data are drawn each run) and compares both models' parameters
 with the same steps in one process on every rank's samples at once; each step must call G and D (the
-DDP-wrapped modules) and move no data of its own; typical mistakes get their own hint.
+DDP-wrapped modules) on this rank's rows only, with one backward for each loss, and move no data of its own;
+typical mistakes get their own hint.
 
 Grade it from a notebook cell:
     from mgpu_utils.grading.runner import check_script

@@ -188,7 +188,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
     ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also every Python int, float,
     bytes and bytearray reached (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or
-    ``bytearray(t.numpy())``; a memoryview's ``nbytes``), for a check of what grows across steps. Always: the
+    ``bytearray(t.numpy())``; a memoryview's ``nbytes``), for a check of what grows across steps. A weak reference
+    is followed to what it refers to. Always: the
     attributes set on a tensor reached (``p.history = [...]`` on a parameter; an arena hung on a tensor), and the
     tensors its autograd graph keeps (:func:`graph_saved`; a ``grad_fn`` reached on its own too)."""
     seen_objects, storages, numbers = set(), {}, {}
@@ -242,6 +243,8 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
                      + list(o.__defaults__ or ()) + list((o.__kwdefaults__ or {}).values()))
         elif isinstance(o, functools._lru_cache_wrapper):  # functools.cache / lru_cache(None): its cache dict too
             items = [r for r in gc.get_referents(o) if isinstance(r, dict)]
+        elif isinstance(o, weakref.ReferenceType):         # what a weak reference refers to (an eighteenth red
+            items = [o()]                                  # team's 07.5 x01, 07.6 x01: the state reached by weakref)
         elif isinstance(o, types.ModuleType) or callable(o) and not hasattr(o, "__dict__"):
             return
         else:                                              # objects, Modules too (their _parameters, _buffers)
@@ -303,7 +306,7 @@ def inner_parameters(obj, depth=8) -> list:
             found.extend(p for g in o.param_groups for p in g["params"])
             return
         items = list(o.keys()) + list(o.values()) if isinstance(o, dict) else list(o) if isinstance(
-            o, (list, tuple, set, frozenset)) else attributes(o)
+            o, (list, tuple, set, frozenset)) else [o()] if isinstance(o, weakref.ReferenceType) else attributes(o)
         for item in items:
             walk(item, d - 1)
     walk(obj, depth)
@@ -669,14 +672,20 @@ def refusing_routes(path: str, found: list):
     from the student's file (:data:`_TORCHSCRIPT`, and the classes made by hand: C++ holds a scripted module's
     tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07); and a Python thread started
     within the block and still running at its end (a seventeenth red team's helper thread kept whole gradients in
-    zlib objects, bytes held by C, 2026-12-07)."""
+    zlib objects, bytes held by C, 2026-12-07); and ``gc.freeze()`` or ``gc.unfreeze()`` (the number of frozen
+    objects changed: objects frozen are missing from the garbage collector's lists, where the checks look).
+    ``gc`` itself and ``sys``' measuring functions are watched by :func:`integrity_snapshot`."""
     global _REFUSING
     _hook_audit()
     shared_before, fds_before, threads_before = _shared_mappings(), _kernel_buffers(), set(threading.enumerate())
+    frozen_before = gc.get_freeze_count()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
     try:
         yield
+        if gc.get_freeze_count() != frozen_before:           # the student's objects hidden from gc.get_objects()
+            _record_route("gc.freeze() or gc.unfreeze() (objects moved out of the garbage collector's lists, where "
+                          "the checks look for state kept outside)")
         for thread in threading.enumerate():            # started in the block, still running at its end
             if thread not in threads_before and thread.is_alive():
                 _record_route(f"a thread of your own still running at the end (thread {thread.name!r}: what its "
@@ -750,7 +759,8 @@ def _watched_owners() -> list[tuple[str, object]]:
     owners += [(f"{name}.{cls.__name__}", cls) for name, module in modules for cls in list(vars(module).values())
                if isinstance(cls, type) and cls.__module__ == name]   # their classes' methods (a ninth red
     owners.append(("torch.UntypedStorage", torch.UntypedStorage))      # team's 03.7 w07: comm_calls' handle's
-    return owners                                                      # record made a no-op; 07.5 w14: nbytes)
+    owners += [("gc", gc), ("sys", sys)]                               # record made a no-op; 07.5 w14: nbytes)
+    return owners                                                      # the collector's lists, sizes, frames
 
 
 def integrity_snapshot() -> dict:
@@ -761,7 +771,8 @@ def integrity_snapshot() -> dict:
     snapshot = {}
     for label, owner in _watched_owners():
         own = vars(owner)
-        keep = _STORAGE_KEYS if owner is torch.UntypedStorage else None    # the grader wraps from_file itself
+        keep = (_STORAGE_KEYS if owner is torch.UntypedStorage else     # the grader wraps from_file itself
+                _SYS_KEYS if owner is sys else None)
         for key, value in list(own.items()):
             if callable(value) and not key.startswith("__") and (keep is None or key in keep):
                 snapshot[label, owner, key] = value
@@ -779,6 +790,8 @@ _INHERITED = object()
 #: :func:`integrity_snapshot` (its ``from_file`` is wrapped by :func:`refusing_routes` while a check runs).
 _STORAGE_KEYS = frozenset({"nbytes", "data_ptr", "size", "element_size", "untyped", "device", "resize_", "is_shared",
                            "_new_shared", "share_memory_"})
+#: The functions of ``sys`` the checks measure with (every function of ``gc`` is watched too).
+_SYS_KEYS = frozenset({"getsizeof", "_getframe", "_current_frames", "getrefcount"})
 
 
 @functools.cache
@@ -924,16 +937,75 @@ def _changed(old: dict) -> list:
     return out
 
 
+#: The tensors and storage objects alive when :func:`freeze_library` froze the process's objects (weak references
+#: where the type allows): :class:`OutsideState` fingerprints them with the others, since gc.get_objects() no
+#: longer lists them.
+_LIBRARY_TENSORS: list = []
+
+
+def freeze_library() -> None:
+    """A grading rank's objects so far (torch's, the grader's modules': about 320,000) frozen for the rest of the
+    process (``gc.freeze``): every later collection, and :func:`made_since`'s listing, goes through the objects
+    made after it only (a full collection of every object took 0.15 to 0.6 s a rank on 2 cores, and 07.5 and
+    07.6 make two after their last round: :func:`~mgpu_utils.grading.coding.memory._malloc_settled`).
+    grade_exercise.py calls it before loading each student's file of an exercise whose record says
+    ``collectives_only`` (the checks that count what the process keeps), so everything of the student's is made
+    after it and collected as before. The first call collects nothing first (0.3 s; the little garbage of the
+    imports stays); a later one (a launch that grades several files: the tests' tables) collects what the earlier
+    files left (young objects only: a few ms) and freezes the rest, so that a block's listing does not grow with
+    every file graded before it. The tensors and storages alive at each freeze are kept (weakly) for
+    :class:`OutsideState`'s fingerprints: a library buffer written within a check still counts. Without it (tests
+    in one process) everything works the same, slower."""
+    if gc.get_freeze_count():
+        gc.collect()
+    refs = []
+    for o, _ in _tensors_and_storages(gc.get_objects()):
+        try:
+            refs.append(weakref.ref(o))
+        except TypeError:
+            refs.append(lambda o=o: o)
+    _LIBRARY_TENSORS[:] = [ref for ref in _LIBRARY_TENSORS if ref() is not None] + refs
+    gc.freeze()
+
+
+def _library_tensors() -> list:
+    """The tensors and storages of :func:`freeze_library` still alive."""
+    return [o for o in (ref() for ref in _LIBRARY_TENSORS) if o is not None]
+
+
+class made_since:
+    """The objects the garbage collector lists that were made after this one (``objects()``): those alive at its
+    making are kept (a strong reference each, so that no new object takes one's id) until ``close()``. Replaces
+    ``gc.freeze()`` at a block's start, which :func:`freeze_library`'s frozen objects would join: ``gc.unfreeze()``
+    at the end would bring back every object of the library to every later collection."""
+
+    def __init__(self):
+        self.before = {id(o): o for o in gc.get_objects()}
+        self.before[id(self.before)] = self.before
+
+    def objects(self) -> list:
+        before = self.before
+        return [o for o in gc.get_objects() if id(o) not in before]
+
+    def close(self) -> None:
+        self.before = {}
+
+
+#: Within :func:`new_objects_only`: its :class:`made_since` (for :func:`young_bytes`).
+_SINCE: list = []
+
+
 @contextlib.contextmanager
 def new_objects_only():
-    """Within the block the garbage collector lists only the objects made in it (the others are frozen,
-    ``gc.freeze``), for :func:`young_bytes`; unfrozen at the end. No collection first (0.25 s of a grading rank's
-    390,000 objects, for each of 03.7's seven models): garbage older than the block stays frozen, uncounted."""
-    gc.freeze()
+    """Within the block :func:`young_bytes` lists only the objects made in it (:class:`made_since`). No
+    collection first: garbage older than the block is not counted."""
+    since = made_since()
+    _SINCE.append(since)
     try:
         yield
     finally:
-        gc.unfreeze()
+        _SINCE.remove(since)
+        since.close()
 
 
 def young_bytes(earlier: list = ()) -> tuple[int, dict]:
@@ -946,11 +1018,11 @@ def young_bytes(earlier: list = ()) -> tuple[int, dict]:
     A collective's output can outlive its step by a moment (gloo's worker thread lets go of it late: a 249 kB
     bucket, there after one step and gone after the next), so a step's tensors count as kept only while the next
     step's are read. ``earlier``: what it returned before (its objects are not counted)."""
-    gc.collect()                                             # the block's objects only: the others are frozen
+    gc.collect()                                             # the objects made since freeze_library only
     mine = {id(earlier)} | {id(o) for read in earlier for o in (read, read[1])} | {
         id(o) for _, refs in earlier for entry in refs.values() for o in entry}
     mine.add(id(mine))
-    young = [o for o in gc.get_objects() if id(o) not in mine]
+    young = [o for o in (_SINCE[-1].objects() if _SINCE else gc.get_objects()) if id(o) not in mine]
     tensors: dict = {}
     ptrs: set = set()
     for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young):
@@ -1078,9 +1150,9 @@ class OutsideState:
       counted with the Python objects.
 
     ``owner``: the student's class or function (its module is walked). The objects alive at the start are
-    frozen (``gc.freeze``) until :meth:`count`, so that the garbage collector lists and collects the block's
-    objects only: a few ms at each end, where two scans of every object (:func:`live_storages`) took 0.4 s on a
-    rank's 390,000 objects. No tracemalloc: on Python before 3.12.9, tracemalloc.stop() while gloo's worker
+    noted (:class:`made_since`) until :meth:`count`, which lists the block's objects only; in a grading rank
+    (:func:`freeze_library`) the library's objects are frozen, so each listing and collection takes a few ms,
+    where two scans of every object (:func:`live_storages`) took 0.4 s on a rank's 390,000 objects. No tracemalloc: on Python before 3.12.9, tracemalloc.stop() while gloo's worker
     thread makes a thread state (it lets go of a finished collective's Python objects) crashes the process.
     The block should hold nothing but the student's object, the steps and the grader's own objects, and open
     no file of the grader's."""
@@ -1106,10 +1178,10 @@ class OutsideState:
                 pass
         self.walked = {id(o): o for o in walked}             # kept alive: a new object cannot take their ids
         del walked
-        self.old = _fingerprints(gc.get_objects())           # every tensor and storage alive before the block
+        self.old = _fingerprints(gc.get_objects() + _library_tensors())   # every tensor and storage alive before
         self.stored = {}                                     # the c10d store's writes (made before the freeze:
         self._store_methods = _watch_store(self.stored)      # the grader's own objects, not counted)
-        gc.freeze()                                          # from now on gc.get_objects() lists new objects only
+        self._since = made_since()                           # from now on self._young() lists new objects only
         self._watch = watching_opens(self._opened)
         self._watch.__enter__()
         self._writer = getattr(torch._C, "PyTorchFileWriter", None)   # torch.save to a path: C++ opens the file
@@ -1127,8 +1199,13 @@ class OutsideState:
     def __exit__(self, *exc):
         self.stop()
 
+    def _young(self) -> list:
+        """The objects the garbage collector lists that were made within the block."""
+        return self._since.objects()
+
     def stop(self):
-        """Stop watching (again: nothing happens): the objects are unfrozen, the files no longer watched."""
+        """Stop watching (again: nothing happens): the objects noted at the start let go of, the files no longer
+        watched."""
         if self._watch is None:
             return
         self._watch.__exit__(None, None, None)
@@ -1138,7 +1215,7 @@ class OutsideState:
         for name, method in self._store_methods.items():
             setattr(_STORE, name, method)
         self._store_methods = {}
-        gc.unfreeze()
+        self._since.close()
         self.reached, self.walked, self.old = {}, {}, {}
 
     def _opened(self, path: str, writes: bool) -> None:
@@ -1287,9 +1364,9 @@ class OutsideState:
         told that part of them were tensors: 1 run in 12 under load)."""
         counts = []
         try:
-            gc.collect()                                     # the block's objects only: the others are frozen
+            gc.collect()                                     # cheap where freeze_library froze the library
             counted: set = set()
-            young = gc.get_objects()
+            young = self._young()
             python = self._python_bytes(young, counted)
             optimizers = _instances_of(young, torch.optim.Optimizer)
             del young
@@ -1317,7 +1394,7 @@ class OutsideState:
                 if k:
                     gc.collect()
                 outside = {}
-                young = gc.get_objects()                     # made within the block
+                young = self._young()                        # made within the block
                 for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young) + reach:
                     key = _storage_of(o, kind)
                     if key is not None and key[0] not in knew:

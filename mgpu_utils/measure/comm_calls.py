@@ -685,8 +685,10 @@ def counted_all_reduce(state: dict, fn=None):
     asynchronous; a process group's ``allreduce`` called from Python returns a Work whose waits are recorded
     the same way, while one issued from C++ (DDP's reducer, the functional collectives) counts as waited for.
     ``state["others"]`` becomes the names of the block's other collectives and point-to-point calls (``send``,
-    ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward): the gradients moved some other
-    way while the all-reduces carried them for show? ``state["blocking"]`` becomes the names of the blocking calls
+    ``recv``), a broadcast excepted (DDP broadcasts buffers at every forward) unless made during backward or while
+    ``state["finishing"]`` is set (the check's finish()): the gradients moved some other way while the
+    all-reduces carried them for show? Each all-reduce records its ``op`` too (``"SUM"``, ``"MAX"``; None: the
+    default, a sum). ``state["blocking"]`` becomes the names of the blocking calls
     that ran during backward (a barrier waited for, a broadcast without async_op, the Work of another collective
     than an all-reduce waited for): like a wait() in a hook, they stop backward until every rank is there.
     With ``state["progress"]`` (a function, e.g. how many gradients were accumulated so far), each all-reduce
@@ -710,10 +712,17 @@ def counted_all_reduce(state: dict, fn=None):
         """An async call's Work, whose wait() during backward goes to ``blocking`` (a hidden barrier there)."""
         return _Waited(work, in_backward, blocking, name, blocks) if callable(getattr(work, "wait", None)) else work
 
+    def moved_late() -> bool:
+        """During backward or in finish() (``state["finishing"]``): a broadcast there moves what the all-reduces
+        should (an eighteenth red team's 03.7 x02: every gradient broadcast by each rank in finish())."""
+        return in_backward() or bool(state.get("finishing"))
+
     def replace(name, real):
         if name in unseen[1:]:
             def blocking_call(*args, **kwargs):
                 sync = name == "broadcast_object_list" or not kwargs.get("async_op")
+                if moved_late():
+                    others.append(name)
                 if in_backward() and sync:
                     blocking.append(name)
                 out = real(*args, **kwargs)
@@ -728,7 +737,9 @@ def counted_all_reduce(state: dict, fn=None):
             return other
 
         def counting(tensor, *args, **kwargs):
+            op = kwargs.get("op", args[0] if args else None)
             call = {"async": bool(kwargs.get("async_op")), "in_backward": in_backward(),
+                    "op": None if op is None else str(getattr(op, "name", op)).split(".")[-1],
                     "waited": False, "progress": progress(),
                     "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel(),
                     "content": content_of(tensor, name)}
@@ -751,7 +762,7 @@ def counted_all_reduce(state: dict, fn=None):
             if call.returns_work:                          # its Work, to see whether it is waited for
                 return lambda work: _Handle(work, record, blocks=blocks)
         else:
-            if call.name not in unseen:
+            if call.name not in unseen or moved_late():
                 others.append(call.name)
             if call.returns_work:                          # a wait() on its Work in a hook blocks backward too
                 return lambda work: watched(call.name, work)

@@ -77,6 +77,10 @@ WRONG = {   # name: (text of the solution, replaced by, the hint it must get at 
         None, red_team("105_r16w02"), r"your gan_step called torch.distributed's \w+ \(\d+ call\(s\) that carry data\): this step moves no data of its own"),
     "trained on .module, DDP called under no_grad for show, gradients averaged with the group's own allreduce (105_r16w03)": (
         None, red_team("105_r16w03"), r"your gan_step called torch.distributed's \w+ \(\d+ call\(s\) that carry data\): this step moves no data of its own"),
+    "the whole batch smuggled through G's reducer as upstream gradients of extra backwards (an eighteenth red team's 105_r18w02)": (
+        None, red_team("105_r18w02"), r"rank \d: at step \d G computed on \d+ rows, where this rank's share of the batch is \d+"),
+    "the whole batch broadcast with DDP's own _distributed_broadcast_coalesced (105_r18w03)": (
+        None, red_team("105_r18w03"), r"your gan_step called torch.distributed's broadcast \(\d+ call\(s\) that carry data\)"),
     "the grader's SGD hard-coded, the optimizers given ignored, rank 0 returning the sum (105_r15w02)": (
         None, red_team("105_r15w02"), r"after \d steps the parameters differ from one process's by"),
     "right for two calls, G's step skipped from the third (105_r15w03)": (

@@ -160,3 +160,35 @@ def test_a_pipe_or_memfd_left_open_is_a_route_but_not_one_closed_again(tmp_path)
     finally:
         for fd in kept:
             os.close(fd)
+
+
+def test_gc_freeze_is_a_route_and_gc_and_sys_are_watched(tmp_path):
+    """Objects frozen by the student's code are missing from gc.get_objects(), where the checks look for state kept
+    outside; gc's functions and sys.getsizeof replaced would blind them (both refused, 2026-12-07)."""
+    import gc
+    import sys
+
+    from mgpu_utils.grading.common import integrity_changes, integrity_restore, integrity_snapshot
+    found, _ = _run(tmp_path, "import gc\n\nkept = []\n\ndef go():\n    kept.append(bytearray(10))\n"
+                              "    gc.freeze()\n")
+    gc.unfreeze()
+    assert [f["route"].split(" (")[0] for f in found] == ["gc.freeze() or gc.unfreeze()"], found
+    before = integrity_snapshot()
+    real_objects, real_size = gc.get_objects, sys.getsizeof
+    gc.get_objects, sys.getsizeof = (lambda *a: []), (lambda *a: 0)
+    try:
+        assert integrity_changes(before, instances=False) == ["gc.get_objects", "sys.getsizeof"]
+    finally:
+        integrity_restore(before)
+    assert gc.get_objects is real_objects and sys.getsizeof is real_size
+
+
+def test_made_since_lists_the_new_objects_only():
+    """made_since (OutsideState, 03.7's young_bytes): what was made after it, however many objects came before."""
+    from mgpu_utils.grading.common import made_since
+    old = [object.__new__(type("Old", (), {})) for _ in range(3)]
+    since = made_since()
+    new = [[k] for k in range(3)]                      # lists: always tracked (a small dict may not be)
+    listed = since.objects()
+    since.close()
+    assert all(any(o is n for o in listed) for n in new) and not any(o is p for o in listed for p in old)

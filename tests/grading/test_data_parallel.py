@@ -437,6 +437,8 @@ WRONG_037 = {
         None, red_team("037_r16w02"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's buckets in zlib decompressors kept by a helper thread, its queue joined (037_r17w04)": (
         None, red_team("037_r17w04"), r"rank \d: your code used a thread of your own still running at the end"),
+    "bucket all-reduces with ReduceOp.MAX for show, the mean made by broadcasts in finish() (an eighteenth red team's 037_r18w02)": (
+        None, red_team("037_r18w02"), r"rank \d: \d+ of your \d+ all-reduce\(s\) used op=ReduceOp.MAX"),
     "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (
         None, red_team("037_r14w03"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's averaged gradients kept on a class whose __module__ says logging (037_r14w11)": (

@@ -406,6 +406,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r16w03"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "whole gradients and parameters in zlib decompressors kept by a helper thread (a seventeenth red team's 075_r17w01)": (
         None, red_team("075_r17w01"), r"rank \d: your code used a thread of your own still running at the end"),
+    "no sharding: reduce to rank 0 and broadcast, the whole state in room after the parameters, reached by weakrefs (an eighteenth red team's 075_r18w01)": (
+        None, red_team("075_r18w01"), r"rank \d: with [\w ]+, your optimizer holds [\d,]+ bytes of state"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
         None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
@@ -866,6 +868,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r16w01"), r"rank \d \((FrozenUnusedNet|MLP of 1024 hidden units)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered parameters pickled into an untracked dict of str to bytes on the wrapper (076_r16w02)": (
         None, red_team("076_r16w02"), r"rank \d \((FrozenUnusedNet|MLP of 1024 hidden units)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
+    "the whole gathered model in the module's __dict__, the module held by a weakref (an eighteenth red team's 076_r18w01)": (
+        None, red_team("076_r18w01"), r"rank \d \((MLP|FrozenUnusedNet)[^)]*\): after step \d your wrapper holds [\d,]+ bytes besides its shards"),
     "the whole gathered parameters in zlib decompressors kept by a helper thread (076_r17w02)": (
         None, red_team("076_r17w02"), r"rank \d: your code used a thread of your own still running at the end"),
     "the whole gathered model copied into an arena on a types.ModuleType global (a fourteenth red team's 076_r14w02)": (

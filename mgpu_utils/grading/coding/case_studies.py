@@ -1,9 +1,14 @@
 """The graded coding exercises of lesson 10, case studies (notebooks/10_case_studies.ipynb): 10.5, a GAN step
 with DDP-wrapped models; 10.7 (design), the critical batch size of a task found from a sweep the student runs.
 
-10.5's check runs two of the student's steps under DDP against the same steps in one process on every rank's
+10.5's check runs 3 to 5 of the student's steps under DDP against the same steps in one process on every rank's
 samples, and names a wrong result from the typical wrong steps run the same way (:data:`GAN_VARIANTS`); then it
-checks the losses each step returned.
+checks the losses each step returned. It refuses a step that moves data itself (a collective of its own, or one
+of DDP's methods called directly: an eighteenth red team's 10.5 x03 broadcast the batch with
+``_distributed_broadcast_coalesced``), that computes G or D on more rows than this rank's share needs (the inner
+modules' forward hooks count every call, through DDP or not), or that makes DDP all-reduce G's gradients more than
+once or D's more than three times (x02 smuggled the batch through G's reducer as the upstream gradients of extra
+backwards). Not seen: a copy of the models made without the hooks, trained on data smuggled within those bounds.
 
 10.7's check (:func:`check_b_crit`) hands the student's ``find_b_crit`` each task of :data:`SWEEP_TASKS`, a
 simulated training run (:class:`SweepTask`) whose steps to a target loss follow S(B) = S_min (1 + B_crit / B),
@@ -112,17 +117,25 @@ def check_gan_step(fn, ctx, problems, steps=None, batch=8):
     gd, dd = DDP(g), DDP(d)
     opt_g, opt_d = sgd(gd), sgd(dd)
     forwards = {"G": 0, "D": 0}
-    for name, m in (("G", gd), ("D", dd)):
+    rows = {"G": 0, "D": 0}                               # the rows each model computed on, however it was called
+    for name, m, inner in (("G", gd, g), ("D", dd, d)):
         m.register_forward_pre_hook(lambda mod, args, name=name: forwards.__setitem__(name, forwards[name] + 1))
-    error, returned, moved, bypassed = "", [], [], None
+        inner.register_forward_pre_hook(lambda mod, args, name=name: rows.__setitem__(
+            name, rows[name] + (args[0].shape[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim()
+                                else 0)))
+    sizes = {"G": sum(q.numel() for q in g.parameters()), "D": sum(q.numel() for q in d.parameters())}
+    error, returned, moved, bypassed, excess = "", [], [], None, None
+    file = getattr(getattr(fn, "__code__", None), "co_filename", None)
     try:
         for s, (real, z) in enumerate(data):
-            before = dict(forwards)
+            before, ddp_calls = dict(forwards), []
+            rows.update(G=0, D=0)
             with patched_collectives(lambda name, original: _moving(name, original, moved), fn,
-                                     below=lambda call: _moving_below(call, moved)):
+                                     below=lambda call: _moving_below(call, moved, ddp_calls, file)):
                 returned.append(fn(gd, dd, opt_g, opt_d, real[rank::world], z[rank::world]))
             unused = [k for k in forwards if forwards[k] == before[k]]
             bypassed = bypassed or ({"step": s + 1, "model": unused[0]} if unused else None)
+            excess = excess or _excess(s, rows, ddp_calls, sizes, len(real[rank::world]))
     except RuntimeError as e:                             # DDP's or autograd's own error, the same on every rank
         error = str(e).strip().splitlines()[0][:200]
         if "modified by an inplace operation" in str(e):
@@ -135,6 +148,8 @@ def check_gan_step(fn, ctx, problems, steps=None, batch=8):
     if moved:
         return note(problems, {"rank": rank, "kind": "gan_ddp", "what": "moved", "call": moved[0][0],
                                "n": len(moved)})
+    if excess:
+        return note(problems, {"rank": rank, "kind": "gan_ddp", **excess})
     losses = torch.tensor([r if _pair(r) else (float("nan"),) * 2 for r in returned], dtype=torch.float64)
     everyone = [torch.zeros_like(losses) for _ in range(world)]
     dist.all_gather(everyone, losses)                     # every rank's, whatever it returned
@@ -181,18 +196,52 @@ def _moving(name: str, original, moved: list):
 _DDP_OWN = (os.path.join("torch", "autograd", "graph.py"), os.path.join("torch", "nn", "parallel", ""))
 
 
-def _moving_below(call, moved: list) -> None:
+#: The calls by which the student's step may reach DDP's collectives: a module called (its forward, which may
+#: broadcast buffers) and a backward (the reducer's all-reduces); a method of DDP called directly is not one.
+_DDP_ENTRIES = ((os.path.join("torch", "nn", "modules", "module.py"), ("_wrapped_call_impl", "_call_impl")),
+                (os.path.join("torch", "_tensor.py"), ("backward",)),
+                (os.path.join("torch", "autograd", "__init__.py"), ("backward", "grad")))
+
+
+def _moving_below(call, moved: list, ddp_calls: list | None = None, file: str | None = None) -> None:
     """10.5: a collective reached below torch.distributed's functions (a process group's method, a functional
     collective, DDP's reducer): noted in ``moved`` as (name, elements) unless DDP asked for it (the first Python
     frame outside the instruments is autograd's engine running the reducer's hooks, or DDP's own module; a
     sixteenth red team's 10.5 gathered the whole batch with a group's allgather and a functional all_gather,
-    2026-12-07)."""
+    2026-12-07), and the student's code (``file``) reached it by calling a module or a backward, not a method of
+    DDP's (an eighteenth red team's 10.5 x03 broadcast the batch with ``G._distributed_broadcast_coalesced``).
+    DDP's own go to ``ddp_calls`` (:func:`_excess` counts them)."""
     frame, instruments = sys._getframe(1), (comm_calls.__file__, __file__)
     while frame is not None and frame.f_code.co_filename in instruments:
         frame = frame.f_back
     name = frame.f_code.co_filename if frame is not None else ""
-    if not any(own in name for own in _DDP_OWN):
+    callee = None
+    while file and frame is not None and frame.f_code.co_filename != file:   # the call the student's code made
+        callee, frame = frame, frame.f_back
+    entry = callee is None or any(callee.f_code.co_filename.endswith(path) and callee.f_code.co_name in names
+                                  for path, names in _DDP_ENTRIES)
+    if not any(own in name for own in _DDP_OWN) or not entry:
         moved.append((call.name, call.elements))
+    elif ddp_calls is not None:
+        ddp_calls.append((call.name, call.elements))
+
+
+def _excess(step: int, rows: dict, ddp_calls: list, sizes: dict, batch: int) -> dict | None:
+    """10.5, one step: more rows than a step of this rank's own computes (G on ``batch`` rows, twice at most: the
+    fakes made again for G's step; D on the real rows and the fakes twice), or DDP's all-reduces of G's gradients
+    more than once or of D's more than three times (real and fake apart, then G's step): the batch smuggled to
+    every rank through the reducer, as upstream gradients of extra backwards (an eighteenth red team's 10.5 x02),
+    or the whole batch trained on. None when within."""
+    if rows["G"] > 2 * batch or rows["D"] > 3 * batch:
+        model = "G" if rows["G"] > 2 * batch else "D"
+        return {"what": "rows", "step": step + 1, "model": model, "rows": rows[model], "batch": batch,
+                "most": 2 * batch if model == "G" else 3 * batch}
+    reduced = {k: sum(1 for c, n in ddp_calls if c == "all_reduce" and n == size) for k, size in sizes.items()}
+    if reduced["G"] > 1 or reduced["D"] > 3:
+        model = "G" if reduced["G"] > 1 else "D"
+        return {"what": "backwards", "step": step + 1, "model": model, "n": reduced[model],
+                "most": 1 if model == "G" else 3}
+    return None
 
 
 def _moved_data(moved: list, steps: int) -> list:
@@ -416,6 +465,14 @@ HINTS: dict[str, list[tuple]] = {
          "moves no data of its own. Each rank trains on its own rows, and DDP averages the gradients in backward: "
          "call G and D (the DDP-wrapped modules) on this rank's real and z (an all-reduce of the two losses, to "
          "return the whole batch's, is fine)"),
+        (lambda p, W: p.get("what") == "rows",
+         "rank {rank}: at step {step} {model} computed on {rows} rows, where this rank's share of the batch is {batch} "
+         "(at most {most} in a step: G on z, D on the real rows and on the fakes twice): each rank trains on its "
+         "own rows only, and DDP's all-reduce of the gradients makes the step the whole batch's"),
+        (lambda p, W: p.get("what") == "backwards",
+         "rank {rank}: at step {step} DDP all-reduced {model}'s gradients {n} times (at most {most}: one backward "
+         "through G for its loss; D's for its real and fake terms and G's loss): extra backwards through the "
+         "DDP-wrapped models move data between the ranks. One backward for D's loss, one for G's"),
         (lambda p, W: p.get("what") == "module",
          "rank {rank}: at step {step} the DDP-wrapped {model} was never called (its .module, or another copy, "
          "was): DDP all-reduces the gradients only of a forward that went through it. Call G(z) and D(...), the "

@@ -20,7 +20,9 @@ returns, by wait(), its future or is_completed(); none waited for inside backwar
 nor a barrier or a blocking broadcast there), when each bucket's call started (by the time the bucket was full:
 how many gradients had been accumulated at each call, against the rule's fill points) and what they carry are
 checked in every step, not in the first only; so is any other collective or send/recv made beside the
-all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted. What the
+all-reduces (all-reduces for show while the gradients travel another way), a broadcast excepted unless made during
+backward or in finish() (an eighteenth red team's 03.7 x02 all-reduced with ReduceOp.MAX for show and averaged by
+broadcasts in finish(): each all-reduce's op must be a sum or AVG, told apart too). What the
 wrapper, and the top level of the student's module, hold after each step must not grow (tensors, also in deques
 and in attributes set on tensors or slots, Python numbers and bytes: a bucket kept as ``tolist()``), nor what
 the whole process made in a step and still keeps after the next (:func:`_leaks`: tensors anywhere, Python objects
@@ -40,7 +42,7 @@ counts hooks to close the last bucket, or asserts every gradient is there, passe
 says done is not seen as a wait (a wait() or a loop on is_completed() in the hook is, and so is either in another
 thread while the hook waits for that thread: joins it, or waits on an event, a future or a queue; so are, since an
 eighth red team (2026-12-06), a future's wait() or a loop on its done(), and reading a functional collective's
-result there); gradients moved by broadcasts beside all-reduces for show, and Python numbers or bytes appended to a
+result there); Python numbers or bytes appended to a
 list older than the steps, below the top level of another module, are not told apart from a right solution (a list,
 a dict or a ``functools.cache`` at the top level of the student's module, a class attribute of its classes, and what
 the parameters' hooks hold in their closures and default arguments are); values hidden in exotic places (mmap,
@@ -235,7 +237,11 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             loss.backward()
             state["backward"] = False
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
-            sync.finish()
+            state["finishing"] = True                     # a broadcast in finish() moves gradients: "others"
+            try:
+                sync.finish()
+            finally:
+                state["finishing"] = False
         t1 = time.perf_counter()
         hooked.append(_hook_count(mine) - ours)           # hooks registered anew every step, never removed?
         held.append(held_bytes([sync, hooks], exclude=list(mine.parameters()), python=True))   # the wrapper, its
@@ -294,6 +300,10 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             note(problems, {"rank": rank, "at": at, **bad})
         if step == 0 and carried:                         # the right gradients and calls, but not through them
             note(problems, {"rank": rank, **carried})
+        ops = sorted({c["op"] for c in calls if c.get("op") not in (None, "SUM", "AVG")})
+        if ops:                                           # MAX for show, the mean made another way (03.7 x02)
+            note(problems, {"rank": rank, "kind": "reduce_op", "at": at, "op": ops[0],
+                            "n": sum(c.get("op") == ops[0] for c in calls), "calls": len(calls)})
         if calls and state["others"]:                     # all-reduces for show, the gradients moved another way?
             note(problems, {"rank": rank, "kind": "others", "at": at, "calls": len(calls),
                             "what": ", ".join(sorted(set(state["others"]))), "n": len(state["others"])})
@@ -796,6 +806,10 @@ HINTS: dict[str, list[tuple]] = {
     "unwaited": [(always, "rank {rank}{at}: {unwaited} of the {started} asynchronous all-reduces were never waited for "
                           "(work.wait()) before finish() returned: on NCCL the optimizer would read gradients the "
                           "all-reduce has not written yet; keep each handle and wait for it in finish()")],
+    "reduce_op": [
+        (always, "rank {rank}{at}: {n} of your {calls} all-reduce(s) used op=ReduceOp.{op}: DDP's mean over the ranks "
+                 "is a sum (the default, ReduceOp.SUM) divided by the world size, or ReduceOp.AVG; use the result of "
+                 "that all-reduce as the gradient")],
     "others": [
         (always, "rank {rank}{at}: besides your {calls} all-reduce(s), the step made {n} call(s) of {what}: DDP "
                  "moves the gradients by all-reduce alone. All-reduce each bucket and use its result, the sum over "

@@ -58,7 +58,12 @@ float32 round counts what is kept outside). A ninth red team's (2026-12-06) are 
 all-reduced from hooks in the backward (the backward's collectives count with step()'s), the whole state packed
 after the parameters in their storage (room a parameter leaves in its storage is held state), kept as numpy copies
 or sparse tensors (their buffers and indices count), and gloo's allreduce bound at import
-(:func:`~mgpu_utils.grading.common.raw_collectives_kept`). Accepted: 07.6 a gradient divided by the world size in
+(:func:`~mgpu_utils.grading.common.raw_collectives_kept`). An eighteenth red team's (2026-12-07) are caught since:
+07.5 the whole state in room after the parameters with the optimizer reached only by weakrefs, kept alive by an
+attribute of a parameter (held_bytes follows weak references, and the grader's model with its parameters counts
+with the optimizer: what hangs on them is held); 07.6 the whole gathered model kept in the module's ``__dict__``,
+the module held by a weakref (:func:`_beyond`: what the module reaches and the wrapper does not is held).
+Accepted: 07.6 a gradient divided by the world size in
 bfloat16 before the float32 reduce-scatter (one more rounding, exact at a power-of-two world size). """
 
 from __future__ import annotations
@@ -427,8 +432,12 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     got, want = _flat(mine.parameters()), _flat(ref.parameters())
     last = [p.grad for p in mine.parameters() if p.grad is not None]   # the last step's whole gradients, which
     mine.zero_grad(set_to_none=True)                       # count from here on where the optimizer still keeps them
-    held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
-    grads = held - held_bytes(opt, exclude=list(mine.parameters()) + last
+    # the optimizer and the grader's model: what is hung on the model or its parameters (an inner optimizer, room
+    # after a parameter's values) is the optimizer's wherever it reaches it (an eighteenth red team's 07.5 x01: the
+    # whole state in room appended to the parameters' storages, the optimizer reached by weakrefs)
+    roots = [opt, mine]
+    held = held_bytes(roots, exclude=list(mine.parameters()) + _shards_only(inner_parameters(opt), mine, world))
+    grads = held - held_bytes(roots, exclude=list(mine.parameters()) + last
                               + _shards_only(inner_parameters(opt), mine, world))
     full = held_bytes(ref_opt, exclude=list(ref.parameters()))
     # this rank's slice of the state, padded: a flat split, or FSDP2's (each parameter's rows padded to a multiple
@@ -439,7 +448,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
         inner = [o for o in found.pop("optimizers") if o is not ref_opt]   # the student's, wherever they are kept
-        held = held_bytes(opt, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
+        held = held_bytes(roots, exclude=list(mine.parameters()) + _shards_only(inner_parameters(inner), mine, world))
         watch.stop()                                       # it keeps what the module reached at the start alive
         owned = held_bytes([opt, inner, _student_globals(cls)], exclude=list(mine.parameters()), grads=True,
                            python=True) + _container_bytes([opt, inner, _student_globals(cls)])
@@ -871,9 +880,9 @@ def check_my_fsdp(cls, ctx, problems, steps=3, lr=0.05):
                     frozen = sum(4 * p.numel() for p in refs["right"].parameters() if not p.requires_grad)
                     note(problems, {**base, "what": "held", "step": s + 1, "bytes": held, "full_bytes": full * 4,
                                     "frozen": frozen if held >= frozen > 4 * full / world else 0})
-                elif _module_bytes(model) > 4 * full / world + 1024:   # kept where the wrapper does not reach
-                    note(problems, {**base, "what": "module", "step": s + 1, "bytes": _module_bytes(model),
-                                    "full_bytes": full * 4})
+                elif max(_module_bytes(model), _beyond(model, wrapper)) > 4 * full / world + 1024:   # kept where
+                    note(problems, {**base, "what": "module", "step": s + 1, "full_bytes": full * 4,    # the wrapper
+                                    "bytes": max(_module_bytes(model), _beyond(model, wrapper))})    # does not reach
                 seen.clear()
                 if grouped:
                     params = _full_parameters(wrapper, names, base, problems, shapes)
@@ -938,7 +947,8 @@ def _fsdp_kept(watch, wrapper, base, problems, steps, full, world, known):
     if problems:
         return
     shards = list(wrapper.parameters())
-    held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
+    held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards) + \
+        _beyond(known[0], wrapper)
     allowed = 4 * full / world * 1.05 + 1024 + PYTHON_SLACK
     found = watch.count(wrapper, *known, limit=allowed - held)
     if found["files"]:
@@ -977,7 +987,8 @@ def _fsdp_outside(cls, ctx, problems, steps=2, lr=0.05):
             F.cross_entropy(ref(x), y).backward()
             ref_opt.step()
             ref_opt.zero_grad(set_to_none=True)
-        held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards)
+        held = held_bytes(wrapper, grads=True) - sum(p.numel() * p.element_size() for p in shards) + \
+            _beyond(model, wrapper)
         found = watch.count(wrapper, model, shards, opt, ref, ref_opt, x, y, limit=allowed - held)
     with torch.no_grad():
         got, want = wrapper(x[:16]).float(), ref(x[:16])
@@ -1134,6 +1145,15 @@ def _module_bytes(model: torch.nn.Module) -> int:
     wrapper must free once sharded, wherever the module is kept (a module-level dict, a weakref)."""
     storages = {tensor_storage(p).data_ptr(): tensor_storage(p).nbytes() for p in model.parameters()}
     return sum(storages.values())
+
+
+def _beyond(model: torch.nn.Module, wrapper) -> int:
+    """07.6: bytes of the tensors that the grader's ``model`` (the module handed to the wrapper) reaches and the
+    wrapper does not: what is hung on the module, or on its parameters, where the wrapper reaches it some other
+    way (an eighteenth red team's 07.6 x01: the whole gathered model kept in the module's ``__dict__``, the
+    module reached by a weakref). The grader's objects count as known to :class:`OutsideState`, so this is
+    counted as held."""
+    return max(0, held_bytes([wrapper, model], grads=True) - held_bytes(wrapper, grads=True))
 
 
 def _own_gradients(model, x, y, dtype) -> list:
