@@ -229,6 +229,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
         if python and isinstance(o, memoryview):           # what it views (of a bytes, an array, a tensor)
             numbers[id(o)] = o.nbytes
             return
+        if python and _is_buffer(o) and not isinstance(o, (dict, list, tuple)):   # an array.array, ctypes array
+            numbers[id(o)] = sys.getsizeof(o)
+            return
         if d < 0 or id(o) in seen_objects or isinstance(o, (str, bytes, int, float, bool, type(None), type)):
             return
         seen_objects.add(id(o))
@@ -253,6 +256,19 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             walk(item, d - 1)
     walk(obj, depth)
     return sum(storages.values()) + sum(numbers.values())
+
+
+def _is_buffer(o) -> bool:
+    """Whether ``o`` has the buffer protocol (``memoryview(o)`` works): an ``array.array``, a ctypes array, a
+    ``pickle.PickleBuffer``, besides bytes, bytearray and numpy arrays (a nineteenth red team's 07.5 and 07.6 kept
+    the whole state in an array.array made at import, 2026-12-07)."""
+    if isinstance(o, (str, int, float, type, type(None))):
+        return False
+    try:
+        with memoryview(o):
+            return True
+    except (TypeError, ValueError, BufferError):
+        return False
 
 
 def _numpy_base(o):
@@ -672,8 +688,8 @@ def refusing_routes(path: str, found: list):
     from the student's file (:data:`_TORCHSCRIPT`, and the classes made by hand: C++ holds a scripted module's
     tensors where no Python object stands for them; a fifteenth red team's, 2026-12-07); and a Python thread started
     within the block and still running at its end (a seventeenth red team's helper thread kept whole gradients in
-    zlib objects, bytes held by C, 2026-12-07); and ``gc.freeze()`` or ``gc.unfreeze()`` (the number of frozen
-    objects changed: objects frozen are missing from the garbage collector's lists, where the checks look).
+    zlib objects, bytes held by C, 2026-12-07); and ``gc.freeze()`` or ``gc.unfreeze()`` (more objects frozen at
+    the end, or none left: objects frozen are missing from the garbage collector's lists, where the checks look).
     ``gc`` itself and ``sys``' measuring functions are watched by :func:`integrity_snapshot`."""
     global _REFUSING
     _hook_audit()
@@ -683,7 +699,8 @@ def refusing_routes(path: str, found: list):
     saved = _wrapped_routes()
     try:
         yield
-        if gc.get_freeze_count() != frozen_before:           # the student's objects hidden from gc.get_objects()
+        frozen = gc.get_freeze_count()                       # (a frozen object freed lowers the count: not one)
+        if frozen > frozen_before or frozen_before and not frozen:   # the student's objects hidden from the lists
             _record_route("gc.freeze() or gc.unfreeze() (objects moved out of the garbage collector's lists, where "
                           "the checks look for state kept outside)")
         for thread in threading.enumerate():            # started in the block, still running at its end
@@ -1259,7 +1276,7 @@ class OutsideState:
                 found.append((o, 2))
                 return
             if isinstance(o, (bytes, bytearray, memoryview)) or hasattr(type(o), "__array_interface__") or \
-                    callable(getattr(type(o), "getbuffer", None)):
+                    callable(getattr(type(o), "getbuffer", None)) or _is_buffer(o):
                 found.append((o, 3))
                 return
             if isinstance(o, dict):
@@ -1285,6 +1302,15 @@ class OutsideState:
 
     @staticmethod
     def _content(o, kind: int):
+        """A copy of what a tensor's or storage's storage (as bytes, a uint8 tensor) or a Python buffer holds."""
+        if kind == 3 and not callable(getattr(type(o), "getbuffer", None)) and not hasattr(o, "tobytes") and \
+                not isinstance(o, (bytes, bytearray, memoryview)):
+            with memoryview(o) as view:                      # any other object with the buffer protocol
+                return view.tobytes()
+        return OutsideState._content_of(o, kind)
+
+    @staticmethod
+    def _content_of(o, kind: int):
         """A copy of what a tensor's or storage's storage (as bytes, a uint8 tensor) or a Python buffer holds."""
         if kind == 3:
             if callable(getattr(type(o), "getbuffer", None)):

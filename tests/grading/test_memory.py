@@ -408,6 +408,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r17w01"), r"rank \d: your code used a thread of your own still running at the end"),
     "no sharding: reduce to rank 0 and broadcast, the whole state in room after the parameters, reached by weakrefs (an eighteenth red team's 075_r18w01)": (
         None, red_team("075_r18w01"), r"rank \d: with [\w ]+, your optimizer holds [\d,]+ bytes of state"),
+    "the whole state in an array.array made at import on a class inside the optimizer's, rank 0 updating everything (a nineteenth red team's 075_r19w01)": (
+        None, red_team("075_r19w01"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
         None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
@@ -870,6 +872,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r16w02"), r"rank \d \((FrozenUnusedNet|MLP of 1024 hidden units)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered model in the module's __dict__, the module held by a weakref (an eighteenth red team's 076_r18w01)": (
         None, red_team("076_r18w01"), r"rank \d \((MLP|FrozenUnusedNet)[^)]*\): after step \d your wrapper holds [\d,]+ bytes besides its shards"),
+    "the whole gathered model copied into an array.array on a nested class at each forward (a nineteenth red team's 076_r19w01)": (
+        None, red_team("076_r19w01"), r"rank \d \((FrozenUnusedNet|MLP[^)]*)\): after \d steps, [\d,]+ bytes stayed in this process outside your wrapper"),
     "the whole gathered parameters in zlib decompressors kept by a helper thread (076_r17w02)": (
         None, red_team("076_r17w02"), r"rank \d: your code used a thread of your own still running at the end"),
     "the whole gathered model copied into an arena on a types.ModuleType global (a fourteenth red team's 076_r14w02)": (
@@ -1293,3 +1297,20 @@ def test_uses_counts_the_layers_that_share_a_weight():
 
     uses = _uses(TiedMLP())
     assert uses["a.weight"] == 2 and set(uses.values()) == {1, 2} and len(uses) == 7, uses
+
+
+def test_one_rank_the_root_of_the_whole_model_is_told():
+    """07.5 (_one_root): every gradient reduced to one rank, or the whole model broadcast by one, is one process's
+    work however little the step moves (a nineteenth red team's 075_y01); each rank the root of its slice is not."""
+    import collections
+    import types
+
+    import torch
+
+    from mgpu_utils.grading.coding.memory import _one_root
+    needs = [(torch.Size([10, 100]), 1)]
+    assert _one_root(collections.Counter({0: 1000}), [], needs, 2, {})["what"] == "rooted"
+    assert _one_root(collections.Counter({0: 500, 1: 500}), [], needs, 2, {}) is None
+    sent = [types.SimpleNamespace(elements=1000)]
+    assert _one_root(collections.Counter(), sent, needs, 2, {})["what"] == "root_sent"
+    assert _one_root(collections.Counter(), [types.SimpleNamespace(elements=500)], needs, 2, {}) is None

@@ -62,7 +62,11 @@ or sparse tensors (their buffers and indices count), and gloo's allreduce bound 
 07.5 the whole state in room after the parameters with the optimizer reached only by weakrefs, kept alive by an
 attribute of a parameter (held_bytes follows weak references, and the grader's model with its parameters counts
 with the optimizer: what hangs on them is held); 07.6 the whole gathered model kept in the module's ``__dict__``,
-the module held by a weakref (:func:`_beyond`: what the module reaches and the wrapper does not is held).
+the module held by a weakref (:func:`_beyond`: what the module reaches and the wrapper does not is held). A
+nineteenth red team's (2026-12-07) too: the whole state, or the gathered model, in an ``array.array`` made at
+import on a class inside the student's class (any object with the buffer protocol counts as a Python buffer, and
+nested classes' attributes are let go of with the module's), and 07.5's rank 0 updating everything from gradients
+reduced to it and broadcasting the result (:func:`_one_root`).
 Accepted: 07.6 a gradient divided by the world size in
 bfloat16 before the float32 reduce-scatter (one more rounding, exact at a power-of-two world size). """
 
@@ -387,15 +391,17 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         ref_before = ref.extra.weight.detach().clone() if zero else None
         opt.zero_grad()
         back_calls, back_carried, back_content = [], [], []       # hooks of the student's in the backward count
-        with counted_collectives(back_calls, cls, back_carried, back_content, p2p=True):   # (a ninth red team's
-            F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()              # w20: DDP's all-reduce)
+        step_roots = collections.Counter()                 # elements reduced to each rank (dist.reduce's dst)
+        with counted_collectives(back_calls, cls, back_carried, back_content, p2p=True), \
+                _reduce_roots(cls, step_roots):            # (a ninth red team's w20: DDP's all-reduce)
+            F.cross_entropy(mine(x[rank::world]), y[rank::world]).backward()
         calls, carried, content = [], [], []
         grads = content_of([p.grad for p in mine.parameters() if p.grad is not None])
         weights = content_of(list(mine.parameters()))
         stepped = [p.grad is not None for p in mine.parameters()]
         sent = []                                          # what this rank broadcast as the source
         with counted_collectives(calls, cls, carried, content, p2p=True), built(TORCH_ZERO) as used, \
-                _broadcast_sources(cls, sent):
+                _broadcast_sources(cls, sent), _reduce_roots(cls, step_roots):
             opt.step()
         if used and not torch_built:
             torch_built += used
@@ -419,6 +425,8 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
             traffic = {**base, "kind": "any_comm", "what": "traffic", "step": s + 1, "elements": sum(moved.values()),
                     "full": trainable, "right": round(2 * padded * (1 + 1 / world)),
                        "calls": ", ".join(f"{k} {v:,}" for k, v in sorted(moved.items()))}
+        needs = [(p.shape, 1) for p, g in zip(mine.parameters(), stepped) if g and p.requires_grad]
+        traffic = traffic or _one_root(step_roots, sent, needs, world, {**base, "kind": "any_comm", "step": s + 1})
         if frozen_round and not torch.equal(mine.scale.detach(), ref.scale.detach()):
             note(problems, {**base, "kind": "any_nograd", "what": "frozen", "step": s + 1,
                             "got": mine.scale.detach().mean().item()})
@@ -1046,21 +1054,30 @@ def _drop_student_globals(cls) -> None:
     classes it defines; the default arguments and the closure cells of the functions it defines and of those
     classes' methods (not of a function it imported: the library's own). The grader loads each graded file as a
     module of its own and uses it no further."""
+    def drop_class(value, own, seen):
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        for attr, item in list(vars(value).items()):
+            if attr.startswith("__"):
+                continue
+            if inspect.isfunction(item):
+                if item.__module__ == own:
+                    _drop_function_state(item)
+            elif isinstance(item, type):                   # a class inside it: its attributes too (a nineteenth
+                if item.__module__ == own:                 # red team's 07.5 y01 kept the state on one)
+                    drop_class(item, own, seen)
+            elif not isinstance(item, (staticmethod, classmethod, property)):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(value, attr, None)
+
     for space in namespaces_of(cls):
         own = space.get("__name__")
         for key, value in list(space.items()):
             if key.startswith("__"):
                 continue
             if isinstance(value, type) and value.__module__ == own:
-                for attr, item in list(vars(value).items()):
-                    if attr.startswith("__"):
-                        continue
-                    if inspect.isfunction(item):
-                        if item.__module__ == own:
-                            _drop_function_state(item)
-                    elif not isinstance(item, (staticmethod, classmethod, property, type)):
-                        with contextlib.suppress(AttributeError, TypeError):
-                            setattr(value, attr, None)
+                drop_class(value, own, set())
             elif inspect.isfunction(value):
                 if value.__module__ == own:                # not an imported one: others still use it
                     _drop_function_state(value)
@@ -1256,6 +1273,22 @@ def _reduce_roots(fn, roots: collections.Counter):
         return call
     with patched_collectives(replace, fn, lambda call: None):
         yield
+
+
+def _one_root(roots: collections.Counter, sent: list, needs: list, world: int, problem: dict) -> dict | None:
+    """07.5, one step: ``problem`` completed when one rank was the destination of more reduced elements than a
+    rank's slice of the gradients (``what`` "rooted", :func:`_roots_bound`'s bound), or when this rank broadcast
+    more than its slice of the parameters (``what`` "root_sent"): a nineteenth red team's 07.5 reduced every
+    gradient to rank 0, which updated the whole model with the whole state and broadcast it (2 x the parameters
+    per step, as ZeRO's traffic, and rank 0's broadcast taken for its updated slice). None otherwise."""
+    rooted = _roots_bound(roots, [], needs, world, {**problem, "what": "rooted"})
+    if rooted is not None:
+        return rooted
+    most = sum(max(-(-shape.numel() // world), -(-shape[0] // world) * (shape.numel() // shape[0]) if len(shape)
+                   else 1) for shape, _ in needs) + world
+    if sum(c.elements for c in sent) > most:
+        return {**problem, "what": "root_sent", "elements": sum(c.elements for c in sent), "most": most}
+    return None
 
 
 def _roots_bound(roots: collections.Counter, content: list, needs: list, world: int, problem: dict) -> dict | None:
@@ -1465,7 +1498,13 @@ HINTS: dict[str, list[tuple]] = {
                  "differs by {max_diff:.3g}: each group's own options, every one of them (not a list of those you "
                  "know), must reach the inner optimizer (a group per group, with this rank's slices of its "
                  "parameters)")],
-    "any_comm": [(lambda p, W: p.get("what") == "traffic",
+    "any_comm": [(lambda p, W: p.get("what") in ("rooted", "root_sent"),
+                  "rank {rank}: with {optimizer}, step {step} made one rank the root of {elements:,} elements "
+                  "(reduced to it, or broadcast by it), where a rank's slice is at most {most:,}: one rank received "
+                  "or sent the whole model, so it updates every parameter, as one process does. ZeRO-1 gives each "
+                  "rank its own slice: reduce-scatter the gradients (or reduce each slice to its owner), update the "
+                  "slice, all-gather the slices (or each owner broadcasts its own)"),
+                 (lambda p, W: p.get("what") == "traffic",
                   "rank {rank}: with {optimizer}, step {step}'s collectives moved {elements:,} elements in and out "
                   "of this rank ({calls}) in float32's worth (one in float64 counts twice), and the model trains "
                   "{full:,}: a whole gradient reached every rank "
