@@ -960,23 +960,27 @@ def _changed(old: dict) -> list:
 _LIBRARY_TENSORS: list = []
 
 
-def freeze_library() -> None:
+def freeze_library(collect: bool = True, tensors: bool = True) -> None:
     """A grading rank's objects so far (torch's, the grader's modules': about 320,000) frozen for the rest of the
     process (``gc.freeze``): every later collection, and :func:`made_since`'s listing, goes through the objects
     made after it only (a full collection of every object took 0.15 to 0.6 s a rank on 2 cores, and 07.5 and
     07.6 make two after their last round: :func:`~mgpu_utils.grading.coding.memory._malloc_settled`).
-    grade_exercise.py calls it before loading each student's file of an exercise whose record says
-    ``collectives_only`` (the checks that count what the process keeps), so everything of the student's is made
-    after it and collected as before. The first call collects nothing first (0.3 s; the little garbage of the
-    imports stays); a later one (a launch that grades several files: the tests' tables) collects what the earlier
-    files left (young objects only: a few ms) and freezes the rest, so that a block's listing does not grow with
-    every file graded before it. The tensors and storages alive at each freeze are kept (weakly) for
-    :class:`OutsideState`'s fingerprints: a library buffer written within a check still counts. Without it (tests
-    in one process) everything works the same, slower."""
-    if gc.get_freeze_count():
+    grade_exercise.py calls it before loading each student's file, so everything of the student's is made after
+    it and collected as before; in a launch that grades several files (the tests' tables) each freeze also keeps
+    a block's listing from growing with every file graded before it. Frozen before the files of every exercise,
+    not only the checks that count what the process keeps: with 03.4 to 03.6's files unfrozen, 03.x's tables took
+    2 to 3 times as long (cause not found; 2026-12-07). ``collect``: a collection first (young objects only after
+    the first freeze, a few ms), so that an earlier file's garbage is not frozen for good; grade_exercise.py
+    leaves it out before its first file (a full collection, 0.3 s a rank: the little garbage of the imports
+    stays). ``tensors``: the tensors and storages alive at the freeze are kept (weakly) for
+    :class:`OutsideState`'s fingerprints, so that a library buffer written within a check still counts (a scan of
+    every object, 0.08 s a rank: grade_exercise.py asks for it before the files of the exercises whose record says
+    ``collectives_only``, the checks that count what the process keeps; gc.freeze itself takes no time). Without
+    it (tests in one process) everything works the same, slower."""
+    if collect:
         gc.collect()
     refs = []
-    for o, _ in _tensors_and_storages(gc.get_objects()):
+    for o, _ in _tensors_and_storages(gc.get_objects()) if tensors else ():
         try:
             refs.append(weakref.ref(o))
         except TypeError:
