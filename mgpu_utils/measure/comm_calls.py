@@ -522,6 +522,7 @@ class _Handle:
         self._work, self._call, self._into, self._copy, self._blocks = work, call, into, copy, blocks
         self._delivered = False
         self._polled, self._polls = None, 0               # the node it was last polled in, and how often there
+        _watch_held(work, call)
 
     def _deliver(self):
         if self._into is not None and not self._delivered:
@@ -575,6 +576,31 @@ class _Handle:
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+def _watch_held(work, call: dict) -> None:
+    """For an all-reduce started in a hook of backward: ``call["held"] = True`` when it completes while that
+    same hook (the same frame: :func:`_in_hook`) still runs in the thread that started it. The hook waited for
+    it, whatever the way (a threading.Event set by a callback of its future, a sleep until a flag changes, a
+    lock: a twentieth red team's 03.7 z03, an Event waited 0.04 s at most); a hook that returns at once has
+    left by then (the future's callback needs the GIL, which the hook holds until it returns to autograd).
+    The check asks for most of a step's all-reduces held (one can finish while its hook returns)."""
+    if _current_node() is None:
+        return
+    hook, _ = _in_hook(sys._getframe())
+    if hook is None:
+        return
+    thread, box = threading.get_ident(), [hook]           # the hook's frame, let go of at completion
+
+    def completed(_future):
+        frame = box.pop() if box else None
+        if frame is not None and threading.get_ident() != thread:   # not run at once: already complete
+            if _in_hook(sys._current_frames().get(thread))[0] is frame:
+                call["held"] = True
+    try:
+        work.get_future().then(completed)
+    except (RuntimeError, AttributeError):                 # a Work without a future
+        box.clear()
 
 
 #: Inside a hook, :class:`_Handle`'s is_completed() says False this many times before it asks the Work.

@@ -439,6 +439,10 @@ WRONG_037 = {
         None, red_team("037_r17w04"), r"rank \d: your code used a thread of your own still running at the end"),
     "bucket all-reduces with ReduceOp.MAX for show, the mean made by broadcasts in finish() (an eighteenth red team's 037_r18w02)": (
         None, red_team("037_r18w02"), r"rank \d: \d+ of your \d+ all-reduce\(s\) used op=ReduceOp.MAX"),
+    "each hook waits on a threading.Event its bucket's future sets, 0.04 s at most (a twentieth red team's 037_r20z03)": (
+        None, red_team("037_r20z03"), r"rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+    "each hook sleeps until a flag its bucket's future sets, 0.03 s at most (037_r20s01)": (
+        None, red_team("037_r20s01"), r"rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
     "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (
         None, red_team("037_r14w03"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's averaged gradients kept on a class whose __module__ says logging (037_r14w11)": (
@@ -695,7 +699,8 @@ WRONG_037 = {
     "the grader's record of a wait in a hook made a no-op, waits in the hook (a ninth red team's 037_r9w07)": (
         None, red_team("037_r9w07"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\._Handle\._blocked"),
     "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
-        None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
+        None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
         None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
     "torch._C.Future.wait captured at import, called in the hook (a ninth red team's 037_r9w13)": (

@@ -410,6 +410,14 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r18w01"), r"rank \d: with [\w ]+, your optimizer holds [\d,]+ bytes of state"),
     "the whole state in an array.array made at import on a class inside the optimizer's, rank 0 updating everything (a nineteenth red team's 075_r19w01)": (
         None, red_team("075_r19w01"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "no sharding: every rank's summed gradient slice gathered to every rank (world gathers), the whole state as bytes on torch.optim.lr_scheduler (a twentieth red team's 075_r20z06)": (
+        None, red_team("075_r20z06"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "no sharding: the summed gradient slices gathered to every rank, the state as bytes two levels down in a library's dict (075_r20g01)": (
+        None, red_team("075_r20g01"), r"rank \d: with [\w ]+, the result is right, but in step \d your gathers \(\d+ call\(s\), [\d,]+ elements\) carried the reduced gradient slices"),
+    "no sharding: each owner scatters its summed gradient slice to every rank (075_r20g02)": (
+        None, red_team("075_r20g02"), r"rank \d: with [\w ]+, step \d's collectives moved [\d,]+ elements in and out of this rank \(reduce_scatter_single [\d,]+, scatter [\d,]+\)"),
+    "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
+        None, red_team("075_r20g03"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
         None, red_team("075_r14w01"), r"rank \d: with SGD with momentum, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a class whose __module__ says builtins (075_r14w04)": (
@@ -1243,6 +1251,13 @@ def keep(kind, t):
         _BUF[:t.numel()] = t
     elif kind == "bytearray":
         _OLD[:4 * t.numel()] = t.numpy().tobytes()
+    elif kind == "on builtins":                            # hung on modules and classes made before the
+        import builtins                                    # block (a twentieth red team's 07.5 z04, z06)
+        builtins._mgpu_kept = t.numpy().tobytes()
+    elif kind == "on a class":
+        torch.optim.Optimizer._mgpu_kept = t.numpy().tobytes()
+    elif kind == "in a module's list":
+        torch.optim.lr_scheduler.__all__.append(t.numpy().tobytes())
     elif kind == "torch.save":
         torch.save(t, __file__ + ".pt")
     elif kind == "open":
@@ -1259,7 +1274,8 @@ def keep(kind, t):
     ("tuple", 0, (300_000, 400_000), 0), ("str", 0, (40_000, 50_000), 0), ("old list", 0, (240_000, 260_000), 0),
     ("store", 0, (40_000, 50_000), 0),
     ("buffer", 4_000, (0, 10_000), 0), ("bytearray", 0, (4_000, 14_000), 0), ("torch.save", 0, (0, 10_000), 1),
-    ("open", 0, (0, 10_000), 1)])
+    ("open", 0, (0, 10_000), 1), ("on builtins", 0, (40_000, 50_000), 0), ("on a class", 0, (40_000, 50_000), 0),
+    ("in a module's list", 0, (40_000, 50_000), 0)])
 def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python, files):
     """In one process: a module keeps 10,000 floats (40,000 bytes) in each way; OutsideState counts them as
     tensors, as Python objects (a tuple of floats in a dict and a str too, which gc.collect leaves untracked,
@@ -1281,6 +1297,11 @@ def test_outside_state_sees_what_a_module_keeps(tmp_path, kind, tensors, python,
     with OutsideState(mod.keep) as watch:
         mod.keep(kind, t)
         found = watch.count(t, limit=0, tries=1)
+    import builtins                                       # what the new kinds hung on the library: taken off
+    builtins.__dict__.pop("_mgpu_kept", None)
+    if "_mgpu_kept" in vars(torch.optim.Optimizer):
+        del torch.optim.Optimizer._mgpu_kept
+    torch.optim.lr_scheduler.__all__[:] = [name for name in torch.optim.lr_scheduler.__all__ if type(name) is str]
     assert found["tensors"] == tensors and python[0] <= found["python"] <= python[1], found
     assert len(found["files"]) == files and all(how == "wrote" for how, _ in found["files"]), found
     assert not __import__("gc").get_freeze_count()             # the objects were unfrozen

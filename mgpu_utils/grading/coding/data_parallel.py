@@ -145,7 +145,11 @@ def against_ddp(make_sync, ctx, problems, check_calls, model_fn=None, perturb=Fa
     (from the first to the last, the grader's hooks timing them) waited in a hook for an all-reduce, whatever the
     way (``waited_in_backward``, ``how="timed"``: a ninth red team's waits through a future's value() polled, a
     functional collective's wait captured at import, torch._C.Future.wait, 2026-12-06); DDP's own wait in the
-    final callback of the backward, after the last gradient, is not in that span."""
+    final callback of the backward, after the last gradient, is not in that span. Every step, a rank where at
+    least two, and at least half, of the all-reduces started in hooks finished while the hook that started them
+    still ran (``held``: :func:`~mgpu_utils.measure.comm_calls._watch_held`) waited there too (``how="held"``: a
+    twentieth red team's 03.7 z03, an Event set by the future's callback, waited 0.04 s at most, under the timed
+    probe; none of 648 steps of the worked solution with a core busy)."""
     world, rank = ctx.world_size, ctx.rank
     torch.manual_seed(0)
     mine = model_fn() if model_fn else make_mlp(32, 2)
@@ -295,6 +299,12 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
             note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
                             "what": ", ".join(sorted(set(state["blocking"])))})
+        in_hooks = sum(bool(c["async"] and c["in_backward"]) for c in calls)   # started in a hook, and those
+        kept = sum(bool(c.get("held")) for c in calls)                         # that finished before it returned
+        if (not how and not state["blocking"] and not (late and span > WAITED_SHARE * late and rank != world - 1)
+                and kept >= 2 and 2 * kept >= in_hooks):  # most finished while their hook still ran, however held
+            note(problems, {"rank": rank, "kind": "waited_in_backward", "how": "held", "blocked": kept, "at": at,
+                            "started": in_hooks})
         bad = check_calls(calls, list(ready), list(own))             # every step: a rule kept in step 1 only is not kept
         if bad:
             note(problems, {"rank": rank, "at": at, **bad})
@@ -833,6 +843,12 @@ HINTS: dict[str, list[tuple]] = {
          "(a wait(), a future's value() or result(), a functional collective's wait, however reached), so backward "
          "stopped there until the late rank joined, and nothing overlapped it; start the bucket's all-reduce, keep "
          "the handle and return, and wait for them all in finish(), after backward"),
+        (lambda p, W: p.get("how") == "held",
+         "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces started in hooks finished while the "
+         "hook that started them was still running: the hook held backward until its bucket had travelled (an "
+         "event set by the future's callback, a sleep until a flag changes, a lock), so nothing overlaps it, as "
+         "with a wait() in the hook; start the bucket's all-reduce, keep the handle and return at once, and wait "
+         "for them all in finish(), after backward"),
         (lambda p, W: p.get("how") == "poll",
          "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were polled with is_completed() in "
          "a loop during backward, in a hook, until done: the hook returns only when the all-reduce is done, so "

@@ -504,7 +504,7 @@ def _gathered_updated(content: list, sent: list, grads, model, stepped: list, re
     updated parameter slices: summed over the ranks (one all-reduce of twelve numbers: every rank calls this),
     what they put in must be the parameters after the step, in any layout and padded with zeros, each parameter
     stepped (``stepped``: its .grad was not None) once, the others (frozen, unused) once or not at all. An
-    all-to-all counts for 1/world of what it carries (a slice sent to every rank is put in world times), after
+    all-to-all (and a gather or scatter: :data:`SPREADS`) counts for 1/world of what it carries (a slice sent to every rank is put in world times), after
     the gradients it may sum as a reduce-scatter does (``grads``: this rank's, summed over the ranks, divided by
     the world size or not). A rank that all-gathers (or whose owners broadcast, or that all-to-alls) the reduced
     gradient slices instead has the whole mean gradient, and can step a whole optimizer kept anywhere. None when
@@ -512,7 +512,7 @@ def _gathered_updated(content: list, sent: list, grads, model, stepped: list, re
     ``ref``: the reference after its backward (its gradients, the mean over the batch, name what was
     gathered)."""
     mine = [c for c in content if c.name in GATHERS] + list(sent)
-    spread = [c for c in content if c.name in ("all_to_all", "all_to_all_single")]
+    spread = [c for c in content if c.name in SPREADS]
     parts = (add_content(mine), add_content(spread), grads)
     summed = torch.tensor([v for c in parts for v in (c.elements, c.total, c.squares, c.absolute)],
                           dtype=torch.float64)
@@ -535,11 +535,18 @@ def _gathered_updated(content: list, sent: list, grads, model, stepped: list, re
     summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
                            world * mean.absolute)
     named = add_content([got, Content("", 0, moved.total / world, moved.squares / world, moved.absolute / world)])
-    how = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine} | (
-        {"all-to-alls"} if spread else set())
+    how = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine} | {
+        "gathers" if c.name == "gather" else "scatters" if c.name == "scatter" else "all-to-alls" for c in spread}
     return {**problem, "what": named_content(named, world, rtol, gradients=summed_grads),
             "how": " and ".join(sorted(how)) or "all-gathers",
             "calls": len(mine) + len(spread), "elements": got.elements + moved.elements}
+
+
+#: What a rank puts in world times over a step's calls when it spreads slices (every rank's to every rank):
+#: an all-to-all, and the gathers or scatters that make one, each rank the root once (a twentieth red team's
+#: 07.5 z04: every rank's summed gradient slice gathered to every rank, world gathers; counted as an all-to-all,
+#: what they carried is the gradients, not the updated slices).
+SPREADS = ("all_to_all", "all_to_all_single", "gather", "scatter")
 
 
 _BROADCAST = inspect.signature(dist.broadcast)
