@@ -702,9 +702,11 @@ WRONG_037 = {
         None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
                                      r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
-        None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
+        None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
     "torch._C.Future.wait captured at import, called in the hook (a ninth red team's 037_r9w13)": (
-        None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"),
+        None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "a helper process started to keep the replicas' copies": (
