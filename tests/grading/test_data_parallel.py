@@ -232,6 +232,9 @@ RIGHT_037 = {
         "                p.grad = flat[offset:offset + p.numel()].view_as(p)\n"),
 }
 
+#: The hint of a step that finished most of its hook-started all-reduces before their hooks returned, twice.
+HELD_037 = (r"rank \d in step \d of \d, after steps? [\d and]+ passed: in 2 steps, most of the asynchronous all-reduces "
+            r"started in hooks finished while the hook that started them was still running")
 SEND_037 = "        self.pending.append((self.bucket, flat, dist.all_reduce(flat, async_op=True)))\n"
 FINISH_037 = ("        for params, flat, work in self.pending:\n" + WAIT_037 + "            offset = 0\n"
               "            for p in params:\n                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))\n"
@@ -440,9 +443,11 @@ WRONG_037 = {
     "bucket all-reduces with ReduceOp.MAX for show, the mean made by broadcasts in finish() (an eighteenth red team's 037_r18w02)": (
         None, red_team("037_r18w02"), r"rank \d: \d+ of your \d+ all-reduce\(s\) used op=ReduceOp.MAX"),
     "each hook waits on a threading.Event its bucket's future sets, 0.04 s at most (a twentieth red team's 037_r20z03)": (
-        None, red_team("037_r20z03"), r"rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+        None, red_team("037_r20z03"), HELD_037),
+    "full buckets all-reduce a sorted decoy on time, every real gradient in the last call, the earlier buckets scaled by 2**-30 (a twenty-first red team's 037_r21a01)": (
+        None, red_team("037_r21a01"), r"rank \d: the gradients are right, but in step 1 your all-reduces \(\d call\(s\), [\d,]+ elements\) did not carry rank \d's gradients: [\d,]+ of their elements are not zero, against [\d,]+ of the gradients'"),
     "each hook sleeps until a flag its bucket's future sets, 0.03 s at most (037_r20s01)": (
-        None, red_team("037_r20s01"), r"rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+        None, red_team("037_r20s01"), HELD_037),
     "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (
         None, red_team("037_r14w03"), r"rank \d: the result is right, but what this process keeps from the steps grows"),
     "every step's averaged gradients kept on a class whose __module__ says logging (037_r14w11)": (
@@ -700,13 +705,13 @@ WRONG_037 = {
         None, red_team("037_r9w07"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\._Handle\._blocked"),
     "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
         None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
-                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+                                     "|" + HELD_037),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
         None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
-                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+                                     "|" + HELD_037),
     "torch._C.Future.wait captured at import, called in the hook (a ninth red team's 037_r9w13)": (
         None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
-                                     r"|rank \d: \d of the \d asynchronous all-reduces started in hooks finished while the hook that started them was still running"),
+                                     "|" + HELD_037),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),
     "a helper process started to keep the replicas' copies": (

@@ -416,6 +416,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r20g01"), r"rank \d: with [\w ]+, the result is right, but in step \d your gathers \(\d+ call\(s\), [\d,]+ elements\) carried the reduced gradient slices"),
     "no sharding: each owner scatters its summed gradient slice to every rank (075_r20g02)": (
         None, red_team("075_r20g02"), r"rank \d: with [\w ]+, step \d's collectives moved [\d,]+ elements in and out of this rank \(reduce_scatter_single [\d,]+, scatter [\d,]+\)"),
+    "the biases' whole optimizer everywhere: their gradient slices all-gathered scaled by 2**-20, a fitted tail for the sums (a twenty-first red team's 075_r21a02)": (
+        None, red_team("075_r21a02"), r"rank \d: with [\w ]+, the result is right, but in step \d your all-gathers \(\d+ call\(s\), [\d,]+ elements\) did not carry the ranks' updated parameter slices"),
     "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
         None, red_team("075_r20g03"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
@@ -1182,6 +1184,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
     "the float32 sum rounded back to bfloat16 before it goes into .grad (a ninth red team's 076_r9w17)": (
         None, red_team("076_r9w17"), r"rank \d \(\w+, bfloat16\): after step 1's backward, \d+% of your shards' "
                                      r"gradient values are bfloat16 numbers"),
+    "no reduce-scatter doing the work: every rank's whole gradient all-gathered scaled by 2**-30 beside the shards, a sorted decoy reduce-scattered (a twenty-first red team's 076_r21a03)": (
+        None, red_team("076_r21a03"), r"rank \d \(MLP, float32\): in step 1 your all-gathers \([\d,]+ elements\) did not carry rank \d's shards"),
     "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (
         None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
     "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (

@@ -3,6 +3,7 @@ reached (torch.distributed's functions, a process group's or its backend's own m
 torch's functional collectives, torch.distributed.nn, DDP's reducer), with what this rank put in; the process
 groups' hooks (torch 2.14 has them) and the dispatch mode used without them both; point_to_point_only refuses
 every route; built() sees torch's DDP constructed."""
+import math
 import warnings
 
 import pytest
@@ -65,7 +66,8 @@ def test_an_all_reduce_counts_once_by_every_route(world_of_one, below_route):
             run()
         assert calls == ["all_reduce"], (name, calls)
         assert carried == [("all_reduce", 4)], (name, carried)
-        assert content == [("all_reduce", 4, 10.0, 30.0, 10.0, 16)], (name, content)
+        assert [c[:7] for c in content] == [("all_reduce", 4, 10.0, 30.0, 10.0, 16, 4)], (name, content)
+        assert abs(content[0].logs - math.log2(24)) < 1e-12, (name, content)    # log2 of 1, 2, 3 and 4
 
 
 def test_group_methods_and_functional_collectives_are_named_as_dist_names_them(world_of_one, below_route):
@@ -105,7 +107,7 @@ def test_counted_all_reduce_keeps_its_wait_semantics(world_of_one):
         work = dist.all_reduce(x, async_op=True)
         work.wait()
     assert calls[0]["async"] and calls[0]["waited"] and "below" not in calls[0]
-    assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0, 12)
+    assert calls[0]["content"] == ("all_reduce", 3, 3.0, 3.0, 3.0, 12, 3, 0.0)
 
 
 def test_counted_all_reduce_sees_each_way_of_waiting(world_of_one):
@@ -245,7 +247,8 @@ def test_nested_blocks_each_count_once(world_of_one, below_route):
             world_of_one.allreduce([torch.ones(2)]).wait()
             dist.all_reduce(torch.full((3,), 2.0))
     assert outer == inner == ["all_reduce", "all_reduce"]
-    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0, 8), ("all_reduce", 3, 6.0, 12.0, 6.0, 12)]
+    assert outer_content == inner_content == [("all_reduce", 2, 2.0, 2.0, 2.0, 8, 2, 0.0),
+                                                  ("all_reduce", 3, 6.0, 12.0, 6.0, 12, 3, 3.0)]
 
 
 def test_what_each_dist_collective_puts_in(world_of_one):
@@ -269,6 +272,32 @@ def test_carries_allows_layout_padding_and_division():
     assert not carries(content_of(torch.zeros(24)), want, world=3)
     assert not carries(content_of(flat * 2), want, world=3)
     assert not carries(content_of(flat[:20]), want, world=3)
+
+
+
+def test_carries_sees_small_riders_and_how_differs_says_so():
+    """Data scaled by 2**-30 beside the right content moves the three sums by about 1e-9 of them, under the 1e-4
+    tolerance, and is recovered exactly (a twenty-first red team's 03.7 a01, 07.5 a02, 07.6 a03): the count of
+    non-zero elements and the sum of their log2|x| see it, and the hint names the count; the same elements
+    replacing as many small gradients (the count kept) move the log2 sizes."""
+    from mgpu_utils.measure.comm_calls import how_differs, scaled_content
+
+    torch.manual_seed(0)
+    g = torch.randn(3000)
+    want = content_of(g)
+    riders = torch.randn(200) * 2.0 ** -30
+    got = content_of(torch.cat([g, riders]))
+    assert abs(got.squares - want.squares) < 1e-9 * want.squares      # the three sums cannot tell
+    assert not carries(got, want, world=3)
+    assert how_differs(got, want, 3).startswith("3,200 of their elements are not zero, against 3,000")
+    swapped = g.clone()
+    small = swapped.abs().argsort()[:5]                               # the 5 smallest gradients given up
+    swapped[small] = torch.randn(5) * 2.0 ** -30
+    assert not carries(content_of(swapped), want, world=3)
+    assert "sizes of their elements" in how_differs(content_of(swapped), want, 3)
+    assert carries(content_of(g / 3), want, world=3)                  # divided first: the log2 sizes move too
+    assert carries(scaled_content(want, 1 / 3), want, world=3)
+    assert how_differs(content_of(g * 2), want, 3).startswith("their sum of squares is")
 
 
 def test_carries_some_counts_a_tied_weight_once_per_use():

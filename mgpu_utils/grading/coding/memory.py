@@ -91,8 +91,9 @@ from mgpu_utils.grading.common import (ROUTE_HINTS, CodingExercise, OutsideState
                                       inner_parameters, live_storages, malloc_bytes, note, reachable_storages,
                                       reference_untouched, routes_refused, tensor_storage)
 from mgpu_utils.measure.comm_calls import (OBJECT_CALLS, TORCH_FSDP, TORCH_ZERO, Content, add_content, built,
-                                           carries, carries_some, content_of, counted_collectives, named_content,
-                                           namespaces_of, patched_collectives)
+                                           carries, carries_some, content_of, counted_collectives, how_differs,
+                                           named_content, namespaces_of, patched_collectives, scaled_content,
+                                           times_content)
 from mgpu_utils.models import TiedMLP, make_mlp
 
 
@@ -247,7 +248,8 @@ def _reduced_right(content: list, grads, world: int, weights, problem: dict, rto
         return None
     got = add_content(reducing or moving)
     return {**problem, "what": named_content(got, world, rtol, weights=weights), "calls": len(reducing or moving),
-            "elements": got.elements, "got": got.squares, "want": grads.squares}
+            "elements": got.elements, "got": got.squares, "want": grads.squares,
+            "differs": how_differs(got, grads, world, rtol)}
 
 
 def _row_padding(params, world: int) -> float:
@@ -514,27 +516,28 @@ def _gathered_updated(content: list, sent: list, grads, model, stepped: list, re
     mine = [c for c in content if c.name in GATHERS] + list(sent)
     spread = [c for c in content if c.name in SPREADS]
     parts = (add_content(mine), add_content(spread), grads)
-    summed = torch.tensor([v for c in parts for v in (c.elements, c.total, c.squares, c.absolute)],
-                          dtype=torch.float64)
+    summed = torch.tensor([v for c in parts for v in (c.elements, c.total, c.squares, c.absolute, c.nonzero,
+                                                      c.logs)], dtype=torch.float64)
     dist.all_reduce(summed)
-    got, moved, every = (Content("", int(summed[k].item()), *(v.item() for v in summed[k + 1:k + 4]))
-                         for k in (0, 4, 8))
+    got, moved, every = (Content("", int(summed[k].item()), *(v.item() for v in summed[k + 1:k + 4]),
+                                 nonzero=summed[k + 4].item(), logs=summed[k + 5].item()) for k in (0, 6, 12))
     if got.elements == 0 and moved.elements == 0:
         return None
     pieces = [content_of(p) for p in model.parameters()]
     required = [s and p.requires_grad for s, p in zip(stepped, model.parameters())]
     for f in ((0.0, 1.0, 1.0 / world) if moved.elements else (0.0,)):   # what the all-to-alls summed as gradients
-        rest = Content("", 0, (moved.total - f * every.total) / world, (moved.squares - f * f * every.squares) / world,
-                       (moved.absolute - f * every.absolute) / world)
+        summed_f = scaled_content(every, f)
+        rest = Content("", 0, (moved.total - summed_f.total) / world, (moved.squares - summed_f.squares) / world,
+                       (moved.absolute - summed_f.absolute) / world,
+                       nonzero=(moved.nonzero - summed_f.nonzero) / world, logs=(moved.logs - summed_f.logs) / world)
         if (got.elements == 0 and f and abs(rest.absolute) <= rtol * every.absolute * f + 1e-30
                 and abs(rest.squares) <= 2 * rtol * f * f * every.squares + 1e-30):
             return None                                   # all-to-alls as reduce-scatters, and nothing gathered
         if carries_some(add_content([got, rest]), pieces, required, rtol, most=1):
             return None
     mean = content_of([p.grad for p in ref.parameters() if p.grad is not None])
-    summed_grads = Content("", mean.elements, world * mean.total, world * world * mean.squares,
-                           world * mean.absolute)
-    named = add_content([got, Content("", 0, moved.total / world, moved.squares / world, moved.absolute / world)])
+    summed_grads = scaled_content(mean, world)
+    named = add_content([got, times_content(moved, 1 / world)])
     how = {"broadcasts" if c.name == "broadcast" else "all-gathers" for c in mine} | {
         "gathers" if c.name == "gather" else "scatters" if c.name == "scatter" else "all-to-alls" for c in spread}
     return {**problem, "what": named_content(named, world, rtol, gradients=summed_grads),
@@ -1427,9 +1430,8 @@ HINTS: dict[str, list[tuple]] = {
          "rank {rank}: the result is right, but in step {step} your reduce-scatters ({calls} call(s)) carried the "
          "parameters, not rank {rank}'s gradients (world size {W}): reduce-scatter the gradients themselves"),
         (always, "rank {rank}: the result is right, but in step {step} your reduce-scatters ({calls} call(s), "
-                 "{elements:,} elements) did not carry rank {rank}'s gradients: their sum of squares is {got:.4g}, "
-                 "the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient once, padded with "
-                 "zeros if need be, and nothing else")],
+                 "{elements:,} elements) did not carry rank {rank}'s gradients: {differs} (world size {W}). "
+                 "Reduce-scatter every gradient once, padded with zeros if need be, and nothing else")],
     "adam_gathered": [
         (lambda p, W: p["what"] == "gradients",
          "rank {rank}: the result is right, but in step {step} your {how} ({calls} call(s), {elements:,} elements) "
@@ -1459,9 +1461,9 @@ HINTS: dict[str, list[tuple]] = {
          "size {W}): is the padding zeros? torch.empty leaves whatever was in memory, and it is summed and sent "
          "with the gradients (a NaN there reaches the optimizer's state); pad with zeros (torch.zeros, new_zeros)"),
         (always, "rank {rank}: with {optimizer}, the result is right, but in step {step} your reduce-scatters "
-                 "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: their sum of "
-                 "squares is {got:.4g}, the gradients' {want:.4g} (world size {W}). Reduce-scatter every gradient "
-                 "once (those that are not None), padded with zeros if need be, and nothing else")],
+                 "({calls} call(s), {elements:,} elements) did not carry rank {rank}'s gradients: {differs} (world "
+                 "size {W}). Reduce-scatter every gradient once (those that are not None), padded with zeros if "
+                 "need be, and nothing else")],
     "any_gathered": [
         (lambda p, W: p["what"] == "gradients",
          "rank {rank}: with {optimizer}, the result is right, but in step {step} your {how} ({calls} call(s), "
