@@ -30,6 +30,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -177,14 +178,15 @@ def carries(got: Content, want: Content, world: int, rtol: float = 1e-4) -> bool
     """Whether ``got`` (what a step's collectives carried from this rank, :func:`add_content`) is ``want`` (this
     rank's own gradients, say), in any layout, order or bucketing and padded with zeros, as it is or divided by
     the world size beforehand: the sums of |x|, of x and of x**2 agree to ``rtol`` (of the sum of |x|, for the
-    sum), and so do the count of non-zero elements and the sum of their log2|x| (to ``rtol`` per element; nothing
-    else rides along, however small)."""
+    sum), and so do the count of non-zero elements (to ``rtol``, 1e-3 at most: 07.6's 5e-2 in bfloat16 is for
+    values from weights a little apart, not for elements added) and the sum of their log2|x| (to 20 ``rtol`` per
+    element): nothing else rides along, however small."""
     for f in (1.0, 1.0 / world):
         a, q = f * want.absolute, f * f * want.squares
         logs = want.logs + want.nonzero * math.log2(f)
         if (abs(got.absolute - a) <= rtol * a + 1e-30 and abs(got.squares - q) <= 2 * rtol * q + 1e-30
                 and abs(got.total - f * want.total) <= rtol * a + 1e-30
-                and abs(got.nonzero - want.nonzero) <= rtol * want.nonzero + 1e-9
+                and abs(got.nonzero - want.nonzero) <= min(rtol, 1e-3) * want.nonzero + 1e-9
                 and abs(got.logs - logs) <= 20 * rtol * want.nonzero + 1e-6):
             return True
     return False
@@ -198,7 +200,7 @@ def how_differs(got: Content, want: Content, world: int, rtol: float = 1e-4, of:
     q = f * f * want.squares
     if abs(got.squares - q) > 2 * rtol * q + 1e-30:
         return f"their sum of squares is {got.squares:.4g}, {of} {q:.4g}"
-    if abs(got.nonzero - want.nonzero) > rtol * want.nonzero + 1e-9:
+    if abs(got.nonzero - want.nonzero) > min(rtol, 1e-3) * want.nonzero + 1e-9:
         return (f"{got.nonzero:,.0f} of their elements are not zero, against {want.nonzero:,.0f} of {of}: "
                 f"something rides along with them, however small (or is the padding not zeros?)")
     mean = (want.logs + want.nonzero * math.log2(f)) / max(1, want.nonzero)
@@ -242,7 +244,9 @@ class LowCall:
     or an operator whose group is not known), ``what`` (how it was reached, said in a message), ``async_op``;
     ``first``: the tensor torch.distributed's function would name first (all_reduce: the tensor reduced; the
     others: the output; several: one flattened copy of them all); ``returns_work``: a method called from Python,
-    whose Work the block may replace (what ``below`` returns, a function of the Work, is given it)."""
+    whose Work the block may replace (what ``below`` returns, a function of the Work, is given it); ``root``: a
+    broadcast's source rank in its group, where known (a process group's own broadcast(t, root): 07.5 reads what
+    an owner sends, a twenty-second red team's 075 b01)."""
     name: str
     inputs: list
     outputs: list
@@ -251,6 +255,7 @@ class LowCall:
     async_op: bool = True
     first: Any = field(default=None)
     returns_work: bool = False
+    root: int | None = None
 
     def __post_init__(self):
         if self.first is None:                 # the tensor torch.distributed's function names first
@@ -312,8 +317,12 @@ def _group_call(name: str, method: str, obj, args, kwargs) -> LowCall:
     else:
         outputs, inputs = None, args[0] if args else (named[0] if named else None)
     group = obj if isinstance(obj, dist.ProcessGroup) else None
+    root = None
+    if name == "broadcast":                            # broadcast(tensor, root) or (tensors, BroadcastOptions)
+        given = args[1] if len(args) > 1 else kwargs.get("root", kwargs.get("opts"))
+        root = given if isinstance(given, int) else getattr(given, "rootRank", None)
     return LowCall(name, _tensors(inputs), _tensors(outputs), group, f"{type(obj).__name__}.{method}",
-                   returns_work=True)
+                   returns_work=True, root=root)
 
 
 def _op_call(func, args, kwargs, p2p: bool = False) -> LowCall | None:
@@ -372,7 +381,7 @@ def _hook_call(pre, group, p2p: bool = False) -> LowCall | None:
     inputs, outputs = list(pre.input_tensors), list(pre.output_tensors)
     single = len(inputs) <= 1 and len(outputs) <= 1
     return LowCall(names[single], inputs, outputs, group, f"a collective of the process group ({names[single]})",
-                   async_op=pre.async_op)
+                   async_op=pre.async_op, root=getattr(pre, "root", None) if names[single] == "broadcast" else None)
 
 
 _hook_ids = itertools.count(1 << 40)
@@ -570,7 +579,8 @@ class _Handle:
         self._work, self._call, self._into, self._copy, self._blocks = work, call, into, copy, blocks
         self._delivered = False
         self._polled, self._polls = None, 0               # the node it was last polled in, and how often there
-        _watch_held(work, call)
+        self._hooked = _watch_held(work, call)            # the thread whose hook started it, or None
+        self._waiting = None                               # (thread, future) of :meth:`_gated`, asked in a hook
 
     def _deliver(self):
         if self._into is not None and not self._delivered:
@@ -613,14 +623,45 @@ class _Handle:
     def get_future(self):
         self._call["waited"] = True
         fut = self._work.get_future()
-        if self._into is None:
+        if self._into is None and self._hooked is None:
             return fut
 
-        def delivered(f):
-            f.value()                                      # raises what the collective raised
+        def delivered(value):
             self._deliver()
-            return [self._into]
-        return fut.then(delivered)
+            return [self._into] if self._into is not None else value
+        return self._gated(fut, delivered)
+
+    def get_future_result(self):
+        self._call["waited"] = True
+        fut = self._work.get_future_result()
+        return fut if self._hooked is None else self._gated(fut, lambda value: value)
+
+    def _gated(self, fut, value):
+        """``fut`` chained: it completes with ``value(its value)`` (raises what the collective raised) once no
+        hook that runs at the completion is still running (:func:`_after_hooks`); asked for in a hook when
+        already complete, from a thread of the grader's that waits for the hook to return."""
+        hooked, call = self._hooked, self._call
+
+        def finish(f):
+            got = f.value()
+            _after_hooks(hooked, call)
+            return value(got)
+        if hooked == threading.get_ident() and fut.done() and _in_hook(sys._getframe())[0] is not None:
+            if self._waiting is not None and not self._waiting[1].done():
+                return self._waiting[1]                    # asked again and again: one thread, one future
+            visible = torch.futures.Future()
+
+            def later():
+                try:
+                    visible.set_result(finish(fut))
+                except Exception as e:                     # what the collective raised
+                    visible.set_exception(e)
+            waiter = threading.Thread(target=later, daemon=True, name="grader: a future after its hook")
+            GRADER_THREADS.add(waiter)
+            self._waiting = (waiter, visible)
+            waiter.start()
+            return visible
+        return fut.then(finish)
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -634,10 +675,10 @@ def _watch_held(work, call: dict) -> None:
     left by then (the future's callback needs the GIL, which the hook holds until it returns to autograd).
     The check asks for most of a step's all-reduces held (one can finish while its hook returns)."""
     if _current_node() is None:
-        return
+        return None
     hook, _ = _in_hook(sys._getframe())
     if hook is None:
-        return
+        return None
     thread, box = threading.get_ident(), [hook]           # the hook's frame, let go of at completion
 
     def completed(_future):
@@ -650,6 +691,35 @@ def _watch_held(work, call: dict) -> None:
         work.get_future().then(completed)
     except (RuntimeError, AttributeError):                 # a Work without a future
         box.clear()
+    return thread
+
+
+#: The threads :class:`_Handle` starts (a check refuses a thread of the student's still running at its end).
+GRADER_THREADS = weakref.WeakSet()
+
+#: How long a future of an all-reduce started in a hook waits for the hook running at its completion to return.
+HOOK_LIMIT_S = 0.5
+
+
+def _after_hooks(thread, call: dict) -> None:
+    """Called where the future the student holds (get_future(), get_future_result() of an all-reduce a hook of
+    ``thread`` started) completes: while ``thread`` runs a hook of backward, wait until that hook returns, so
+    that no hook learns of the completion (a callback that sets an Event, releases a Lock or sets a flag) before
+    it lets backward go on: a hook waiting for it waits in vain. After :data:`HOOK_LIMIT_S` in the same hook,
+    ``call["held"]`` (it waited for it) and go on. A twenty-second red team's 03.7 b01: the next hook blocked on
+    a Lock that the previous bucket's future released, so backward stopped until each bucket had travelled; a
+    right hook returns within microseconds."""
+    if thread is None or thread == threading.get_ident():
+        return
+    hook = _in_hook(sys._current_frames().get(thread))[0]
+    if hook is None:
+        return
+    deadline = time.monotonic() + HOOK_LIMIT_S
+    while _in_hook(sys._current_frames().get(thread))[0] is hook:
+        if time.monotonic() > deadline:
+            call["held"] = True
+            return
+        time.sleep(0.0002)
 
 
 #: Inside a hook, :class:`_Handle`'s is_completed() says False this many times before it asks the Work.

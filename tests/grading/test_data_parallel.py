@@ -704,13 +704,13 @@ WRONG_037 = {
     "the grader's record of a wait in a hook made a no-op, waits in the hook (a ninth red team's 037_r9w07)": (
         None, red_team("037_r9w07"), r"rank \d: your code replaced mgpu_utils\.measure\.comm_calls\._Handle\._blocked"),
     "each bucket's future polled with value() in its hook until done (a ninth red team's 037_r9w08)": (
-        None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+        None, red_team("037_r9w08"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over \d+\.\d\d s.*a hook waited for its all-reduce"
                                      "|" + HELD_037),
     "functional all_reduce with wait_tensor captured at import, waited in the hook (a ninth red team's 037_r9w12)": (
-        None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+        None, red_team("037_r9w12"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over \d+\.\d\d s.*a hook waited for its all-reduce"
                                      "|" + HELD_037),
     "torch._C.Future.wait captured at import, called in the hook (a ninth red team's 037_r9w13)": (
-        None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over 0\.\d\d s.*a hook waited for its all-reduce"
+        None, red_team("037_r9w13"), r"rank \d in step 2 of 3, after step 1 passed: another rank started its backward 0\.4 s late, and this rank's gradients became ready over \d+\.\d\d s.*a hook waited for its all-reduce"
                                      "|" + HELD_037),
     "decoy all-reduces, the gradients summed through libc-written files (a seventh red team's 037_r7w12)": (
         None, red_team("037_r7w12"), r"rank \d: your code used ctypes \(C functions and C memory, which no check can count\) \(line \d+ of your file\).*only with torch\.distributed collectives"),

@@ -718,6 +718,17 @@ def test_held_bytes_and_reachable_storages_walk_slots():
     assert held_bytes(log) == (4 + 6 + 8) * 4
     assert reachable_storages(log) == {t.untyped_storage().data_ptr() for t in (a, b, c)}
 
+    class Callable:                                       # __slots__ and __call__: callable, no __dict__ (a
+        __slots__ = ("full", "me")                        # twenty-second red team's 075 b01, 076 b01)
+
+        def __call__(self):
+            return self.full
+
+    keep = Callable()
+    keep.full, keep.me = [torch.zeros(10)], keep
+    assert held_bytes([keep]) == 10 * 4
+    assert held_bytes([len, torch.add, print]) == 0       # builtin functions: nothing to walk
+
 def test_a_merge_that_fails_only_from_the_empty_start_is_named():
     """08.3: a merge right on two real parts but nan when lse1 = -inf (how every rank starts) gets its own hint."""
     import types

@@ -312,3 +312,18 @@ def test_carries_some_counts_a_tied_weight_once_per_use():
     assert not carries_some(got, pieces, [True, True])
     assert carries_some(got, pieces, [True, True], most=[4, 2])
     assert not carries_some(add_content([content_of(tied)] * 5), pieces, [True, False], most=[4, 2])
+
+
+def test_a_broadcast_method_says_its_root(world_of_one, below_route):
+    """A process group's own broadcast(tensor, root) and broadcast([tensor], BroadcastOptions) reached below
+    torch.distributed's function say their root (07.5 reads what an owner sends that way: a twenty-second red
+    team's 075 b01); dist.broadcast is read where it is called."""
+    from mgpu_utils.measure.comm_calls import patched_collectives
+
+    seen = []
+    with patched_collectives(lambda name, original: original, None, lambda call: seen.append((call.name, call.root))):
+        world_of_one.broadcast(torch.ones(3), 0).wait()
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        world_of_one.broadcast([torch.ones(2)], opts).wait()
+    assert seen == [("broadcast", 0), ("broadcast", 0)]

@@ -561,8 +561,9 @@ def _broadcast_sources(fn, sent: list):
     :class:`~mgpu_utils.measure.comm_calls.Content` of the tensor of every ``dist.broadcast`` call whose source
     (``src``, or ``group_src`` in its group) is this rank goes to ``sent``, taken before the call: what this
     rank sent (07.5: an owner's updated slice, broadcast in place of an all-gather), however torch.distributed's
-    function is reached (:func:`~mgpu_utils.measure.comm_calls.patched_collectives`; a process group's own
-    broadcast is not seen)."""
+    function is reached (:func:`~mgpu_utils.measure.comm_calls.patched_collectives`), and of a process group's
+    own broadcast method whose root is this rank in that group (a twenty-second red team's 075 b01 sent each
+    owner's summed gradient slice that way, unread)."""
     def replace(name, original):
         if name != "broadcast":
             return original
@@ -579,7 +580,16 @@ def _broadcast_sources(fn, sent: list):
                 pass
             return original(*args, **kwargs)
         return call
-    with patched_collectives(replace, fn, lambda call: None):
+
+    def below(call):
+        if call.name == "broadcast" and call.root is not None:
+            try:
+                me = call.group.rank() if call.group is not None else dist.get_rank()
+            except (RuntimeError, AttributeError):
+                return
+            if call.root == me:
+                sent.append(content_of(call.inputs, "broadcast"))
+    with patched_collectives(replace, fn, below):
         yield
 
 
