@@ -7,8 +7,9 @@ tokens and checks its output rows and q, k, v gradients (assert_close, fp32), wi
   ring      ring attention (mgpu_utils.parallel.context), contiguous shards: rank r has tokens [rL, (r+1)L)
   zigzag    the same ring with the zig-zag split: rank r has chunks r and 2n-1-r of 2n
   ulysses   all-to-all from sequence shards to head shards, attention on H/n heads, all-to-all back
-  torch     PyTorch's context_parallel around F.scaled_dot_product_attention (forward checked; where this
-            torch has no sharded attention kernel for the device, e.g. on CPU, "skipped" says so)
+  torch     PyTorch's context_parallel around F.scaled_dot_product_attention (forward checked; on CPU the
+            math kernel; where this torch has no sharded attention kernel for the device, e.g. causal on CPU,
+            "skipped" says so)
 
 The bytes each rank sent are checked against the formulas (mgpu_utils.parallel.context). With the causal mask
 the scores each rank computed and its CPU time in attention (at --time-seq) show the imbalance of contiguous
@@ -20,6 +21,7 @@ World size: any that divides --seq by 2n (and --heads, for ulysses).
 import argparse
 import math
 import statistics
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -61,12 +63,15 @@ def check_torch(args, rank, n, device):
     """PyTorch's context_parallel against the reference (forward): (rows, why a case cannot run)."""
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # as torch's tutorial
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v = inputs(args, device)[:3]
     mesh, rows, reasons = device_mesh(device.type, (n,)), [], []
     for causal in (False, True):
         bufs = [t.clone() for t in (q, k, v)]                # context_parallel shards them in place
+        # on CPU the math kernel: DTensor shards the CPU flash kernel by decomposing it (15 s a rank)
+        kernel = sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" and not causal else nullcontext()
         try:
-            with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
+            with kernel, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
                 out = torch.nn.functional.scaled_dot_product_attention(*bufs, is_causal=causal)
         except NotImplementedError as e:                     # no sharded attention kernel for this device
             reasons.append(f"torch causal={causal}: context_parallel does not run on {device.type} "

@@ -15,13 +15,11 @@ SEQ, HEADS, HEAD_DIM, SEQS = 48, 4, 8, 2
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_ring_zigzag_ulysses_equal_one_process(nproc, starts_processes):
-    # PyTorch's own context_parallel at 2 ranks only: on CPU each rank spends about 13 CPU-seconds choosing how to
-    # shard the attention op, and 4 ranks show nothing 2 do not (lesson 08 runs it on 2 as well)
-    modes = ["--modes", "ring,zigzag,ulysses,torch" if nproc == 2 else "ring,zigzag,ulysses"]
+    modes = ["--modes", "ring,zigzag,ulysses,torch"]
     res = launch("context_parallel.py", nproc=nproc, show="none",
                  args=["--repeats", 1, "--time-seq", 64, "--sweep-seq", "32,64", *modes])
     rows = {(r["mode"], r["causal"]): r for r in res["checks"]}
-    for causal in (False, True) if nproc == 2 else ():   # PyTorch's own: checked where it runs, else said why not
+    for causal in (False, True):          # PyTorch's own: checked where it runs, else said why not
         ran, said = ("torch", causal) in rows, any(f"torch causal={causal}:" in s for s in res["skipped"])
         assert ran != said, (causal, res["skipped"])
     rows = {key: r for key, r in rows.items() if key[0] != "torch"}
