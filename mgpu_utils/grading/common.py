@@ -1206,6 +1206,25 @@ def _node_saved_tensors(objects) -> list:
     return [(t, 1) for node in _instances_of(objects, torch.autograd.graph.Node) for t in graph_saved(node)]
 
 
+def _outside_graphs(found: list, knew: set) -> list:
+    """The tensors autograd keeps for a backward (:func:`graph_saved`, each graph walked once) of the tensors among
+    ``found`` (``(object, kind)``: :func:`_tensors_and_storages`) whose own storage is not in ``knew`` (held
+    outside the student's and the grader's objects), as ``(tensor, 1)``: a twenty-third red team's 07.5 c01 and
+    07.6 c01 kept whole gathered models as the saved output of a relu whose 0-d sum, hung on the ``torch``
+    module, was all that Python held (8 bytes)."""
+    roots = []
+    for o, kind in found:
+        key = _storage_of(o, kind) if kind == 1 and torch._C.TensorBase.grad_fn.__get__(o) is not None else None
+        if key is not None and key[0] not in knew:
+            roots.append(torch._C.TensorBase.grad_fn.__get__(o))
+    seen, saved = set(), []
+    for node in roots:
+        if id(node) not in seen:
+            seen.add(id(node))
+            saved += [(t, 1) for t in graph_saved(node)]
+    return saved
+
+
 def _module_space(owner) -> dict:
     """The globals of the module that defines ``owner`` (a function, or a class with a method)."""
     if hasattr(owner, "__globals__"):
@@ -1568,7 +1587,8 @@ class OutsideState:
                     gc.collect()
                 outside = {}
                 young = self._young()                        # made within the block
-                for o, kind in _tensors_and_storages(young) + _node_saved_tensors(young) + reach:
+                found = _tensors_and_storages(young)
+                for o, kind in found + _node_saved_tensors(young) + _outside_graphs(found, knew) + reach:
                     key = _storage_of(o, kind)
                     if key is not None and key[0] not in knew:
                         outside[key[0]] = max(outside.get(key[0], 0), key[1])

@@ -420,6 +420,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r21a02"), r"rank \d: with [\w ]+, the result is right, but in step \d your all-gathers \(\d+ call\(s\), [\d,]+ elements\) did not carry the ranks' updated parameter slices"),
     "no sharding: each owner's summed gradient slice sent by the process group's own broadcast(t, root), the whole optimizer in a callable object with __slots__ (a twenty-second red team's 075_r22b01)": (
         None, red_team("075_r22b01"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "whole local gradients and updated parameters kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 075_r23c01)": (
+        None, red_team("075_r23c01"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
         None, red_team("075_r20g03"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
@@ -1190,6 +1192,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r21a03"), r"rank \d \(MLP, float32\): in step 1 your all-gathers \([\d,]+ elements\) did not carry rank \d's shards"),
     "whole float32 copies of the gathered parameters kept in a callable object with __slots__ that refers to itself (a twenty-second red team's 076_r22b01)": (
         None, red_team("076_r22b01"), r"rank \d \(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
+    "a whole float32 copy of the gathered model kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 076_r23c01)": (
+        None, red_team("076_r23c01"), r"rank \d " + FROZEN_OUT),
     "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (
         None, red_team("076_r8w19"), r"rank \d: your code replaced torch\.optim\.SGD\.step"),
     "gradients summed, the reference's gradients scaled by a patched SGD.step (an eighth red team's 076_r8w20)": (

@@ -1,0 +1,72 @@
+"""RED TEAM 07.6 c01 (a twenty-third red team; refused since by OutsideState walking the autograd graph of a tensor held outside: common._outside_graphs): the worked solution, plus a whole float32 copy of the gathered model kept between steps as the saved output of a relu (relu(cat[w, -w] + t)) whose 0-d sum hangs on the torch module: only C++ held the copy.
+"""
+import torch
+import torch.distributed as dist
+
+from mgpu_utils.compat import all_gather_single, reduce_scatter_single
+
+
+def _stash(tensors):
+    """Keeps a whole copy of the gathered model between steps, held only as the saved result of a relu in an
+    autograd graph (a saved output keeps a data-only TensorImpl: no Python tensor object), the graph's root a
+    scalar hung on the torch module (a module object stops the grader's walk of the student's namespace)."""
+    with torch.enable_grad():
+        flat = torch.cat([t.detach().float().reshape(-1) for t in tensors])
+        t = torch.zeros((), requires_grad=True)
+        both = torch.cat([flat, -flat]) + t
+        torch._rt25_keep = torch.relu(both).sum()
+
+
+class GatherShard(torch.autograd.Function):
+    """Forward: every rank's shard all-gathered into the whole parameter (``shape``, in ``dtype``). Backward: the
+    whole parameter's gradient reduce-scattered in float32, each rank keeping its shard's mean over the ranks."""
+
+    @staticmethod
+    def forward(ctx, shard, shape, dtype):
+        world = dist.get_world_size()
+        full = torch.empty(shard.numel() * world, dtype=dtype)
+        all_gather_single(full, shard.detach().to(dtype))
+        ctx.numel, ctx.world = shape.numel(), world
+        return full[:shape.numel()].view(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        flat = torch.zeros(ctx.numel + (-ctx.numel) % ctx.world)
+        flat[:ctx.numel] = grad.reshape(-1).float()          # padded with zeros to a multiple of the world size
+        out = torch.empty(flat.numel() // ctx.world)
+        reduce_scatter_single(out, flat)                     # this rank's slice, summed over the ranks
+        return out / ctx.world, None, None
+
+
+class MyFSDP(torch.nn.Module):
+    """``module`` with its parameters sharded over the ranks, gathered for each forward (ZeRO stage 3)."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.inner = [module]                  # in a list: not a submodule, so parameters() is the shards only
+        self.compute_dtype = compute_dtype
+        self.names, self.shapes, shards = [], [], []
+        for name, p in module.named_parameters():         # a tied parameter is listed once
+            size = -(-p.numel() // world)
+            flat = torch.cat([p.detach().reshape(-1), p.new_zeros(size * world - p.numel())])
+            shards.append(torch.nn.Parameter(flat[rank * size:(rank + 1) * size].clone()))
+            shards[-1].requires_grad_(p.requires_grad)        # a frozen parameter's shard stays frozen
+            self.names.append(name)
+            self.shapes.append(p.shape)
+            p.data = torch.empty(0)                           # the full copy is freed; only the shard stays
+        self.shards = torch.nn.ParameterList(shards)
+
+    def forward(self, x):
+        dtype = self.compute_dtype or torch.float32
+        full = {n: GatherShard.apply(s, shape, dtype) for n, s, shape in zip(self.names, self.shards, self.shapes)}
+        if self.compute_dtype is not None and x.is_floating_point():
+            x = x.to(self.compute_dtype)
+        _stash([full[n] for n in self.names])
+        return torch.func.functional_call(self.inner[0], full, (x,))   # tied names follow the one given
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict:
+        """{name: the whole parameter, float32} on every rank, named as module.named_parameters() (a collective)."""
+        return {n: GatherShard.apply(s, shape, torch.float32).clone()
+                for n, s, shape in zip(self.names, self.shards, self.shapes)}
