@@ -1,7 +1,6 @@
 """Lesson 12: resume after a killed rank equals an uninterrupted run; every part of the snapshot is needed;
 a hung rank becomes an error, then a restart; the snapshot-interval model by hand."""
 import re
-import signal
 
 import numpy as np
 import pytest
@@ -52,7 +51,11 @@ def test_daly_model_by_hand_and_its_first_order_limit():
         daly_lost_fraction(10, 1, 10, restart_s=-1)
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+# At NPROC ranks (4 in make test) lesson 12's section 2 makes this launch with these asserts (a rank killed before
+# step 13, one restart, resumed from step 10, the uninterrupted run's parameters within 1e-6, the killed rank named,
+# no temporary file left), and make test runs every notebook once: here 2 ranks, and a half-written file left by an
+# earlier save.
+@pytest.mark.parametrize("nproc", [2])
 def test_killed_rank_restarts_and_resumes_exactly(nproc, tmp_path, starts_processes):
     (tmp_path / "snapshot.pt.tmp4242").write_bytes(b"half")     # what a save killed mid-write leaves (issue 57)
     r = run_torchrun("elastic_train.py", nproc, ["--ckpt-dir", tmp_path, "--kill-rank", nproc - 1, "--kill-step", 13],
@@ -131,22 +134,9 @@ def test_two_agents_form_one_job(starts_processes):
     assert len(set(r.result["pids"])) == 4 and r.leftover == []
 
 
-def test_elastic_scale_down_resumes_exactly(tmp_path, starts_processes):
-    """--nnodes 1:2: node 1 is lost after the snapshot of step 10; node 0 re-forms the job alone (world size 2 -> 1),
-    resumes from the snapshot with the same global batch, and ends where an uninterrupted run ends."""
-    from mgpu_utils.launch.nodes import launch_nodes
-
-    r = launch_nodes("elastic_train.py", nodes=2, min_nodes=1, max_restarts=1, kill_node=1,
-                     kill_when="snapshot at step 10", show=False,
-                     args=["--ckpt-dir", tmp_path, "--steps", "30", "--dropout", "0", "--step-seconds", "0.2",
-                           "--log-snapshots"])
-    assert r.world_sizes == [2, 1] and r.killed == 1
-    assert r.returncodes[0] == 0 and r.returncodes[1] == -signal.SIGKILL
-    res = r.result
-    assert res["world_size"] == 1 and res["restarts"] == 1 and res["snapshot_world_size"] == 2
-    assert res["resumed_from_step"] >= 10 and res["batches_trained_twice"] == 0
-    assert res["max_param_diff_vs_uninterrupted"] <= 1e-6
-    assert r.leftover == []
+# A node lost and the job re-formed on the other (--nnodes 1:2, world size 2 -> 1, resumed exactly from the snapshot
+# of step 10, no process left): lesson 12's section 8 makes this launch (launch_nodes, 2 nodes of 1 rank, node 1
+# killed at the snapshot of step 10) with these asserts, and make test runs every notebook once.
 
 
 @pytest.mark.parametrize("kwargs, match", [
