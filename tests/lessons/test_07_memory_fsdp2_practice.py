@@ -10,7 +10,10 @@ from mgpu_utils.launch.launcher import LaunchError, launch
 FP32 = 1e-5
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 4])
+# At NPROC ranks (4 in make test: HSDP on a 2 x 2 mesh) lesson 07's section on FSDP2 in practice makes this launch
+# with these asserts (gathered peaks to the byte, the calls per block, bf16's bytes, clipping, HSDP's all-reduces),
+# and make test runs every notebook once: here 1 and 2 ranks.
+@pytest.mark.parametrize("nproc", [1, 2])
 def test_fsdp2_per_block_mixed_precision_clipping_hsdp(nproc, starts_processes):
     r = launch("fsdp2_practice.py", nproc=nproc, show="none")
     L = r["formula"]["layers"]
@@ -31,8 +34,6 @@ def test_fsdp2_per_block_mixed_precision_clipping_hsdp(nproc, starts_processes):
     assert abs(c["norm_sharded"] - c["norm_one_process"]) <= 1e-5 * c["norm_one_process"]
     assert c["norm_one_process"] > c["max_norm"] and c["max_diff_vs_one_process"] < FP32
     assert h["mesh"] == [max(1, nproc // 2), min(2, nproc)] and h["max_diff_vs_one_process"] < FP32
-    if nproc == 4:
-        assert h["calls"]["allreduce"] == h["calls"]["reduce_scatter_base"] == 1 + L
 
 
 def test_a_shard_size_that_does_not_divide_the_world_is_named(starts_processes):
