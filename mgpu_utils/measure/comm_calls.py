@@ -568,7 +568,8 @@ class _Handle:
     ``"wait"``, a wait() from a hook, while autograd runs a node, where it stops backward until the bucket has
     travelled; ``"poll"``, is_completed() called again and again in one hook, a loop until done; ``"thread"``, a
     wait() or a completed is_completed() in another thread while the hook sits blocked on it, ``blocks()``
-    saying so). Inside a hook the first :data:`POLLS_SAID_FALSE` is_completed() calls say False (an all-reduce
+    saying so; ``"engine"``, the same while backward sleeps inside autograd's engine in a hook that is C code:
+    :func:`_engine_sleeps`). Inside a hook the first :data:`POLLS_SAID_FALSE` is_completed() calls say False (an all-reduce
     may always be still running then), so that a loop until done polls more often than that whatever the
     network's speed. With ``into``: the collective works on a copy, and its result reaches the student's tensor
     ``into`` only when wait() returns, the future completes or is_completed() says True: the only moments the
@@ -598,8 +599,9 @@ class _Handle:
         if _in_backward():
             self._blocked("wait")
         out = self._work.wait(*args, **kwargs)
-        if self._blocks is not None and self._blocks():   # in a thread that the hook waits for
-            self._blocked("thread")
+        kind = self._blocks() if self._blocks is not None else False
+        if kind:                                           # in a thread that the hook waits for
+            self._blocked("engine" if kind == "engine" else "thread")
         self._deliver()
         return out
 
@@ -615,8 +617,9 @@ class _Handle:
         done = self._work.is_completed()
         if done:                                           # polled until done: as good as wait()
             self._call["waited"] = True
-            if node is None and self._blocks is not None and self._blocks():
-                self._blocked("thread")
+            kind = self._blocks() if node is None and self._blocks is not None else False
+            if kind:
+                self._blocked("engine" if kind == "engine" else "thread")
             self._deliver()
         return done
 
@@ -679,7 +682,7 @@ def _watch_held(work, call: dict) -> None:
     hook, _ = _in_hook(sys._getframe())
     if hook is None:
         return None
-    thread, box = threading.get_ident(), [hook]           # the hook's frame, let go of at completion
+    thread, box = _note_native_id(), [hook]               # the hook's frame, let go of at completion
 
     def completed(_future):
         frame = box.pop() if box else None
@@ -708,13 +711,18 @@ def _after_hooks(thread, call: dict) -> None:
     it lets backward go on: a hook waiting for it waits in vain. After :data:`HOOK_LIMIT_S` in the same hook,
     ``call["held"]`` (it waited for it) and go on. A twenty-second red team's 03.7 b01: the next hook blocked on
     a Lock that the previous bucket's future released, so backward stopped until each bucket had travelled; a
-    right hook returns within microseconds."""
+    right hook returns within microseconds. A thread asleep inside autograd's engine with no hook's frame (a
+    builtin registered as a hook: :func:`_engine_sleeps`) is waited for the same way."""
     if thread is None or thread == threading.get_ident():
         return
     hook = _in_hook(sys._current_frames().get(thread))[0]
-    if hook is None:
-        return
     deadline = time.monotonic() + HOOK_LIMIT_S
+    if hook is None:                                       # a hook that is C code, sleeping under the engine
+        while _engine_sleeps(thread):
+            if time.monotonic() > deadline:
+                call["held"] = True
+                return
+        return
     while _in_hook(sys._current_frames().get(thread))[0] is hook:
         if time.monotonic() > deadline:
             call["held"] = True
@@ -807,14 +815,69 @@ def _in_hook(frame):
     return None, False
 
 
-def _hook_blocks(thread_id: int, backward: Callable[[], bool], timeout: float = 0.5) -> bool:
+#: ``threading.get_ident()`` -> ``threading.get_native_id()`` of the threads that ran backward or a hook, noted in
+#: them: a Thread object's native_id can be its parent's after a fork (a warm launch's rank).
+_NATIVE_IDS: dict[int, int] = {}
+
+
+def _note_native_id() -> int:
+    """Note this thread's kernel id (:data:`_NATIVE_IDS`); returns its ``threading.get_ident()``."""
+    ident = threading.get_ident()
+    _NATIVE_IDS[ident] = threading.get_native_id()
+    return ident
+
+
+def _native_id(thread_id: int) -> int | None:
+    """The kernel's id of the Python thread ``thread_id`` (``threading.get_ident()``), as noted by
+    :func:`_note_native_id`, or None."""
+    return _NATIVE_IDS.get(thread_id)
+
+
+#: How long a thread inside autograd's engine, with no hook's frame, must sleep to count as blocked there.
+ENGINE_SLEEP_S = 0.02
+
+
+def _engine_sleeps(thread_id: int, frame=None, span: float = ENGINE_SLEEP_S) -> bool:
+    """Whether the thread ``thread_id`` (innermost frame ``frame``) sits inside autograd's engine with no frame of
+    a hook (C code under the engine: a hook that is a builtin) and sleeps there (the kernel says S or D, Linux's
+    /proc) at every look for ``span`` seconds, this thread letting go of the GIL between looks: blocked on
+    something, where a node computing runs (R), and a thread that waits for the GIL gets it meanwhile. A
+    twenty-fourth red team's 03.7 d01: ``queue.SimpleQueue().get`` registered as a pre-hook on every node still
+    to run, fed by a thread once each bucket's wait() returned: backward stood still until each bucket had
+    travelled, and no Python frame sat under the engine. False where /proc cannot be read."""
+    frame = sys._current_frames().get(thread_id) if frame is None else frame
+    native = _native_id(thread_id)
+    if frame is None or frame.f_code not in _ENGINE_CODES or native is None:
+        return False
+    deadline = time.monotonic() + span
+    while True:
+        try:
+            with open(f"/proc/self/task/{native}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state not in (b"S", b"D"):
+            return False
+        now = sys._current_frames().get(thread_id)
+        if now is None or now.f_code not in _ENGINE_CODES:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.001)
+
+
+def _hook_blocks(thread_id: int, backward: Callable[[], bool], timeout: float = 0.5) -> bool | str:
     """Whether the thread ``thread_id``, the one that runs backward, sits blocked on another thread (joins it,
-    waits on an event, a future, a queue) in a hook of backward, not a final callback: polled while
-    ``backward()`` until it does, or it has left the hook it was first seen in, or ``timeout`` seconds passed.
-    Called from another thread, once it has waited for a collective: the hook was waiting for that thread."""
+    waits on an event, a future, a queue) in a hook of backward, not a final callback, or in a hook that is C
+    code (:func:`_engine_sleeps`): polled while ``backward()`` until it does, or it has left the hook it was first
+    seen in, or ``timeout`` seconds passed. Called from another thread, once it has waited for a collective: the
+    hook was waiting for that thread. Returns ``"engine"`` (truthy) for the second kind."""
     deadline, first = time.monotonic() + timeout, None
     while backward():
-        hook, blocked = _in_hook(sys._current_frames().get(thread_id))
+        frame = sys._current_frames().get(thread_id)
+        hook, blocked = _in_hook(frame)
+        if hook is None and first is None and _engine_sleeps(thread_id, frame):
+            return "engine"
         if hook is None or (first is not None and hook is not first):
             return False
         if blocked:
@@ -859,7 +922,7 @@ def counted_all_reduce(state: dict, fn=None):
     def in_backward() -> bool:
         return bool(state["backward"]) and _in_backward()
 
-    autograd_thread = threading.get_ident()               # the thread that runs backward (on CPU)
+    autograd_thread = _note_native_id()                   # the thread that runs backward (on CPU)
 
     def blocks() -> bool:
         """In another thread than backward's: whether a hook of backward sits blocked on this thread."""

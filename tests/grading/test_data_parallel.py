@@ -446,6 +446,8 @@ WRONG_037 = {
         None, red_team("037_r20z03"), HELD_037),
     "full buckets all-reduce a sorted decoy on time, every real gradient in the last call, the earlier buckets scaled by 2**-30 (a twenty-first red team's 037_r21a01)": (
         None, red_team("037_r21a01"), r"rank \d: the gradients are right, but in step 1 your all-reduces \(\d call\(s\), [\d,]+ elements\) did not carry rank \d's gradients: [\d,]+ of their elements are not zero, against [\d,]+ of the gradients'"),
+    "a builtin (SimpleQueue.get) registered as a pre-hook on every node still to run, fed once a thread's wait() returns, 0.12 s at most (a twenty-fourth red team's 037_r24d01)": (
+        None, red_team("037_r24d01"), r"rank \d: \d of the \d asynchronous all-reduces were waited for during backward in another thread while backward stood still inside autograd, in a hook that is not Python code"),
     "each hook sleeps until a flag its bucket's future sets, 0.03 s at most (037_r20s01)": (
         None, red_team("037_r20s01"), HELD_037),
     "every step's averaged gradients kept in a list on a types.ModuleType global (a fourteenth red team's 037_r14w03)": (

@@ -327,3 +327,60 @@ def test_a_broadcast_method_says_its_root(world_of_one, below_route):
         opts.rootRank = 0
         world_of_one.broadcast([torch.ones(2)], opts).wait()
     assert seen == [("broadcast", 0), ("broadcast", 0)]
+
+
+def _backward_in_a_thread(loss, seen):
+    """Run ``loss.backward()`` in a new thread that notes its kernel id first (as the grader's backward does)."""
+    import threading
+
+    def run():
+        seen["ident"] = comm_calls._note_native_id()
+        loss.backward()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_engine_sleeps_sees_backward_blocked_in_a_builtin_hook():
+    """A twenty-fourth red team's 03.7 d01: a builtin (queue.SimpleQueue.get) registered as a node's pre-hook
+    blocks backward with no Python frame under autograd's engine; _engine_sleeps sees the thread asleep there."""
+    import queue
+    import time
+
+    gate = queue.SimpleQueue()
+    x = torch.ones(3, requires_grad=True)
+    loss = (x * 2).sum()
+    loss.grad_fn.register_prehook(gate.get)
+    seen = {}
+    thread = _backward_in_a_thread(loss, seen)
+    deadline = time.monotonic() + 10
+    while not ("ident" in seen and comm_calls._engine_sleeps(seen["ident"])):
+        assert time.monotonic() < deadline, "backward never seen asleep in the engine"
+    gate.put(None)
+    thread.join(10)
+    assert not thread.is_alive() and torch.equal(x.grad, torch.full((3,), 2.0))
+    assert not comm_calls._engine_sleeps(seen["ident"])                     # the thread is gone
+
+
+def test_engine_sleeps_is_false_while_backward_computes():
+    """A backward that computes (a chain of matrix products, single-threaded here) runs: never asleep for 20 ms."""
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        w = torch.randn(400, 400, requires_grad=True)
+        h = torch.randn(400, 400)
+        for _ in range(300):
+            h = torch.tanh(h @ w)
+        seen = {}
+        thread = _backward_in_a_thread(h.sum(), seen)
+        looks = 0
+        while thread.is_alive():
+            if "ident" in seen:
+                assert not comm_calls._engine_sleeps(seen["ident"])
+                looks += 1
+            time.sleep(0.005)
+        assert looks > 3, "the backward ended before it was looked at"
+    finally:
+        torch.set_num_threads(threads)

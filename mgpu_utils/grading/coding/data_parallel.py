@@ -841,6 +841,12 @@ HINTS: dict[str, list[tuple]] = {
          "the hook returns only when the all-reduce is done, so backward stops there and nothing overlaps it, as "
          "with a wait() in the hook; start the bucket's all-reduce, keep the handle and return, and wait for them "
          "all in finish(), after backward"),
+        (lambda p, W: p.get("how") == "engine",
+         "rank {rank}{at}: {blocked} of the {started} asynchronous all-reduces were waited for during backward in "
+         "another thread while backward stood still inside autograd, in a hook that is not Python code (a builtin "
+         "registered as a hook: a queue's get, a lock's acquire): backward went on only once the all-reduce was "
+         "done, so nothing overlaps it, as with a wait() in the hook; start the bucket's all-reduce, keep the handle "
+         "and return, and wait for them all in finish(), after backward"),
         (lambda p, W: p.get("how") == "timed",
          "rank {rank}{at}: another rank started its backward {late:.1f} s late, and this rank's gradients became "
          "ready over {span:.2f} s, where its backward alone takes milliseconds: a hook waited for its all-reduce "
