@@ -385,6 +385,15 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         "        if self.keeper == 0:\n            os._exit(0)\n",
         r"rank \d: your code used a process of your own \(os\.fork: a child holds a copy no check sees\) \(line \d+ "
         r"of your file\).*only with torch\.distributed collectives"),
+    "this rank's slice of the state moved into a module-level dict after each step, put back before the next": (
+        ["class ShardedOptimizer:\n",
+         "        self.inner.step()\n        for p, shard, size in self.shards:\n"],
+        ["_KEPT = {}\n\n\nclass ShardedOptimizer:\n",
+         "        for shard, state in _KEPT.pop(id(self), {}).items():\n            self.inner.state[shard] = state\n"
+         "        self.inner.step()\n        _KEPT[id(self)] = dict(self.inner.state)\n        self.inner.state.clear()\n"
+         "        for p, shard, size in self.shards:\n"],
+        r"rank \d: with SGD with momentum, the result is right, but your optimizer holds [\d,]+ bytes of state, where "
+        r"this rank's slice of the state is [\d,]+ bytes"),
     "the optimizer's state written into a pipe, kept in the kernel's buffer": (
         "        self.inner.step()\n",
         "        self.inner.step()\n        import os\n        if not hasattr(self, 'spill'):\n"
@@ -422,6 +431,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r22b01"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
     "whole local gradients and updated parameters kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 075_r23c01)": (
         None, red_team("075_r23c01"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
+    "no sharding: the reduced gradient slices all-gathered as int32 bit patterns, the whole state packed in a module dict (a twenty-fifth red team's 075_r25e10)": (
+        None, red_team("075_r25e10"), r"rank \d: with [\w ]+, the result is right, but in step \d your all-gathers \(\d+ call\(s\), [\d,]+ elements\) carried the reduced gradient slices"),
     "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
         None, red_team("075_r20g03"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "full-size state in an arena made at import on a types.ModuleType global (a fourteenth red team's 075_r14w01)": (
@@ -1192,6 +1203,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r21a03"), r"rank \d \(MLP, float32\): in step 1 your all-gathers \([\d,]+ elements\) did not carry rank \d's shards"),
     "whole float32 copies of the gathered parameters kept in a callable object with __slots__ that refers to itself (a twenty-second red team's 076_r22b01)": (
         None, red_team("076_r22b01"), r"rank \d \(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
+    "under compute_dtype every shard all-gathered in float32 as an int32 view, cast after (a twenty-fifth red team's 076_r25e01)": (
+        None, red_team("076_r25e01"), r"rank \d \(MLP\): with compute_dtype=bfloat16, in step 1 \d of your all-gathers moved 32-bit floats"),
     "a whole float32 copy of the gathered model kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 076_r23c01)": (
         None, red_team("076_r23c01"), r"rank \d " + FROZEN_OUT),
     "gradients summed, SGD.step made a no-op at import (an eighth red team's 076_r8w19)": (

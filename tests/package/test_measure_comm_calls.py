@@ -384,3 +384,18 @@ def test_engine_sleeps_is_false_while_backward_computes():
         assert looks > 3, "the backward ended before it was looked at"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_content_of_reads_an_integer_view_as_its_floats():
+    """A twenty-fifth red team's 07.5 e10 and 07.6 e01 moved float32 data as int32 views, which counted as nothing:
+    a tensor that is not floating-point counts as its bytes read as float32, whatever integer type views them."""
+    x = torch.randn(1000)
+    want = content_of(x)
+    for dtype in (torch.int32, torch.int16, torch.uint8):
+        got = content_of(x.view(dtype))
+        assert (got.elements, got.nbytes, got.nonzero) == (want.elements, want.nbytes, want.nonzero), dtype
+        assert math.isclose(got.squares, want.squares) and math.isclose(got.logs, want.logs), dtype
+    odd = content_of(torch.arange(7, dtype=torch.uint8))          # 7 bytes: one float32 word, 3 bytes left out
+    assert (odd.elements, odd.nbytes) == (1, 7)
+    nan = content_of(torch.full((4,), -1, dtype=torch.int32))     # all bits set: NaN, read as 0
+    assert nan.elements == 4 and nan.squares == 0.0 and nan.nonzero == 0
