@@ -3,7 +3,7 @@
 torchvision's resnet18 (or --arch resnet50) with a small-image stem (3x3 convolution, no max-pool) learns scikit-learn's
 digits, augmented with torchvision.transforms.v2 (mgpu_utils.data.AugmentedDigits), with DDP and a DistributedSampler
 (set_epoch every epoch); each rank draws its own augmentations. SGD with momentum and a cosine schedule (lesson 10
-asserts >= 90% test accuracy: 2 epochs, global batch 32).
+asserts >= 90% test accuracy: 2 epochs, global batch 64).
 The large-batch recipe of Goyal et al. (2017) when asked: --scale-lr multiplies --lr by global batch / --base-batch
 (the linear scaling rule); --warmup-epochs ramps the rate up linearly from --lr to that (the gradual warm-up).
 
