@@ -234,7 +234,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if time.monotonic() > deadline:
                 subprocess.run(["scancel", job_id], env=self.env)
                 raise SlurmError(f"job {job_id} not in {sorted(states)} after {timeout_s:g} s: {info}\n{self.logs()}")
-            time.sleep(0.5)
+            time.sleep(0.2)                       # as wait_for_output (0.5 s made a job end seen up to 0.3 s later)
 
     def wait_for_output(self, job_id: str, path, text: str, timeout_s: float = 120) -> None:
         """Wait until the job's output file ``path`` contains ``text``.
