@@ -68,8 +68,9 @@ def check_torch(args, rank, n, device):
     mesh, rows, reasons = device_mesh(device.type, (n,)), [], []
     for causal in (False, True):
         bufs = [t.clone() for t in (q, k, v)]                # context_parallel shards them in place
-        # on CPU the math kernel: DTensor shards the CPU flash kernel by decomposing it (15 s a rank)
-        kernel = sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" and not causal else nullcontext()
+        # on CPU the math kernel: DTensor shards the flash one by decomposing it (15 s a rank)
+        cpu = device.type == "cpu" and not causal
+        kernel = sdpa_kernel(SDPBackend.MATH) if cpu else nullcontext()
         try:
             with kernel, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
                 out = torch.nn.functional.scaled_dot_product_attention(*bufs, is_causal=causal)
