@@ -353,9 +353,11 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     """One optimizer of 07.5: the student's and the reference trained side by side; see check_sharded_any.
     ``watch``: an :class:`~mgpu_utils.grading.common.OutsideState` (begun here, stopped by the caller): the MLP
     has :data:`WIDE` hidden units instead of 24, and the state kept outside the optimizer's tensors counts too
-    (tensors and storages elsewhere in the process, Python objects, files). Returns the problem of a step whose
-    collectives moved more than :func:`_traffic_bound` (the caller tells it after every round: state kept
-    outside, found in the last round only, comes first), or None."""
+    (tensors and storages elsewhere in the process, Python objects, files). Returns (the problem of a step whose
+    collectives moved more than :func:`_traffic_bound`, that of gathers that carried something else, that of
+    right results from optimizers holding under half a slice in the watched round), each or None: the caller
+    tells them after every round, in that order (state kept outside, found in the last round only, comes
+    first)."""
     world, rank = ctx.world_size, ctx.rank
     x, y = load_data()[0][:48]
     x = x.flatten(1)
@@ -374,7 +376,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
         error = f"{type(e).__name__}: {e}"[:160]
     if error:
         note(problems, {**base, "kind": "any_groups", "what": "error", "error": error})
-        return None, None
+        return None, None, None
     ref_opt = opt_class(frozen_unused_groups(ref, kwargs["lr"], opt_class) if frozen_round else ref.parameters(),
                         foreach=False, **kwargs)
     trainable = sum(p.numel() for p in mine.parameters() if p.requires_grad)
@@ -453,7 +455,7 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     # this rank's slice of the state, padded: a flat split, or FSDP2's (each parameter's rows padded to a multiple
     # of the world size: 1.19x of a third at 3 ranks for this MLP, an eighth red team's right 07.5 r03)
     allowed = full / world * max(1.05, _row_padding(mine.parameters(), world)) + 512
-    found, hidden, stepped_with = {"tensors": 0, "python": 0, "files": []}, 0, None
+    found, hidden, stepped_with, little = {"tensors": 0, "python": 0, "files": []}, 0, None, None
     if watch is not None:                                  # the slice once, held or not, and Python's own objects
         found = watch.count(opt, mine, ref, ref_opt, x, y, got, want, start, before, last,
                             limit=allowed + PYTHON_SLACK - held)
@@ -499,10 +501,11 @@ def _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, st
     elif stepped_with is not None and stepped_with < 0.5 * full / world:
         # the results are right, yet the optimizers hold under half a slice: the state lives where the grader
         # does not count it as a tensor (a twenty-fifth red team's 07.5 e10: the whole state packed in a module's
-        # dict as a bit mask and float16, within the slack allowed for Python's own objects)
-        note(problems, {**base, "kind": "any_memory", "what": "little", "held": stepped_with,
-                        "shard": round(full / world), "full": full})
-    return traffic, gathered
+        # dict as a bit mask and float16, within the slack allowed for Python's own objects); told last, after
+        # the traffic, which says more where whole gradients moved
+        little = {**base, "kind": "any_memory", "what": "little", "held": stepped_with,
+                  "shard": round(full / world), "full": full}
+    return traffic, gathered, little
 
 
 def _gathered_updated(content: list, sent: list, grads, model, stepped: list, ref, world: int, problem: dict,
@@ -686,20 +689,21 @@ def check_sharded_any(cls, ctx, problems, steps=3):
     rounds += [(name, c, kw, True, steps + 1) for name, c, kw in ANY_OPTIMIZERS if name != "Adam"]
     rounds += [(*OTHER_OPTIMIZER, False, steps)]
     rounds += [(name, c, kw, False, steps) for name, c, kw in ANY_OPTIMIZERS if name == "SGD with momentum"]
-    traffic = gathered = None      # told last: a whole optimizer kept outside moves whole gradients too
+    traffic = gathered = little = None   # told last: a whole optimizer kept outside moves whole gradients too
     for k, (name, opt_class, kwargs, frozen_round, n) in enumerate(rounds):
         watch = OutsideState(cls) if k == len(rounds) - 1 else None   # the wide MLP, and what is kept outside
         try:
-            found, wrong_gathered = _sharded_round(cls, ctx, problems, name, opt_class, kwargs, frozen_round, n,
-                                                   watch)
+            found, wrong_gathered, too_little = _sharded_round(cls, ctx, problems, name, opt_class, kwargs,
+                                                               frozen_round, n, watch)
         finally:
             if watch is not None:
                 watch.stop()
-        traffic, gathered = traffic or found, gathered or wrong_gathered
+        traffic, gathered, little = traffic or found, gathered or wrong_gathered, little or too_little
         if _stop_together(problems):                       # an uneven shard may flag one rank only
             return
-    if traffic is not None or gathered is not None:
-        note(problems, traffic or gathered)
+    told = traffic or gathered or (None if routes_refused() else little)   # a route used says where the state is
+    if told is not None:
+        note(problems, told)
 
 
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
