@@ -8,13 +8,12 @@ tokens and checks its output rows and q, k, v gradients (assert_close, fp32), wi
   zigzag    the same ring with the zig-zag split: rank r has chunks r and 2n-1-r of 2n
   ulysses   all-to-all from sequence shards to head shards, attention on H/n heads, all-to-all back
   torch     PyTorch's context_parallel around F.scaled_dot_product_attention (forward checked; on CPU the
-            math kernel; where this torch has no sharded attention kernel for the device, e.g. causal on CPU,
-            "skipped" says so)
+            math kernel; where it has no sharded kernel for the device, e.g. causal on CPU, "skipped" says so)
 
-The bytes each rank sent are checked against the formulas (mgpu_utils.parallel.context). With the causal mask
-the scores each rank computed and its CPU time in attention (at --time-seq) show the imbalance of contiguous
-shards and its fix. The memory sweep counts the bytes autograd keeps for backward (SavedTensorCounter): ring
-attention on this rank against attention on one process. Rank 0 prints one JSON line.
+The bytes each rank sent are checked against the formulas (mgpu_utils.parallel.context). With the causal mask the
+scores each rank computed and its CPU time in attention (at --time-seq) show the imbalance of contiguous shards and
+its fix. The memory sweep counts the bytes autograd keeps for backward (SavedTensorCounter): ring attention on this
+rank against attention on one process. Rank 0 prints one JSON line.
 World size: any that divides --seq by 2n (and --heads, for ulysses).
     torchrun --standalone --nproc-per-node 4 launch_scripts/context_parallel.py
 """
@@ -65,13 +64,11 @@ def check_torch(args, rank, n, device):
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard  # as torch's tutorial
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q, k, v = inputs(args, device)[:3]
-    mesh, rows, reasons = device_mesh(device.type, (n,)), [], []
+    mesh, rows, reasons, cpu = device_mesh(device.type, (n,)), [], [], device.type == "cpu"
     for causal in (False, True):
         bufs = [t.clone() for t in (q, k, v)]                # context_parallel shards them in place
-        # on CPU the math kernel: DTensor shards the flash one by decomposing it (15 s a rank)
-        cpu = device.type == "cpu" and not causal
-        kernel = sdpa_kernel(SDPBackend.MATH) if cpu else nullcontext()
-        try:
+        kernel = sdpa_kernel(SDPBackend.MATH) if cpu and not causal else nullcontext()
+        try:     # on CPU the math kernel: DTensor shards the flash one by decomposing it (15 s a rank)
             with kernel, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
                 out = torch.nn.functional.scaled_dot_product_attention(*bufs, is_causal=causal)
         except NotImplementedError as e:                     # no sharded attention kernel for this device
@@ -177,9 +174,8 @@ def main():
                 continue
             for causal in (False, True):
                 row = check(mode, causal, args, rank, n, ctx.device)
-                per_rank = [None] * n
+                per_rank = row["score_elems_per_rank"] = [None] * n
                 dist.all_gather_object(per_rank, row["score_elems"])
-                row["score_elems_per_rank"] = per_rank
                 rows.append(row)
                 ctx.log(f"{mode:8s} causal={causal!s:5s} equal to one process (output, dq, dk, dv); sent "
                         f"{row['fwd_bytes']} + {row['bwd_bytes']} bytes (formula); scores per rank {per_rank}")
