@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -639,6 +640,8 @@ def _wrapped_routes() -> dict:
         wrap(torch._C._distributed_c10d.Backend, name,        # (wrapped before the file is imported: a method
              f"a process group's backend object directly (Backend.{name}: torch's internals, past the collectives "
              f"the checks count)", needs_student=True)       # bound at import or in __init__ is this one)
+    wrap(torch._C._distributed_c10d.ProcessGroup, "boxed", "a process group handed to torch.ops.c10d's operators "
+         "(ProcessGroup.boxed: torch's internals, past the collectives the checks count)", needs_student=True)
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)
@@ -706,6 +709,8 @@ def refusing_routes(path: str, found: list):
     frozen_before = gc.get_freeze_count()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
+    from mgpu_utils.measure.comm_calls import GROUP_WATCHERS
+    GROUP_WATCHERS.append(_watch_group_route)
     try:
         yield
         frozen = gc.get_freeze_count()                       # (a frozen object freed lowers the count: not one)
@@ -723,12 +728,49 @@ def refusing_routes(path: str, found: list):
             _record_route(f"a {what} left open (file descriptor {fd}: bytes kept in the kernel, which no check "
                           f"counts)")
     finally:
+        GROUP_WATCHERS.remove(_watch_group_route)
         for (owner, name), original in saved.items():
             if original is _INHERITED:
                 delattr(owner, name)
             else:
                 setattr(owner, name, original)
         _REFUSING = None
+
+
+def _registered(group) -> bool:
+    """Whether ``group`` (a ProcessGroup, or a backend object) is one of torch.distributed's registered groups or a
+    backend of one."""
+    import torch.distributed.distributed_c10d as c10d
+    groups = list(c10d._world.pg_map)
+    if any(group is g for g in groups):
+        return True
+    for g in groups:
+        for device in ("cpu", "cuda"):
+            try:
+                if g._get_backend(torch.device(device)) is group:
+                    return True
+            except (RuntimeError, ValueError, AttributeError):
+                pass
+    return False
+
+
+def _watch_group_route(group) -> None:
+    """:data:`~mgpu_utils.measure.comm_calls.GROUP_WATCHERS`'s watcher within :func:`refusing_routes`: a collective
+    from the student's file on a group of fewer ranks than the world (new_subgroups(group_size=1): counted calls
+    that carry the right data and move nothing between the ranks), or on a group made by hand outside
+    torch.distributed's registry (a ProcessGroupGloo of its own: its collectives are not counted); a
+    twenty-sixth red team's 03.7 f01, 07.5 f01 and 07.6 f04, 2026-12-07."""
+    try:
+        size, world = group.size(), dist.get_world_size()
+    except (RuntimeError, ValueError, AttributeError, TypeError):
+        return
+    if size < world:
+        _record_route(f"a collective on a process group of {size} of the {world} ranks (it moves nothing between "
+                      f"the others: new_subgroups, new_group(ranks=...), a group made by hand); these exercises "
+                      f"move data among all the ranks, on the default group", needs_student=True)
+    elif not _registered(group):
+        _record_route(f"a process group made by hand ({type(group).__name__}, outside torch.distributed's "
+                      f"registry: its collectives are not counted)", needs_student=True)
 
 
 #: The modules of torch's own process-group internals: a method of ProcessGroup or Backend (gloo's allreduce) or a

@@ -405,6 +405,18 @@ def _hook_call(pre, group, p2p: bool = False) -> LowCall | None:
 _hook_ids = itertools.count(1 << 40)
 
 
+#: Called with the process group (or backend object) of every collective or point-to-point call that
+#: :func:`patched_collectives` sees through a group's own method or pre-hook, however deep (torch.distributed's
+#: functions call the methods too): the route checks of grading (a group of fewer ranks than the world, that moves
+#: nothing between them; a group made by hand, outside torch.distributed's registry: a twenty-sixth red team's).
+GROUP_WATCHERS: list[Callable[[Any], None]] = []
+
+
+def _watch_group(group) -> None:
+    for watcher in list(GROUP_WATCHERS):
+        watcher(group)
+
+
 @contextlib.contextmanager
 def patched_collectives(replace, fn=None, below: Callable | None = None, p2p: bool = False):
     """Within the block every collective of torch.distributed is ``replace(name, original)``, however the
@@ -460,14 +472,19 @@ def patched_collectives(replace, fn=None, below: Callable | None = None, p2p: bo
                 wrap = seen(_group_call(_n, _m, obj, args, kwargs))
                 work = _o(obj, *args, **kwargs)
                 return wrap(work) if callable(wrap) else work
+
+            def watched(obj, *args, _call=outermost(record, original), **kwargs):
+                _watch_group(obj)                       # at any depth: dist.all_reduce(group=g) calls it too
+                return _call(obj, *args, **kwargs)
             saved.append((cls, method, original))
-            setattr(cls, method, outermost(record, original))
+            setattr(cls, method, watched)
 
     hooked, hook_id = [], next(_hook_ids)
     mode = None
     if USE_GROUP_HOOKS:
         def hook_on(group):
             def pre(args, group=group):
+                _watch_group(group)
                 if depth.n:
                     return
                 call = _hook_call(args, group, p2p)
