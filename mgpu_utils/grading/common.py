@@ -619,7 +619,7 @@ def _wrapped_routes() -> dict:
             if not (is_store and caller == "_store_based_barrier"):
                 _record_route(route, needs_student=needs_student)
             return original(*a, **k)
-        setattr(owner, name, recorded)
+        setattr(owner, name, staticmethod(recorded) if isinstance(vars(owner).get(name), staticmethod) else recorded)
 
     for owner, name in _FROM_FILE:
         wrap(owner, name, f"{getattr(owner, '__name__', 'torch')}.from_file (a file mapped into memory)")
@@ -642,6 +642,10 @@ def _wrapped_routes() -> dict:
              f"the checks count)", needs_student=True)       # bound at import or in __init__ is this one)
     wrap(torch._C._distributed_c10d.ProcessGroup, "boxed", "a process group handed to torch.ops.c10d's operators "
          "(ProcessGroup.boxed: torch's internals, past the collectives the checks count)", needs_student=True)
+    for name in ("boxed", "unbox"):                          # a bare Work, whose wait() no check sees (a
+        wrap(torch._C._distributed_c10d.Work, name,          # twenty-seventh red team's 03.7 g01)
+             f"a collective's Work boxed or unboxed (Work.{name}: torch's internals; its wait() is past the "
+             f"checks of when you wait)", needs_student=True)
     if _STORE is not None:
         for name in _STORE_WRITES:
             wrap(_STORE, name, f"the process group's key-value store (store.{name})", is_store=True)

@@ -446,6 +446,8 @@ WRONG_037 = {
         None, red_team("037_r20z03"), HELD_037),
     "full buckets all-reduce a sorted decoy on time, every real gradient in the last call, the earlier buckets scaled by 2**-30 (a twenty-first red team's 037_r21a01)": (
         None, red_team("037_r21a01"), r"rank \d: the gradients are right, but in step 1 your all-reduces \(\d call\(s\), [\d,]+ elements\) did not carry rank \d's gradients: [\d,]+ of their elements are not zero, against [\d,]+ of the gradients'"),
+    "every bucket waited for in backward through Work.unbox(h.boxed()).wait(), gradients held back by an identity Function on every parameter (a twenty-seventh red team's 037_r27g01)": (
+        None, red_team("037_r27g01"), r"rank \d: your code used a collective's Work boxed or unboxed"),
     "decoy all-reduces per bucket on a hand-built group of one rank, the real mean gathered in finish() through a hidden process group (a twenty-sixth red team's 037_r26f01)": (
         None, red_team("037_r26f01"), r"rank \d: your code used (a collective on a process group of 1 of the \d ranks|a process group handed to torch\.ops\.c10d's operators)"),
     "a builtin (SimpleQueue.get) registered as a pre-hook on every node still to run, fed once a thread's wait() returns, 0.12 s at most (a twenty-fourth red team's 037_r24d01)": (
