@@ -27,6 +27,7 @@ import contextlib
 import faulthandler
 import importlib.util
 import os
+import time
 
 import torch.distributed as dist
 
@@ -77,6 +78,13 @@ def main():
 
     if os.environ.get("MGPU_GRADE_STACKS_AFTER_S"):    # the grader's time limit is near: print where each rank is
         faulthandler.dump_traceback_later(float(os.environ["MGPU_GRADE_STACKS_AFTER_S"]), exit=False)
+    # torch's lazy imports, done before any student's file runs: the first optimizer imports torch._dynamo (4 s
+    # a cold rank), which probes the temp folder by writing a file there (tempfile.gettempdir), a route the stretch
+    # exercises refuse. A warm launch's template has done both; a real torchrun (macOS, MGPU_LAUNCH) has not.
+    import tempfile
+
+    import torch._dynamo  # noqa: F401
+    tempfile.gettempdir()
     with distributed() as ctx, exact_fp32():
         if not dist.is_initialized():
             raise RuntimeError("grade_exercise.py needs a process group: run it under torchrun")
@@ -84,7 +92,8 @@ def main():
         for e, s in zip(args.exercise, args.solution):
             # what is alive now (torch's, the grader's, earlier files'): later collections and listings skip it
             freeze_library(collect=bool(results), tensors=EXERCISES[e].collectives_only)
-            results.append(grade(e, s, ctx))
+            start = time.perf_counter()
+            results.append({**grade(e, s, ctx), "seconds": round(time.perf_counter() - start, 3)})
         emit_result(results[0] if len(results) == 1 else {"world_size": ctx.world_size, "results": results})
 
 
