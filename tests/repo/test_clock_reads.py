@@ -20,6 +20,8 @@ ON_THE_HOST = {
                                         "the saves copy the state to the host",
     ("collectives_bench.py", "time_once"): "the CPU branch; on CUDA the same function times with CUDA events",
     ("collectives_bench.py", "copy_bandwidth"): "the CPU branch, as time_once",
+    ("grade_exercise.py", "main"): "each file's grading seconds, a report for the tests (the grading's collectives "
+                                   "end in all_gather_object, which waits for every rank)",
     ("elastic_train.py", "train"): "the snapshot: torch.save on rank 0 copies the state to the host",
     ("sync_async.py", "run_ps"): "the parameter server holds its parameters and messages on the CPU",
     ("sync_async.py", "run_worker"): "the interval ends after a blocking receive on the CPU, which follows g.cpu()",
