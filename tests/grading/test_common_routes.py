@@ -192,3 +192,22 @@ def test_made_since_lists_the_new_objects_only():
     listed = since.objects()
     since.close()
     assert all(any(o is n for o in listed) for n in new) and not any(o is p for o in listed for p in old)
+
+
+def test_a_works_boxed_and_unboxed_forms_are_routes(tmp_path):
+    """Work.boxed and Work.unbox called from the student's file are routes: a twenty-seventh red team's 03.7 g01
+    waited for its buckets through an unboxed Work, whose wait() no check of when a student waits sees. (That
+    file is now told first by the backward it held back, so the route has this test of its own.)"""
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
+                                  "def go():\n    work = dist.all_reduce(torch.ones(2), async_op=True)\n"
+                                  "    return dist.Work.unbox(work.boxed()).wait()\n")
+    finally:
+        if own:
+            dist.destroy_process_group()
+    routes = sorted({(f["route"].split(":")[0], f["line"]) for f in found})
+    assert routes == [("a collective's Work boxed or unboxed (Work.boxed", 7),
+                      ("a collective's Work boxed or unboxed (Work.unbox", 7)], routes

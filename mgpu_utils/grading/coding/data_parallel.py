@@ -65,8 +65,14 @@ first round, one rank starts 0.4 s late and a rank whose gradients become ready 
 however it waited (:data:`WAIT_DELAY`; a right backward's span is about 1 ms, at most 11 ms in 25 runs at 3 ranks
 beside a busy core and a test suite); and every all-reduce started in a node autograd runs after the last gradient,
 ``.grad`` filled by nested backwards so that the calls' order looked on time: a gradient accumulated in another
-graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). Still passing: tampers that rewrite
-the grader's records. """
+graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). A twenty-eighth (2026-12-07) held
+every gradient back until backward had computed them all (03.7 k01 and k03: an autograd Function over every parameter,
+or over the whole model), so that each bucket, started on time by the count of gradients, overlapped nothing: each
+all-reduce now records how many of the graph nodes the model's own forward made were still to run
+(``compute_left``, :func:`_count_model_nodes`), and a step where a bucket fills before the last gradient and every
+all-reduce started with none left is told (``no_overlap``; 03.5 too). A Function that holds back all but the first
+layers' gradients still overlaps those layers, and is not told apart. Still passing: tampers that rewrite the
+grader's records. """
 
 from __future__ import annotations
 
@@ -180,6 +186,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     """against_ddp's three steps, the wrapper built first (see there)."""
     world, rank = ctx.world_size, ctx.rank
     frozen = [n for n, q in mine.named_parameters() if not q.requires_grad]
+    _watch_model_forward(mine, state)                     # which graph nodes the model's own forward made
     ours = _hook_count(mine)                              # the grader's own hooks (the ready order)
     try:
         sync = make_sync(mine)
@@ -235,11 +242,17 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             if rank == world - 1:
                 time.sleep(late)
         t0 = time.perf_counter()
+        state["model_seq"], state["compute_left"] = None, None
         with counted_all_reduce(state, fn) as calls, store_writes() as stored:
             state["backward"] = True
             loss = F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y)
             loss.register_hook(lambda g: state.__setitem__("main_task", _graph_task()))
-            loss.backward()
+            _count_model_nodes(loss, state)
+            state["in_loss_backward"] = True
+            try:
+                loss.backward()
+            finally:
+                state["in_loss_backward"] = False
             state["backward"] = False
             local = [q.grad.clone() if q.grad is not None else None for q in mine.parameters()]
             state["finishing"] = True                     # a broadcast in finish() moves gradients: "others"
@@ -345,6 +358,57 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
 
 
+def _node_seq() -> int:
+    """The sequence number the next autograd node made in this thread gets (a node made and dropped to read it)."""
+    with torch.inference_mode(False), torch.enable_grad():
+        return (torch.zeros((), requires_grad=True) * 1).grad_fn._sequence_nr() + 1
+
+
+def _watch_model_forward(model: torch.nn.Module, state: dict) -> None:
+    """Hooks on every module of the grader's ``model`` that note, in ``state["model_seq"]``, the sequence numbers of
+    the autograd nodes its forward makes (outside the loss's backward: a whole-model Function that runs the model
+    again inside its backward is not the step's forward). Registered before the student's wrapper sees the model."""
+    def before(module, args):
+        if not state.get("in_loss_backward"):
+            seq = _node_seq()
+            lo, hi = state.get("model_seq") or (seq, seq)
+            state["model_seq"] = (min(lo, seq), hi)
+
+    def after(module, args, output):
+        if not state.get("in_loss_backward") and state.get("model_seq"):
+            lo, hi = state["model_seq"]
+            state["model_seq"] = (lo, max(hi, _node_seq() - 1))
+    for m in model.modules():
+        m.register_forward_pre_hook(before)
+        m.register_forward_hook(after)
+
+
+def _count_model_nodes(loss: torch.Tensor, state: dict) -> None:
+    """Before the loss's backward: a hook on each node of its graph that the model's own forward made (the layers'
+    backward computation; not a node of the student's code made before or after the model ran, nor a gradient's
+    accumulation), so that each all-reduce records how many of them were still to run when it started
+    (``compute_left``, via ``state["compute_left"]``). Every all-reduce started with none left: nothing of
+    backward was left to overlap with (a twenty-eighth red team's 03.7 k01 and k03: an autograd Function over
+    every parameter, or over the whole model, held every gradient back until backward had computed them all)."""
+    lo, hi = state.get("model_seq") or (1, 0)
+    seen, todo, nodes = set(), [loss.grad_fn] if loss.grad_fn is not None else [], []
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if lo <= node._sequence_nr() <= hi and type(node).__name__ != "AccumulateGrad":
+            nodes.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    done = [0]
+
+    def ran(grad_inputs, grad_outputs):
+        done[0] += 1
+    for node in nodes:
+        node.register_hook(ran)
+    state["compute_left"] = lambda: len(nodes) - done[0]
+
+
 def _graph_task():
     """The id of the autograd graph task running now (-1 outside one; None where torch lacks the call): a gradient
     accumulated by a backward started inside the step's backward (``torch.autograd.backward`` in a hook or an
@@ -413,6 +477,7 @@ def check_overlap(cls, ctx, problems):
         inside = sum(c["in_backward"] and c["async"] for c in calls)
         if len(calls) != len(ready) or inside != len(ready):
             return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
+        return _overlapped(calls) if len(ready) > 1 else None
     return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
 
 
@@ -462,6 +527,18 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int, own: list | Non
             if start > fill:
                 return {"kind": "bucket_late", "bucket": k + 1, "fill": fill, "start": start,
                         "gradients": len(ready), "bucket_bytes": bucket_bytes}
+    if fills and fills[0] < len(ready):                   # a bucket fills before the last gradient: some of the
+        return _overlapped(calls)                         # model's backward is left to overlap with its call
+
+
+def _overlapped(calls: list) -> dict | None:
+    """A ``no_overlap`` problem where every all-reduce started in backward started when none of the model's own
+    backward computation was left to run (``compute_left``, :func:`_count_model_nodes`); None otherwise, or where
+    the calls did not record it."""
+    left = [c.get("compute_left") for c in calls if c["in_backward"]]
+    if left and None not in left and max(left) == 0:
+        return {"kind": "no_overlap", "calls": len(calls), "inside": len(left)}
+    return None
 
 
 def _full_buckets(ready_bytes: list, bucket_bytes: int):
@@ -890,6 +967,13 @@ HINTS: dict[str, list[tuple]] = {
     "overlap": [(always, "rank {rank}{at}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
                          "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                          "finish()")],
+    "no_overlap": [(always, "rank {rank}{at}: all {inside} all-reduce call(s) started during backward started after "
+                            "the model's whole backward computation was done, with nothing of it left to overlap "
+                            "with: the gradients reached .grad only once backward had computed every one of them (an "
+                            "autograd Function over the parameters, or over the whole model, holds them back until "
+                            "then). Let each gradient be accumulated as backward computes it (use the parameters "
+                            "themselves in the forward) and start each call from its hook, so that communication "
+                            "runs while backward goes on")],
     "buckets": [
         (lambda p, W: p.get("zero_calls"),
          "rank {rank}{at}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
