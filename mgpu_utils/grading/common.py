@@ -250,6 +250,9 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             items = [r for r in gc.get_referents(o) if isinstance(r, dict)]
         elif isinstance(o, weakref.ReferenceType):         # what a weak reference refers to (an eighteenth red
             items = [o()]                                  # team's 07.5 x01, 07.6 x01: the state reached by weakref)
+        elif isinstance(o, (torch._C.Future, torch._C._distributed_c10d.Work)):
+            items = attributes(o) + _settled(o)            # a done future's value, a done Work's result: C++ holds
+                                                           # them (a twenty-eighth red team's 07.6 k05)
         elif isinstance(o, types.ModuleType) or (callable(o) and not hasattr(o, "__dict__")
                                                  and not type(o).__flags__ & _HEAP_TYPE):
             return                                         # a builtin function (an object of a class with
@@ -261,6 +264,17 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
             walk(item, d - 1)
     walk(obj, depth)
     return sum(storages.values()) + sum(numbers.values())
+
+
+def _settled(o) -> list:
+    """What a completed ``torch.futures.Future`` (its value) or c10d ``Work`` (its result tensors) holds, for
+    :func:`held_bytes`; [] where it is not done, failed, or the backend keeps no result."""
+    try:
+        if isinstance(o, torch._C.Future):
+            return [o.value()] if o.done() else []
+        return list(o.result()) if o.is_completed() else []
+    except (RuntimeError, ValueError, TypeError):
+        return []
 
 
 #: Py_TPFLAGS_HEAPTYPE: a class made by a class statement (type(o).__flags__), not one of C's.

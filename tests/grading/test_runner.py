@@ -671,6 +671,30 @@ def test_held_bytes_counts_numpy_arrays_and_sparse_indices():
     assert held_bytes([sparse]) == 1 * 4 + 2 * 1 * 8    # one value, and its 2-D index in int64
 
 
+def test_held_bytes_walks_a_done_futures_value_and_a_done_works_result():
+    """A twenty-eighth red team's 07.6 k05 kept the whole gathered model as a completed Future's value, which C++
+    holds: counted now, as is a completed Work's result; a future not yet done holds nothing to count."""
+    import torch
+    import torch.distributed as dist
+
+    from mgpu_utils.grading.common import held_bytes
+
+    done = torch.futures.Future()
+    done.set_result([torch.zeros(100), {"w": torch.zeros(28)}])
+    assert held_bytes({"kept": done}) == 128 * 4
+    assert held_bytes([torch.futures.Future()]) == 0
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        work = dist.all_reduce(torch.ones(50), async_op=True)
+        work.wait()
+        assert held_bytes([work]) == 50 * 4
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
 def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
     """03.7's growth check: a history kept in a deque, in a list set on a parameter (counted with or without
     ``python``: a tensor's attributes always are), as Python floats, or as bytes, bytearrays and memoryviews."""
