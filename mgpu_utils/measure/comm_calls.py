@@ -948,15 +948,11 @@ def counted_all_reduce(state: dict, fn=None):
     that ran during backward (a barrier waited for, a broadcast without async_op, the Work of another collective
     than an all-reduce waited for): like a wait() in a hook, they stop backward until every rank is there.
     With ``state["progress"]`` (a function, e.g. how many gradients were accumulated so far), each all-reduce
-    records its value when it started (``progress``); with ``state["compute_left"]`` (a function: how many of the
-    model's backward nodes are still to run), that too (``compute_left``)."""
+    records its value when it started (``progress``)."""
     calls, others, blocking = [], [], []
     state["others"], state["blocking"] = others, blocking
     unseen = ("all_reduce", "broadcast", "broadcast_object_list")
     progress = state.get("progress") or (lambda: None)
-
-    def compute_left():                                   # set per step, after the forward (03.5 to 03.7)
-        return (state.get("compute_left") or (lambda: None))()
 
     def in_backward() -> bool:
         return bool(state["backward"]) and _in_backward()
@@ -1000,7 +996,7 @@ def counted_all_reduce(state: dict, fn=None):
             op = kwargs.get("op", args[0] if args else None)
             call = {"async": bool(kwargs.get("async_op")), "in_backward": in_backward(),
                     "op": None if op is None else str(getattr(op, "name", op)).split(".")[-1],
-                    "waited": False, "progress": progress(), "compute_left": compute_left(),
+                    "waited": False, "progress": progress(),
                     "storage": tensor.untyped_storage().data_ptr(), "elements": tensor.numel(),
                     "content": content_of(tensor, name)}
             calls.append(call)
@@ -1015,7 +1011,6 @@ def counted_all_reduce(state: dict, fn=None):
         if call.name == "all_reduce":
             first = call.inputs[0] if call.inputs else None
             record = {"async": True, "in_backward": in_backward(), "progress": progress(),
-                      "compute_left": compute_left(),
                       "waited": not call.returns_work,
                       "below": True, "storage": first.untyped_storage().data_ptr() if first is not None else 0,
                       "elements": call.elements, "content": content_of(call.inputs, call.name)}

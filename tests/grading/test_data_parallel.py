@@ -426,8 +426,9 @@ class MyDDP(torch.nn.Module):
         self.missing = [len(b) for b in self.buckets]
 '''
 FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
-#: every bucket's all-reduce started once the model's whole backward was done (its gradients held back until then)
-NO_OVERLAP = r"rank \d: all \d+ all-reduce call\(s\) started during backward started after the model's whole backward"
+#: every gradient held back until the model's whole backward was done (so no bucket overlapped anything)
+HELD_BACK = (r"rank \d: (\d of the model's \d layers had finished their backward before the first gradient reached "
+             r"\.grad|none of the model's layers ran in your loss's autograd graph)")
 WRONG_037 = {
     "the real work only on models under 100,000 parameters (all the small ones graded); a big one keeps its own": (
         "    def ready(self, p: torch.Tensor) -> None:\n        self.bucket.append(p)\n",
@@ -449,11 +450,19 @@ WRONG_037 = {
     "full buckets all-reduce a sorted decoy on time, every real gradient in the last call, the earlier buckets scaled by 2**-30 (a twenty-first red team's 037_r21a01)": (
         None, red_team("037_r21a01"), r"rank \d: the gradients are right, but in step 1 your all-reduces \(\d call\(s\), [\d,]+ elements\) did not carry rank \d's gradients: [\d,]+ of their elements are not zero, against [\d,]+ of the gradients'"),
     "every bucket waited for in backward through Work.unbox(h.boxed()).wait(), gradients held back by an identity Function on every parameter (a twenty-seventh red team's 037_r27g01)": (
-        None, red_team("037_r27g01"), NO_OVERLAP),
+        None, red_team("037_r27g01"), HELD_BACK),
     "the whole model's forward and backward in one autograd Function, its backward recomputing every gradient on detached copies before any reaches .grad (a twenty-eighth red team's 037_r28k01)": (
-        None, red_team("037_r28k01"), NO_OVERLAP),
+        None, red_team("037_r28k01"), HELD_BACK),
     "an identity autograd Function over every parameter, the model run on its outputs by functional_call (a twenty-eighth red team's 037_r28k03)": (
-        None, red_team("037_r28k03"), NO_OVERLAP),
+        None, red_team("037_r28k03"), HELD_BACK),
+    "a gate over every parameter made in a forward pre-hook on the model, after a dummy node that runs last (a twenty-ninth red team's 037_r29m01)": (
+        None, red_team("037_r29m01"), HELD_BACK),
+    "two gates made in a forward pre-hook, a small one first, over the smallest parameter (a twenty-ninth red team's 037_r29m02)": (
+        None, red_team("037_r29m02"), HELD_BACK),
+    "the model's forward replaced on the instance by one that swaps every parameter for a view first (a twenty-ninth red team's 037_r29m03)": (
+        None, red_team("037_r29m03"), HELD_BACK),
+    "every parameter swapped for p.view_as(p) in a forward pre-hook, no Function (a twenty-ninth red team's 037_r29m04)": (
+        None, red_team("037_r29m04"), HELD_BACK),
     "every parameter through one torch.cat and split back into views the model runs on: the gradients reach .grad together once backward is done": (
         "        return self.module(*args, **kwargs)\n",
         "        names = [n for n, p in self.module.named_parameters()]\n"
@@ -461,7 +470,7 @@ WRONG_037 = {
         "        views = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in self.module.parameters()]),\n"
         "                                               self.module.parameters())]\n"
         "        return torch.func.functional_call(self.module, dict(zip(names, views)), args, kwargs)\n",
-        NO_OVERLAP),
+        HELD_BACK),
     "decoy all-reduces per bucket on a hand-built group of one rank, the real mean gathered in finish() through a hidden process group (a twenty-sixth red team's 037_r26f01)": (
         None, red_team("037_r26f01"), r"rank \d: your code used (a collective on a process group of 1 of the \d ranks|a process group handed to torch\.ops\.c10d's operators)"),
     "a builtin (SimpleQueue.get) registered as a pre-hook on every node still to run, fed once a thread's wait() returns, 0.12 s at most (a twenty-fourth red team's 037_r24d01)": (

@@ -67,11 +67,12 @@ beside a busy core and a test suite); and every all-reduce started in a node aut
 ``.grad`` filled by nested backwards so that the calls' order looked on time: a gradient accumulated in another
 graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). A twenty-eighth (2026-12-07) held
 every gradient back until backward had computed them all (03.7 k01 and k03: an autograd Function over every parameter,
-or over the whole model), so that each bucket, started on time by the count of gradients, overlapped nothing: each
-all-reduce now records how many of the graph nodes the model's own forward made were still to run
-(``compute_left``, :func:`_count_model_nodes`), and a step where a bucket fills before the last gradient and every
-all-reduce started with none left is told (``no_overlap``; 03.5 too). A Function that holds back all but the first
-layers' gradients still overlaps those layers, and is not told apart. Still passing: tampers that rewrite the
+or over the whole model), so that each bucket, started on time by the count of gradients, overlapped nothing; a
+twenty-ninth did the same with views of the parameters made inside the model's forward (m01 to m04). Now each layer
+(leaf module) of the grader's model notes its calls' output nodes, and a step where more than half of the layers in
+the loss's graph finished their backward before the first gradient reached ``.grad``, or none ran in it, is told
+(``held_back``, :func:`_watch_layer_nodes`; 03.4 to 03.7). A Function that holds back the gradients of fewer than
+half of the layers still overlaps the others, and is not told apart. Still passing: tampers that rewrite the
 grader's records. """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     """against_ddp's three steps, the wrapper built first (see there)."""
     world, rank = ctx.world_size, ctx.rank
     frozen = [n for n, q in mine.named_parameters() if not q.requires_grad]
-    _watch_model_forward(mine, state)                     # which graph nodes the model's own forward made
+    _watch_layers(mine, state)                            # each layer call's node, before the student's hooks
     ours = _hook_count(mine)                              # the grader's own hooks (the ready order)
     try:
         sync = make_sync(mine)
@@ -242,12 +243,12 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             if rank == world - 1:
                 time.sleep(late)
         t0 = time.perf_counter()
-        state["model_seq"], state["compute_left"] = None, None
+        state["layer_calls"], state["layers"] = [], None
         with counted_all_reduce(state, fn) as calls, store_writes() as stored:
             state["backward"] = True
             loss = F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y)
             loss.register_hook(lambda g: state.__setitem__("main_task", _graph_task()))
-            _count_model_nodes(loss, state)
+            _watch_layer_nodes(loss, state)
             state["in_loss_backward"] = True
             try:
                 loss.backward()
@@ -310,6 +311,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if nested and state["main_task"] is not None and not how:   # handed to .grad by a backward of its own
             note(problems, {"rank": rank, "kind": "nested_backward", "at": at, "n": nested,
                             "total": len(state["tasks"])})
+        held_back = None if how or nested else _held_back(state)
+        if held_back:                                     # every gradient held back until backward was over
+            note(problems, {"rank": rank, "at": at, **held_back})
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
             note(problems, {"rank": rank, "kind": "blocked_in_backward", "at": at, "n": len(state["blocking"]),
                             "what": ", ".join(sorted(set(state["blocking"])))})
@@ -358,55 +362,60 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
 
 
-def _node_seq() -> int:
-    """The sequence number the next autograd node made in this thread gets (a node made and dropped to read it)."""
-    with torch.inference_mode(False), torch.enable_grad():
-        return (torch.zeros((), requires_grad=True) * 1).grad_fn._sequence_nr() + 1
-
-
-def _watch_model_forward(model: torch.nn.Module, state: dict) -> None:
-    """Hooks on every module of the grader's ``model`` that note, in ``state["model_seq"]``, the sequence numbers of
-    the autograd nodes its forward makes (outside the loss's backward: a whole-model Function that runs the model
-    again inside its backward is not the step's forward). Registered before the student's wrapper sees the model."""
-    def before(module, args):
-        if not state.get("in_loss_backward"):
-            seq = _node_seq()
-            lo, hi = state.get("model_seq") or (seq, seq)
-            state["model_seq"] = (min(lo, seq), hi)
-
+def _watch_layers(model: torch.nn.Module, state: dict) -> None:
+    """A forward hook on every leaf module of the grader's ``model`` (registered before the student's wrapper sees
+    it, so it runs before any hook of theirs) that notes each call's output node in ``state["layer_calls"]``, as
+    ``(module index, node)``: the layer's own backward computation. Calls made while the loss's backward runs (a
+    whole-model Function that runs the model again inside its backward) are not the step's forward."""
     def after(module, args, output):
-        if not state.get("in_loss_backward") and state.get("model_seq"):
-            lo, hi = state["model_seq"]
-            state["model_seq"] = (lo, max(hi, _node_seq() - 1))
-    for m in model.modules():
-        m.register_forward_pre_hook(before)
+        node = getattr(output, "grad_fn", None) if isinstance(output, torch.Tensor) else None
+        if node is not None and not state.get("in_loss_backward") and state.get("layer_calls") is not None:
+            state["layer_calls"].append((index[id(module)], node))
+    leaves = [m for m in model.modules() if not list(m.children())]
+    index = {id(m): k for k, m in enumerate(leaves)}
+    for m in leaves:
         m.register_forward_hook(after)
 
 
-def _count_model_nodes(loss: torch.Tensor, state: dict) -> None:
-    """Before the loss's backward: a hook on each node of its graph that the model's own forward made (the layers'
-    backward computation; not a node of the student's code made before or after the model ran, nor a gradient's
-    accumulation), so that each all-reduce records how many of them were still to run when it started
-    (``compute_left``, via ``state["compute_left"]``). Every all-reduce started with none left: nothing of
-    backward was left to overlap with (a twenty-eighth red team's 03.7 k01 and k03: an autograd Function over
-    every parameter, or over the whole model, held every gradient back until backward had computed them all)."""
-    lo, hi = state.get("model_seq") or (1, 0)
-    seen, todo, nodes = set(), [loss.grad_fn] if loss.grad_fn is not None else [], []
+def _watch_layer_nodes(loss: torch.Tensor, state: dict) -> None:
+    """Before the loss's backward: a hook on the output node of each layer call (:func:`_watch_layers`) that is in
+    the loss's graph, noting which layers (leaf modules) computed their backward before the first gradient reached
+    ``.grad`` (``state["progress"]()`` still 0). In ``state["layers"]``: (the layers in the graph, those early).
+    A right DDP lets autograd accumulate each gradient as soon as it is computed: only the last layer (and any
+    layer without parameters after it) runs before the first one. A wrapper that holds every gradient back until
+    backward is over (a twenty-eighth red team's 03.7 k01 and k03: an autograd Function over every parameter or
+    over the whole model; a twenty-ninth's m01 to m04: views of the parameters made in a hook inside the model's
+    forward, a small gate made first) has every layer early: its buckets, on time by the count of gradients,
+    overlap nothing. Each layer counts once however often it is called (extra calls of a layer do not dilute it)."""
+    seen, todo = set(), [loss.grad_fn] if loss.grad_fn is not None else []
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        if lo <= node._sequence_nr() <= hi and type(node).__name__ != "AccumulateGrad":
-            nodes.append(node)
         todo.extend(n for n, _ in node.next_functions)
-    done = [0]
+    in_graph, early = set(), set()
+    state["layers"] = (in_graph, early)
 
-    def ran(grad_inputs, grad_outputs):
-        done[0] += 1
-    for node in nodes:
-        node.register_hook(ran)
-    state["compute_left"] = lambda: len(nodes) - done[0]
+    def watch(layer):
+        def ran(grad_inputs, grad_outputs):
+            if not state["progress"]():
+                early.add(layer)
+        return ran
+    for layer, node in state.get("layer_calls") or []:
+        if id(node) in seen:
+            in_graph.add(layer)
+            node.register_hook(watch(layer))
+
+
+def _held_back(state: dict) -> dict | None:
+    """After a step's backward: a ``held_back`` problem where none of the model's layers ran in the loss's graph
+    (its forward without autograd, the gradients made some other way), or where at least 3 did and more than half of
+    them finished their backward before the first gradient was accumulated (:func:`_watch_layer_nodes`)."""
+    in_graph, early = state.get("layers") or (set(), set())
+    if not in_graph or (len(in_graph) >= 3 and 2 * len(early) > len(in_graph)):
+        return {"kind": "held_back", "early": len(early), "layers": len(in_graph)}
+    return None
 
 
 def _graph_task():
@@ -477,7 +486,6 @@ def check_overlap(cls, ctx, problems):
         inside = sum(c["in_backward"] and c["async"] for c in calls)
         if len(calls) != len(ready) or inside != len(ready):
             return {"kind": "overlap", "params": len(ready), "calls": len(calls), "inside_async": inside}
-        return _overlapped(calls) if len(ready) > 1 else None
     return against_ddp(cls, ctx, problems, calls_ok, fn=cls)
 
 
@@ -527,18 +535,6 @@ def bucket_calls_ok(calls: list, ready: list, bucket_bytes: int, own: list | Non
             if start > fill:
                 return {"kind": "bucket_late", "bucket": k + 1, "fill": fill, "start": start,
                         "gradients": len(ready), "bucket_bytes": bucket_bytes}
-    if fills and fills[0] < len(ready):                   # a bucket fills before the last gradient: some of the
-        return _overlapped(calls)                         # model's backward is left to overlap with its call
-
-
-def _overlapped(calls: list) -> dict | None:
-    """A ``no_overlap`` problem where every all-reduce started in backward started when none of the model's own
-    backward computation was left to run (``compute_left``, :func:`_count_model_nodes`); None otherwise, or where
-    the calls did not record it."""
-    left = [c.get("compute_left") for c in calls if c["in_backward"]]
-    if left and None not in left and max(left) == 0:
-        return {"kind": "no_overlap", "calls": len(calls), "inside": len(left)}
-    return None
 
 
 def _full_buckets(ready_bytes: list, bucket_bytes: int):
@@ -967,13 +963,18 @@ HINTS: dict[str, list[tuple]] = {
     "overlap": [(always, "rank {rank}{at}: {calls} all-reduce call(s) for {params} parameters, {inside_async} of them "
                          "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                          "finish()")],
-    "no_overlap": [(always, "rank {rank}{at}: all {inside} all-reduce call(s) started during backward started after "
-                            "the model's whole backward computation was done, with nothing of it left to overlap "
-                            "with: the gradients reached .grad only once backward had computed every one of them (an "
-                            "autograd Function over the parameters, or over the whole model, holds them back until "
-                            "then). Let each gradient be accumulated as backward computes it (use the parameters "
-                            "themselves in the forward) and start each call from its hook, so that communication "
-                            "runs while backward goes on")],
+    "held_back": [
+        (lambda p, W: not p["layers"],
+         "rank {rank}{at}: none of the model's layers ran in your loss's autograd graph (its forward ran without "
+         "autograd, inside an autograd Function of yours?), so the gradients reached .grad some other way, all at once "
+         "when backward was over: nothing could overlap. Call the model itself in forward and let autograd compute "
+         "and accumulate each gradient, starting each all-reduce from its hook"),
+        (always, "rank {rank}{at}: {early} of the model's {layers} layers had finished their backward before the "
+                 "first gradient reached .grad (a right DDP: the last one or two): the gradients were held back "
+                 "until backward was over (an autograd Function or views over the parameters, made before the "
+                 "layers use them?), so no all-reduce overlapped the rest of backward. Use the parameters "
+                 "themselves in the forward, so that each gradient is accumulated as soon as backward computes it, "
+                 "and start each all-reduce from its hook")],
     "buckets": [
         (lambda p, W: p.get("zero_calls"),
          "rank {rank}{at}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
