@@ -427,8 +427,8 @@ class MyDDP(torch.nn.Module):
 '''
 FULL_037 = "        if sum(q.grad.numel() * q.grad.element_size() for q in self.bucket) >= self.bucket_bytes:\n"
 #: every gradient held back until the model's whole backward was done (so no bucket overlapped anything)
-HELD_BACK = (r"rank \d: (\d of the model's \d layers had finished their backward before the first gradient reached "
-             r"\.grad|none of the model's layers ran in your loss's autograd graph)")
+HELD_BACK = (r"rank \d: (\d of the model's \d layers finished their backward with fewer gradients in \.grad than a "
+             r"plain backward|no call of the model's layer \w+ in your loss's autograd graph leads to the layer's own)")
 WRONG_037 = {
     "the real work only on models under 100,000 parameters (all the small ones graded); a big one keeps its own": (
         "    def ready(self, p: torch.Tensor) -> None:\n        self.bucket.append(p)\n",
@@ -463,6 +463,14 @@ WRONG_037 = {
         None, red_team("037_r29m03"), HELD_BACK),
     "every parameter swapped for p.view_as(p) in a forward pre-hook, no Function (a twenty-ninth red team's 037_r29m04)": (
         None, red_team("037_r29m04"), HELD_BACK),
+    "every parameter but the output layer's swapped for a view made before the model runs (a thirtieth red team's 037_r30n01)": (
+        None, red_team("037_r30n01"), HELD_BACK),
+    "an identity Function over every parameter but the output layer's bias (a thirtieth red team's 037_r30n02)": (
+        None, red_team("037_r30n02"), HELD_BACK),
+    "each layer's output replaced by a forward hook with a recomputation on held-back views (a thirtieth red team's 037_r30n03)": (
+        None, red_team("037_r30n03"), HELD_BACK),
+    "decoy layer calls on detached copies run last, the real compute a recomputation the layers' hooks never see (a thirtieth red team's 037_r30n06)": (
+        None, red_team("037_r30n06"), HELD_BACK),
     "every parameter through one torch.cat and split back into views the model runs on: the gradients reach .grad together once backward is done": (
         "        return self.module(*args, **kwargs)\n",
         "        names = [n for n, p in self.module.named_parameters()]\n"

@@ -68,11 +68,13 @@ beside a busy core and a test suite); and every all-reduce started in a node aut
 graph task than the loss's is told (``nested_backward``, :func:`_graph_task`). A twenty-eighth (2026-12-07) held
 every gradient back until backward had computed them all (03.7 k01 and k03: an autograd Function over every parameter,
 or over the whole model), so that each bucket, started on time by the count of gradients, overlapped nothing; a
-twenty-ninth did the same with views of the parameters made inside the model's forward (m01 to m04). Now each layer
-(leaf module) of the grader's model notes its calls' output nodes, and a step where more than half of the layers in
-the loss's graph finished their backward before the first gradient reached ``.grad``, or none ran in it, is told
-(``held_back``, :func:`_watch_layer_nodes`; 03.4 to 03.7). A Function that holds back the gradients of fewer than
-half of the layers still overlaps the others, and is not told apart. Still passing: tampers that rewrite the
+twenty-ninth did the same with views of the parameters made inside the model's forward (m01 to m04). A thirtieth got past a first count of
+layers that finished before any gradient was accumulated (n01 to n06: the output layer's gradients let through
+first, each layer's output replaced by a hook, decoy calls on detached copies). Now each layer (leaf module) of the
+grader's model notes its calls' output nodes; a layer with trainable parameters must have a call in the loss's graph
+that leads to them, and when each such node finishes, as many gradients must have been accumulated as in a plain
+backward of the same model: two or more layers with fewer are told (``held_back``, :func:`_held_back`; 03.4 to 03.7).
+Holding back one layer's gradients is not told apart. Still passing: tampers that rewrite the
 grader's records. """
 
 from __future__ import annotations
@@ -187,7 +189,9 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     """against_ddp's three steps, the wrapper built first (see there)."""
     world, rank = ctx.world_size, ctx.rank
     frozen = [n for n, q in mine.named_parameters() if not q.requires_grad]
-    _watch_layers(mine, state)                            # each layer call's node, before the student's hooks
+    x_all, y_all = load_data()[0][:48]
+    order = _layer_order(mine, x_all.flatten(1)[ctx.rank::ctx.world_size], y_all[ctx.rank::ctx.world_size])
+    layers = _watch_layers(mine, state)                   # each layer call's node, before the student's hooks
     ours = _hook_count(mine)                              # the grader's own hooks (the ready order)
     try:
         sync = make_sync(mine)
@@ -248,7 +252,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
             state["backward"] = True
             loss = F.cross_entropy((sync if isinstance(sync, torch.nn.Module) else mine)(x), y)
             loss.register_hook(lambda g: state.__setitem__("main_task", _graph_task()))
-            _watch_layer_nodes(loss, state)
+            _watch_layer_nodes(loss, state, mine)
             state["in_loss_backward"] = True
             try:
                 loss.backward()
@@ -311,7 +315,7 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
         if nested and state["main_task"] is not None and not how:   # handed to .grad by a backward of its own
             note(problems, {"rank": rank, "kind": "nested_backward", "at": at, "n": nested,
                             "total": len(state["tasks"])})
-        held_back = None if how or nested else _held_back(state)
+        held_back = None if how or nested else _held_back(state, order, layers)
         if held_back:                                     # every gradient held back until backward was over
             note(problems, {"rank": rank, "at": at, **held_back})
         if state["blocking"]:                             # a barrier in a hook: as blocking as a wait() there
@@ -362,59 +366,103 @@ def _steps(mine, ddp, make_sync, ctx, problems, check_calls, perturb, fn, ready,
     return {k: statistics.median(v) for k, v in times.items()}       # forward + backward + communication
 
 
-def _watch_layers(model: torch.nn.Module, state: dict) -> None:
+def _watch_layers(model: torch.nn.Module, state: dict) -> list:
     """A forward hook on every leaf module of the grader's ``model`` (registered before the student's wrapper sees
     it, so it runs before any hook of theirs) that notes each call's output node in ``state["layer_calls"]``, as
-    ``(module index, node)``: the layer's own backward computation. Calls made while the loss's backward runs (a
-    whole-model Function that runs the model again inside its backward) are not the step's forward."""
+    ``(layer index, node)``, unless the loss's backward is running (a whole-model Function that runs the model
+    again inside its backward: not the step's forward). Returns the layers, ``(name, module)``, in that index."""
+    layers = [(n, m) for n, m in model.named_modules() if not list(m.children())]
+    index = {id(m): k for k, (_, m) in enumerate(layers)}
+
     def after(module, args, output):
         node = getattr(output, "grad_fn", None) if isinstance(output, torch.Tensor) else None
         if node is not None and not state.get("in_loss_backward") and state.get("layer_calls") is not None:
             state["layer_calls"].append((index[id(module)], node))
-    leaves = [m for m in model.modules() if not list(m.children())]
-    index = {id(m): k for k, m in enumerate(leaves)}
-    for m in leaves:
+    for _, m in layers:
         m.register_forward_hook(after)
+    return layers
 
 
-def _watch_layer_nodes(loss: torch.Tensor, state: dict) -> None:
-    """Before the loss's backward: a hook on the output node of each layer call (:func:`_watch_layers`) that is in
-    the loss's graph, noting which layers (leaf modules) computed their backward before the first gradient reached
-    ``.grad`` (``state["progress"]()`` still 0). In ``state["layers"]``: (the layers in the graph, those early).
-    A right DDP lets autograd accumulate each gradient as soon as it is computed: only the last layer (and any
-    layer without parameters after it) runs before the first one. A wrapper that holds every gradient back until
-    backward is over (a twenty-eighth red team's 03.7 k01 and k03: an autograd Function over every parameter or
-    over the whole model; a twenty-ninth's m01 to m04: views of the parameters made in a hook inside the model's
-    forward, a small gate made first) has every layer early: its buckets, on time by the count of gradients,
-    overlap nothing. Each layer counts once however often it is called (extra calls of a layer do not dilute it)."""
-    seen, todo = set(), [loss.grad_fn] if loss.grad_fn is not None else []
+def _layer_order(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """A plain backward of a copy of the grader's ``model`` (no wrapper, before any student code ran on it): per
+    layer index, how many gradients had been accumulated when the layer's output node finished (a layer called
+    several times: its first call to finish). What a right DDP's backward also shows, as its hooks add no node."""
+    state = {"layer_calls": [], "layers": None}
+    ref = copy.deepcopy(model)
+    _watch_layers(ref, state)
+    ready = []
+    for q in ref.parameters():
+        if q.requires_grad:
+            q.register_post_accumulate_grad_hook(lambda q: ready.append(1))
+    state["progress"] = lambda: len(ready)
+    loss = F.cross_entropy(ref(x), y)
+    _watch_layer_nodes(loss, state, ref)
+    loss.backward()
+    return dict(state["layers"]["acc"])
+
+
+def _watch_layer_nodes(loss: torch.Tensor, state: dict, model: torch.nn.Module) -> None:
+    """Before the loss's backward: for each layer call (:func:`_watch_layers`) whose output node is in the loss's
+    graph and leads (through the graph) to the accumulation of every trainable parameter its layer holds, a hook
+    that notes how many gradients had been accumulated when the node finished (``state["progress"]()``). In
+    ``state["layers"]``: ``{"acc": {layer: the least such count}, "reaching": {layers with such a call}}``."""
+    seen, todo, graph = set(), [loss.grad_fn] if loss.grad_fn is not None else [], {}
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
+        graph[id(node)] = node
         todo.extend(n for n, _ in node.next_functions)
-    in_graph, early = set(), set()
-    state["layers"] = (in_graph, early)
+
+    def leaves_under(node) -> set:
+        """The ids of the parameters whose accumulation ``node`` leads to."""
+        found, stack, visited = set(), [node], set()
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in visited:
+                continue
+            visited.add(id(n))
+            variable = getattr(n, "variable", None)
+            if isinstance(variable, torch.Tensor):
+                found.add(id(variable))
+            stack.extend(m for m, _ in n.next_functions)
+        return found
+    layers = [m for _, m in (n_m for n_m in model.named_modules() if not list(n_m[1].children()))]
+    acc, reaching = {}, set()
+    state["layers"] = {"acc": acc, "reaching": reaching}
 
     def watch(layer):
         def ran(grad_inputs, grad_outputs):
-            if not state["progress"]():
-                early.add(layer)
+            acc[layer] = min(acc.get(layer, 1 << 30), state["progress"]())
         return ran
     for layer, node in state.get("layer_calls") or []:
-        if id(node) in seen:
-            in_graph.add(layer)
+        if id(node) not in graph:
+            continue
+        own = {id(q) for q in layers[layer].parameters(recurse=False) if q.requires_grad}
+        if own <= leaves_under(node):
+            reaching.add(layer)
             node.register_hook(watch(layer))
 
 
-def _held_back(state: dict) -> dict | None:
-    """After a step's backward: a ``held_back`` problem where none of the model's layers ran in the loss's graph
-    (its forward without autograd, the gradients made some other way), or where at least 3 did and more than half of
-    them finished their backward before the first gradient was accumulated (:func:`_watch_layer_nodes`)."""
-    in_graph, early = state.get("layers") or (set(), set())
-    if not in_graph or (len(in_graph) >= 3 and 2 * len(early) > len(in_graph)):
-        return {"kind": "held_back", "early": len(early), "layers": len(in_graph)}
+def _held_back(state: dict, reference: dict, layers: list) -> dict | None:
+    """After a step's backward, against :func:`_layer_order`'s ``reference``: a ``held_back`` problem where a layer
+    with trainable parameters has no call in the loss's graph that leads to them (its output replaced by a hook,
+    computed on copies, or the forward run without autograd: a twenty-eighth red team's 03.7 k01, a thirtieth's
+    n03 and n06), or where two or more layers finished their backward with fewer gradients accumulated than in a
+    plain backward (held back until backward was over: an autograd Function, views or a torch.cat over the
+    parameters, made before the layers use them; a twenty-eighth red team's 03.7 k03, a twenty-ninth's m01 to m04,
+    a thirtieth's n01 and n02, where the output layer's gradients went through first). A right DDP adds no node
+    between a layer and its parameters: every layer's count is the plain backward's."""
+    got = state.get("layers") or {"acc": {}, "reaching": set()}
+    for k, (name, m) in enumerate(layers):
+        if any(q.requires_grad for q in m.parameters(recurse=False)) and k not in got["reaching"]:
+            return {"kind": "held_back", "how": "unused", "layer": name or "0"}
+    lower = [k for k, want in reference.items() if k in got["acc"] and got["acc"][k] < want]
+    if len(lower) >= 2:
+        k = lower[-1]
+        return {"kind": "held_back", "how": "late", "lower": len(lower), "layers": len(reference),
+                "layer": layers[k][0], "got": got["acc"][k], "want": reference[k]}
     return None
 
 
@@ -964,17 +1012,18 @@ HINTS: dict[str, list[tuple]] = {
                          "started inside backward with async_op=True: start one per parameter from its hook, wait in "
                          "finish()")],
     "held_back": [
-        (lambda p, W: not p["layers"],
-         "rank {rank}{at}: none of the model's layers ran in your loss's autograd graph (its forward ran without "
-         "autograd, inside an autograd Function of yours?), so the gradients reached .grad some other way, all at once "
-         "when backward was over: nothing could overlap. Call the model itself in forward and let autograd compute "
-         "and accumulate each gradient, starting each all-reduce from its hook"),
-        (always, "rank {rank}{at}: {early} of the model's {layers} layers had finished their backward before the "
-                 "first gradient reached .grad (a right DDP: the last one or two): the gradients were held back "
-                 "until backward was over (an autograd Function or views over the parameters, made before the "
-                 "layers use them?), so no all-reduce overlapped the rest of backward. Use the parameters "
-                 "themselves in the forward, so that each gradient is accumulated as soon as backward computes it, "
-                 "and start each all-reduce from its hook")],
+        (lambda p, W: p["how"] == "unused",
+         "rank {rank}{at}: no call of the model's layer {layer} in your loss's autograd graph leads to the layer's own "
+         "parameters (its output replaced by a hook, computed on copies, or the forward run without autograd?): the "
+         "gradients reached .grad some other way, past the layers' backward, and nothing overlapped it. Call the "
+         "model itself in forward and let autograd accumulate each gradient as backward computes it, starting each "
+         "all-reduce from its hook"),
+        (always, "rank {rank}{at}: {lower} of the model's {layers} layers finished their backward with fewer "
+                 "gradients in .grad than a plain backward has by then (layer {layer}: {got} accumulated, {want} in "
+                 "a plain backward): gradients were held back until later (an autograd Function or views over the "
+                 "parameters, made before the layers use them?), so the all-reduces overlapped less of backward "
+                 "than they can. Use the parameters themselves in the forward, so that each gradient is accumulated "
+                 "as soon as backward computes it, and start each all-reduce from its hook")],
     "buckets": [
         (lambda p, W: p.get("zero_calls"),
          "rank {rank}{at}: {calls} all-reduce call(s), {zero_calls} of them carrying nothing but zeros; the rule gives "
