@@ -727,8 +727,9 @@ def refusing_routes(path: str, found: list):
     frozen_before = gc.get_freeze_count()
     _REFUSING = {"file": os.path.abspath(path), "found": found}
     saved = _wrapped_routes()
-    from mgpu_utils.measure.comm_calls import GROUP_WATCHERS
+    from mgpu_utils.measure.comm_calls import ARG_WATCHERS, GROUP_WATCHERS
     GROUP_WATCHERS.append(_watch_group_route)
+    ARG_WATCHERS.append(_watch_tensor_route)
     try:
         yield
         frozen = gc.get_freeze_count()                       # (a frozen object freed lowers the count: not one)
@@ -747,6 +748,7 @@ def refusing_routes(path: str, found: list):
                           f"counts)")
     finally:
         GROUP_WATCHERS.remove(_watch_group_route)
+        ARG_WATCHERS.remove(_watch_tensor_route)
         for (owner, name), original in saved.items():
             if original is _INHERITED:
                 delattr(owner, name)
@@ -789,6 +791,29 @@ def _watch_group_route(group) -> None:
     elif not _registered(group):
         _record_route(f"a process group made by hand ({type(group).__name__}, outside torch.distributed's "
                       f"registry: its collectives are not counted)", needs_student=True)
+
+
+def _tensors_in(args, depth: int = 3) -> list:
+    """The tensors in a collective's arguments (lists of them, lists of lists: all_gather's outputs)."""
+    if isinstance(args, torch.Tensor):
+        return [args]
+    if depth and isinstance(args, (list, tuple)):
+        return [t for a in args for t in _tensors_in(a, depth - 1)]
+    return []
+
+
+def _watch_tensor_route(args) -> None:
+    """:data:`~mgpu_utils.measure.comm_calls.ARG_WATCHERS`'s watcher within :func:`refusing_routes`: a tensor of a
+    subclass (not torch.Tensor or a Parameter) handed to a collective, from the student's file. Its
+    ``__torch_dispatch__`` runs Python inside torch's operator, where nothing is counted: a thirty-first red team's
+    03.7 p01 sent a zero in each bucket's call and every gradient in one blocking all-reduce from there, and 07.5
+    p03 and 07.6 p02 all-reduced whole gradients in place of the reduce-scatters (2026-12-08)."""
+    odd = sorted({type(t).__name__ for t in _tensors_in(args)
+                  if type(t) not in (torch.Tensor, torch.nn.Parameter)})
+    if odd:
+        _record_route(f"a tensor of a subclass of torch.Tensor ({odd[0]}) handed to a collective (its "
+                      f"__torch_dispatch__ or __torch_function__ runs inside torch's operator, past the checks); "
+                      f"hand the collectives plain tensors", needs_student=True)
 
 
 #: The modules of torch's own process-group internals: a method of ProcessGroup or Backend (gloo's allreduce) or a

@@ -211,3 +211,26 @@ def test_a_works_boxed_and_unboxed_forms_are_routes(tmp_path):
     routes = sorted({(f["route"].split(":")[0], f["line"]) for f in found})
     assert routes == [("a collective's Work boxed or unboxed (Work.boxed", 7),
                       ("a collective's Work boxed or unboxed (Work.unbox", 7)], routes
+
+
+def test_a_tensor_subclass_handed_to_a_collective_is_a_route(tmp_path):
+    """A tensor of a subclass handed to a collective from the student's file is a route: its __torch_dispatch__ runs
+    the student's Python inside torch's operator, where nothing is counted (a thirty-first red team's 03.7 p01,
+    07.5 p03, 07.6 p02); plain tensors and Parameters are not."""
+    from mgpu_utils.measure.comm_calls import patched_collectives
+
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with patched_collectives(lambda name, real: real):
+            found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
+                                      "class Odd(torch.Tensor):\n    pass\n\n\n"
+                                      "def go():\n    dist.all_reduce(torch.ones(2))\n"
+                                      "    dist.all_reduce(torch.nn.Parameter(torch.ones(2)))\n"
+                                      "    dist.all_reduce(torch.ones(2).as_subclass(Odd))\n")
+    finally:
+        if own:
+            dist.destroy_process_group()
+    routes = sorted({(f["route"].split(" handed")[0], f["line"]) for f in found})
+    assert routes == [("a tensor of a subclass of torch.Tensor (Odd)", 12)], routes

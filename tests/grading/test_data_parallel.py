@@ -471,6 +471,8 @@ WRONG_037 = {
         None, red_team("037_r30n03"), HELD_BACK),
     "decoy layer calls on detached copies run last, the real compute a recomputation the layers' hooks never see (a thirtieth red team's 037_r30n06)": (
         None, red_team("037_r30n06"), HELD_BACK),
+    "each bucket a tensor subclass whose __torch_dispatch__ sends a zero in the counted call and every bucket in one blocking all-reduce at the last (a thirty-first red team's 037_r31p01)": (
+        None, red_team("037_r31p01"), r"rank \d: your code used a tensor of a subclass of torch\.Tensor"),
     "every parameter through one torch.cat and split back into views the model runs on: the gradients reach .grad together once backward is done": (
         "        return self.module(*args, **kwargs)\n",
         "        names = [n for n, p in self.module.named_parameters()]\n"

@@ -433,6 +433,8 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r23c01"), r"rank \d: with [\w ]+, [\d,]+ bytes appeared in this process outside the tensors your optimizer holds"),
     "no reduce-scatter: every rank's whole gradient gathered through a hidden process group called by torch.ops.c10d (a twenty-sixth red team's 075_r26f01)": (
         None, red_team("075_r26f01"), r"rank \d: your code used a process group handed to torch\.ops\.c10d's operators"),
+    "the reduce-scatter's input a tensor subclass whose __torch_dispatch__ all-reduces the whole gradient and reduce-scatters zeros (a thirty-first red team's 075_r31p03)": (
+        None, red_team("075_r31p03"), r"rank \d: your code used a tensor of a subclass of torch\.Tensor"),
     "no sharding: the reduced gradient slices all-gathered as int32 bit patterns, the whole state packed in a module dict (a twenty-fifth red team's 075_r25e10)": (
         None, red_team("075_r25e10"), r"rank \d: with [\w ]+, the result is right, but in step \d your all-gathers \(\d+ call\(s\), [\d,]+ elements\) carried the reduced gradient slices"),
     "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
@@ -1207,6 +1209,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r22b01"), r"rank \d \(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
     "the real exchange through a hidden process group, the counted calls on a hand-built group of one rank (a twenty-sixth red team's 076_r26f04)": (
         None, red_team("076_r26f04"), r"rank \d: your code used (a process group handed to torch\.ops\.c10d's operators|a collective on a process group of 1 of the \d ranks|a process group made by hand)"),
+    "the backward's reduce-scatter input a tensor subclass whose __torch_dispatch__ all-reduces the whole gradient and reduce-scatters zeros (a thirty-first red team's 076_r31p02)": (
+        None, red_team("076_r31p02"), r"rank \d: your code used a tensor of a subclass of torch\.Tensor"),
     "under compute_dtype every shard all-gathered in float32 as an int32 view, cast after (a twenty-fifth red team's 076_r25e01)": (
         None, red_team("076_r25e01"), r"rank \d \(MLP\): with compute_dtype=bfloat16, in step 1 \d of your all-gathers moved 32-bit floats"),
     "a whole float32 copy of the gathered model kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 076_r23c01)": (
