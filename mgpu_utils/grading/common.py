@@ -190,7 +190,7 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
     ``lru_cache(maxsize=None)`` is walked into: its results are in a dict the garbage collector sees; a bounded
     ``lru_cache`` keeps them where Python shows nothing, and is not. ``python``: also every Python int, float,
     bytes and bytearray reached (its ``sys.getsizeof``, each object once: a tensor kept as ``tolist()`` or
-    ``bytearray(t.numpy())``; a memoryview's ``nbytes``), for a check of what grows across steps. A weak reference
+    ``bytearray(t.numpy())``), for a check of what grows across steps. Always: a memoryview's ``nbytes``. A weak reference
     is followed to what it refers to. Always: the
     attributes set on a tensor reached (``p.history = [...]`` on a parameter; an arena hung on a tensor), and the
     tensors its autograd graph keeps (:func:`graph_saved`; a ``grad_fn`` reached on its own too)."""
@@ -228,9 +228,10 @@ def held_bytes(obj, exclude=(), depth=8, grads=False, python=False) -> int:
         if python and isinstance(o, (int, float, bytes, bytearray)) and not isinstance(o, bool):
             numbers[id(o)] = sys.getsizeof(o)
             return
-        if python and isinstance(o, memoryview):           # what it views (of a bytes, an array, a tensor)
-            numbers[id(o)] = o.nbytes
-            return
+        if isinstance(o, memoryview):                      # what it views (of a bytes, an array, a tensor's
+            numbers[id(o)] = o.nbytes                      # memory: a thirty-second red team's 07.5 q03 and 07.6
+            return                                         # q03 kept the whole state behind torch.frombuffer's
+                                                           # count, reached through a memoryview of it)
         if python and _is_buffer(o) and not isinstance(o, (dict, list, tuple)):   # an array.array, ctypes array
             numbers[id(o)] = sys.getsizeof(o)
             return
@@ -313,16 +314,20 @@ def _spare_room(tensors: list) -> dict:
     2026-12-06) leaves that room counted; a flat buffer the parameters exactly tile leaves none."""
     spans: dict = {}
     sizes: dict = {}
+    loose: dict = {}                                       # strided tensors: the bytes of their elements only
     for t in tensors:
         storage = tensor_storage(t)
         ptr = storage.data_ptr()
         sizes[ptr] = storage.nbytes()
         start = t.storage_offset() * t.element_size()
-        end = start + (t.numel() and (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size())
-        spans.setdefault(ptr, []).append((start, end))
+        if t.is_contiguous():
+            spans.setdefault(ptr, []).append((start, start + t.numel() * t.element_size()))
+        else:                                              # every stride x4: its span is 4 times its elements,
+            spans.setdefault(ptr, [])                      # the gaps room for state (a thirty-second red team's
+            loose[ptr] = loose.get(ptr, 0) + t.numel() * t.element_size()   # 07.5 q01, 2026-12-08)
     room = {}
     for ptr, pieces in spans.items():
-        covered, reach = 0, 0
+        covered, reach = loose.get(ptr, 0), 0
         for start, end in sorted(pieces):
             start = max(start, reach)
             if end > start:

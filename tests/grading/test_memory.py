@@ -435,6 +435,10 @@ WRONG_075 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("075_r26f01"), r"rank \d: your code used a process group handed to torch\.ops\.c10d's operators"),
     "the reduce-scatter's input a tensor subclass whose __torch_dispatch__ all-reduces the whole gradient and reduce-scatters zeros (a thirty-first red team's 075_r31p03)": (
         None, red_team("075_r31p03"), r"rank \d: your code used a tensor of a subclass of torch\.Tensor"),
+    "the whole optimizer's state in a buffer behind torch.frombuffer's count, reached through a memoryview (a thirty-second red team's 075_r32q03)": (
+        None, red_team("075_r32q03"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
+    "the whole optimizer's state in the gaps of parameters made views with every stride x4 of buffers 4 times their size (a thirty-second red team's 075_r32q01)": (
+        None, red_team("075_r32q01"), r"rank \d: with SGD with momentum, your optimizer holds [\d,]+ bytes of state"),
     "no sharding: the reduced gradient slices all-gathered as int32 bit patterns, the whole state packed in a module dict (a twenty-fifth red team's 075_r25e10)": (
         None, red_team("075_r25e10"), r"rank \d: with [\w ]+, the result is right, but in step \d your all-gathers \(\d+ call\(s\), [\d,]+ elements\) carried the reduced gradient slices"),
     "no sharding: gathers, the whole state as bytes on a class attribute of torch.optim.Optimizer (075_r20g03)": (
@@ -1211,6 +1215,8 @@ WRONG_076 = {   # name: (text of the solution, replaced by, the hint it must get
         None, red_team("076_r26f04"), r"rank \d: your code used (a process group handed to torch\.ops\.c10d's operators|a collective on a process group of 1 of the \d ranks|a process group made by hand)"),
     "the backward's reduce-scatter input a tensor subclass whose __torch_dispatch__ all-reduces the whole gradient and reduce-scatters zeros (a thirty-first red team's 076_r31p02)": (
         None, red_team("076_r31p02"), r"rank \d: your code used a tensor of a subclass of torch\.Tensor"),
+    "the whole gathered model kept behind torch.frombuffer's count in each shard's buffer, reached through a memoryview (a thirty-second red team's 076_r32q03)": (
+        None, red_team("076_r32q03"), r"rank \d \(MLP, float32\): after step 1 your wrapper holds [\d,]+ bytes besides its shards"),
     "under compute_dtype every shard all-gathered in float32 as an int32 view, cast after (a twenty-fifth red team's 076_r25e01)": (
         None, red_team("076_r25e01"), r"rank \d \(MLP\): with compute_dtype=bfloat16, in step 1 \d of your all-gathers moved 32-bit floats"),
     "a whole float32 copy of the gathered model kept as the saved output of a relu whose 0-d sum hangs on the torch module (a twenty-third red team's 076_r23c01)": (

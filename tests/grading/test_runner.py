@@ -695,9 +695,30 @@ def test_held_bytes_walks_a_done_futures_value_and_a_done_works_result():
             dist.destroy_process_group()
 
 
+def test_held_bytes_sees_state_in_a_strided_parameters_gaps_and_behind_a_memoryview():
+    """A thirty-second red team's 07.5 q01 made each parameter a view with every stride x4 of a buffer 4 times its
+    size, the optimizer's state in the gaps: the room counted is the buffer less the parameter's elements, not less
+    its span. Its q03 and 07.6 q03 kept the state behind torch.frombuffer's count, reached through a memoryview:
+    a memoryview counts its bytes, with or without ``python``."""
+    import torch
+
+    from mgpu_utils.grading.common import held_bytes
+
+    buffer = torch.zeros(4 * 64)
+    weight = buffer[::4]                                 # 64 elements, every 4th: 192 elements of gaps
+    assert held_bytes([buffer], exclude=[weight]) == 192 * 4
+    tiled = torch.zeros(64)
+    assert held_bytes([tiled], exclude=[tiled[:32], tiled[32:]]) == 0        # parameters that tile it: no room
+    whole = torch.zeros(1000)
+    view = memoryview(whole.numpy())
+    assert held_bytes({"kept": view}) == 1000 * 4
+    assert held_bytes({"kept": [torch.frombuffer(view, dtype=torch.float32, count=10), view]}) >= 1000 * 4
+
+
 def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers():
     """03.7's growth check: a history kept in a deque, in a list set on a parameter (counted with or without
-    ``python``: a tensor's attributes always are), as Python floats, or as bytes, bytearrays and memoryviews."""
+    ``python``: a tensor's attributes always are, and a memoryview's bytes), as Python floats, or as bytes,
+    bytearrays and memoryviews."""
     import collections
     import sys
 
@@ -718,7 +739,7 @@ def test_held_bytes_walks_deques_and_with_python_tensor_attributes_and_numbers()
     wrapper.raw = [bytes(16), bytearray(32), memoryview(bytes(64))]
     raw = sys.getsizeof(bytes(16)) + sys.getsizeof(bytearray(32)) + 64
     assert held_bytes(wrapper, exclude=[w], python=True) == 5 * 4 + 3 * 8 + floats + raw
-    assert held_bytes(wrapper, exclude=[w]) == 5 * 4 + 3 * 8               # python=True adds the numbers only
+    assert held_bytes(wrapper, exclude=[w]) == 5 * 4 + 3 * 8 + 64          # python=True adds the numbers only
 
 
 def test_held_bytes_and_reachable_storages_walk_slots():
