@@ -2,6 +2,7 @@
 07.6), in one process, on small student files. What a seventh red team (2026-12-06) used to pass: ctypes (libc's open,
 write, malloc), torch.from_file (a file mapped from C++), the c10d store; and a shared mapping however it was made.
 What is not a route: the grader's own ctypes (malloc_bytes), torch's store-based barrier, a file only imported."""
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -194,43 +195,40 @@ def test_made_since_lists_the_new_objects_only():
     assert all(any(o is n for o in listed) for n in new) and not any(o is p for o in listed for p in old)
 
 
-def test_a_works_boxed_and_unboxed_forms_are_routes(tmp_path):
-    """Work.boxed and Work.unbox called from the student's file are routes: a twenty-seventh red team's 03.7 g01
-    waited for its buckets through an unboxed Work, whose wait() no check of when a student waits sees. (That
-    file is now told first by the backward it held back, so the route has this test of its own.)"""
+@pytest.fixture
+def one_rank_group():
+    """A process group of one rank (gloo, an in-memory store) for the test, unless one is already there."""
     own = not dist.is_initialized()
     if own:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
-                                  "def go():\n    work = dist.all_reduce(torch.ones(2), async_op=True)\n"
-                                  "    return dist.Work.unbox(work.boxed()).wait()\n")
-    finally:
-        if own:
-            dist.destroy_process_group()
+    yield
+    if own:
+        dist.destroy_process_group()
+
+
+def test_a_works_boxed_and_unboxed_forms_are_routes(tmp_path, one_rank_group):
+    """Work.boxed and Work.unbox called from the student's file are routes: a twenty-seventh red team's 03.7 g01
+    waited for its buckets through an unboxed Work, whose wait() no check of when a student waits sees. (That
+    file is now told first by the backward it held back, so the route has this test of its own.)"""
+    found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
+                              "def go():\n    work = dist.all_reduce(torch.ones(2), async_op=True)\n"
+                              "    return dist.Work.unbox(work.boxed()).wait()\n")
     routes = sorted({(f["route"].split(":")[0], f["line"]) for f in found})
     assert routes == [("a collective's Work boxed or unboxed (Work.boxed", 7),
                       ("a collective's Work boxed or unboxed (Work.unbox", 7)], routes
 
 
-def test_a_tensor_subclass_handed_to_a_collective_is_a_route(tmp_path):
+def test_a_tensor_subclass_handed_to_a_collective_is_a_route(tmp_path, one_rank_group):
     """A tensor of a subclass handed to a collective from the student's file is a route: its __torch_dispatch__ runs
     the student's Python inside torch's operator, where nothing is counted (a thirty-first red team's 03.7 p01,
     07.5 p03, 07.6 p02); plain tensors and Parameters are not."""
     from mgpu_utils.measure.comm_calls import patched_collectives
 
-    own = not dist.is_initialized()
-    if own:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        with patched_collectives(lambda name, real: real):
-            found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
-                                      "class Odd(torch.Tensor):\n    pass\n\n\n"
-                                      "def go():\n    dist.all_reduce(torch.ones(2))\n"
-                                      "    dist.all_reduce(torch.nn.Parameter(torch.ones(2)))\n"
-                                      "    dist.all_reduce(torch.ones(2).as_subclass(Odd))\n")
-    finally:
-        if own:
-            dist.destroy_process_group()
+    with patched_collectives(lambda name, real: real):
+        found, _ = _run(tmp_path, "import torch\nimport torch.distributed as dist\n\n\n"
+                                  "class Odd(torch.Tensor):\n    pass\n\n\n"
+                                  "def go():\n    dist.all_reduce(torch.ones(2))\n"
+                                  "    dist.all_reduce(torch.nn.Parameter(torch.ones(2)))\n"
+                                  "    dist.all_reduce(torch.ones(2).as_subclass(Odd))\n")
     routes = sorted({(f["route"].split(" handed")[0], f["line"]) for f in found})
     assert routes == [("a tensor of a subclass of torch.Tensor (Odd)", 12)], routes
